@@ -1,0 +1,11 @@
+// Each subcommand registers itself on the CLI11 app; main() dispatches and turns qt::Error into
+// a one-line message and exit status 1.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace qt::cli {
+
+void add_inspect_command(CLI::App& app);
+void add_init_model_command(CLI::App& app);
+
+}  // namespace qt::cli

@@ -1,0 +1,27 @@
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"qwentune: native C++/CUDA fine-tuning for Qwen3.5 hybrid models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "qwentune 0.1.0");
+  qt::cli::add_inspect_command(app);
+  qt::cli::add_init_model_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const qt::Error& e) {
+    std::fprintf(stderr, "qwentune: error: %s\n", e.what());
+    if (qt::log_level() <= qt::LogLevel::Debug) std::fprintf(stderr, "  (raised at %s)\n", e.where().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qwentune: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

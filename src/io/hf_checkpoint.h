@@ -1,0 +1,50 @@
+// Hugging Face model directories: config.json + safetensors (single or sharded) + tokenizer files.
+// Loading validates every tensor of the text model against the parameter table; tensors the text
+// model does not use (model.visual.*, mtp.*, anything unknown) are kept and written back
+// byte-for-byte on save.
+#pragma once
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace qt {
+
+struct HfModelDir {
+  std::string dir;
+  ModelConfig config;
+  TensorStore store;
+  std::vector<ParamSpec> params;  // the text model's trainable tensors
+  bool lm_head_stored = false;    // lm_head.weight is in the files (it may be, even when tied)
+
+  const SafetensorsEntry& tensor(const ParamSpec& p) const { return store.get(p.name); }
+  // Names in the files that are not text-model parameters (vision tower, MTP head, unknown).
+  std::vector<const SafetensorsEntry*> passthrough_tensors() const;
+};
+
+// Loads and validates: a missing tensor, a shape that disagrees with config.json, or a
+// non-floating dtype is an error naming the directory and the tensor.
+HfModelDir hf_load(const std::string& dir);
+
+struct HfSaveOptions {
+  size_t max_shard_bytes = size_t{5} << 30;
+  // Extra files copied from this directory when present (tokenizer, generation config, ...).
+  std::string copy_files_from;
+};
+
+// Writes a complete model directory atomically (DIR.tmp-*, then renamed over DIR).
+// `tensors` are written as given; config_json is written as config.json.
+void hf_save(const std::string& dir, const nlohmann::json& config_json, const std::vector<TensorWriteSpec>& tensors,
+             const HfSaveOptions& options = {});
+
+// A write spec that copies an existing tensor byte-for-byte.
+TensorWriteSpec passthrough_spec(const SafetensorsEntry& e);
+
+// Files besides weights and config that belong to a model directory.
+const std::vector<std::string>& hf_side_files();
+
+}  // namespace qt
