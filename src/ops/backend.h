@@ -1,0 +1,152 @@
+// The Backend interface: memory plus the op set the Qwen3.5 model is written against (once).
+// CpuBackend (ops/cpu) is the fp32 reference; the CUDA backend implements the same calls with bf16
+// storage and fused kernels. Every op's math is defined in QWEN35_SPEC.md sections 3-6.
+//
+// Layout conventions: every tensor is contiguous, token-major ([T, ...], T = tokens in the packed
+// row). Activations use activation_dtype(); gate/statistics tensors marked f32 are always f32.
+// "acc" gradients are accumulated into (+=); all other outputs are overwritten.
+// Optional outputs are passed as a Tensor with data == nullptr.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace qt {
+
+// Packed-row sequence boundaries. cu_seqlens: i32 [num_seqs + 1], cu[0] = 0, cu[num_seqs] = T,
+// on the backend's device. A sample never sees another's tokens in any op that mixes tokens.
+struct SeqInfo {
+  Tensor cu_seqlens;
+  int num_seqs = 0;
+  int max_seqlen = 0;
+  int total_tokens = 0;
+};
+
+// Gated DeltaNet dimensions (one layer).
+struct GdnDims {
+  int64_t num_k_heads, num_v_heads, k_head_dim, v_head_dim;
+  int64_t key_dim() const { return num_k_heads * k_head_dim; }
+  int64_t value_dim() const { return num_v_heads * v_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// Full-attention dimensions (one layer).
+struct AttnDims {
+  int64_t num_q_heads, num_kv_heads, head_dim, rotary_dim;
+  double rope_theta;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+  virtual DType activation_dtype() const = 0;  // f32 on the CPU reference, bf16 on CUDA
+
+  // Memory: tensors live until the backend is destroyed (CPU) or its arena is reset.
+  virtual Tensor alloc(DType dtype, const Shape& shape) = 0;
+  virtual void zero(const Tensor& t) = 0;
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;             // same dtype and numel
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;     // nbytes of dst
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b (out may alias a)
+
+  // ---- dense ---------------------------------------------------------------------------------
+  // y[T,N] = x[T,K] W[N,K]^T.
+  virtual void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) = 0;
+  // dx[T,K] (= or += per accumulate_dx; optional) = dy W ; dw[N,K] acc += dy^T x (optional).
+  virtual void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                               const Tensor& w, bool accumulate_dx) = 0;
+
+  // out[T,H] = table[ids[t]]. ids: i32 [T].
+  virtual void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
+  // dtable[V,H] acc += scatter of dout by ids.
+  virtual void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) = 0;
+
+  // (1+w) RMSNorm over the last dim: y = x * rstd * (1 + w); rstd f32 [rows].
+  virtual void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                               double eps) = 0;
+  // dx (= or += per accumulate_dx), dw acc.
+  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                const Tensor& w, const Tensor& rstd, bool accumulate_dx) = 0;
+
+  // SwiGLU: h = silu(gate) * up, all [T, I].
+  virtual void swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) = 0;
+  virtual void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dh, const Tensor& gate,
+                               const Tensor& up) = 0;
+
+  // ---- Gated DeltaNet ------------------------------------------------------------------------
+  // Causal depthwise conv over time + SiLU, channel-last: y[T,C] from x[T,C], w[C,K]; a sample's
+  // first K-1 tokens see zeros, never the previous sample.
+  virtual void conv1d_silu_forward(const Tensor& y, const Tensor& x, const Tensor& w, const SeqInfo& seqs) = 0;
+  // dx[T,C] (overwritten), dw[C,K] acc.
+  virtual void conv1d_silu_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                    const Tensor& w, const SeqInfo& seqs) = 0;
+
+  // beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias). b, a: [T,Hv]; beta, g: f32 [T,Hv].
+  virtual void gdn_gates_forward(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
+                                 const Tensor& a_log, const Tensor& dt_bias) = 0;
+  // db, da overwritten; da_log, ddt_bias acc (f32 math, stored in their dtypes).
+  virtual void gdn_gates_backward(const Tensor& db, const Tensor& da, const Tensor& da_log, const Tensor& ddt_bias,
+                                  const Tensor& dbeta, const Tensor& dg, const Tensor& b, const Tensor& a,
+                                  const Tensor& a_log, const Tensor& dt_bias) = 0;
+
+  // The gated delta rule over qkv[T, conv_dim] = [q (Hk*dk) | k (Hk*dk) | v (Hv*dv)] (the conv
+  // output): q, k L2-normalized inside (eps 1e-6), q scaled by dk^-1/2, value head j reads key
+  // head j / (Hv/Hk); state reset at every sample start. o: [T, Hv, dv].
+  virtual void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                           const GdnDims& dims, const SeqInfo& seqs) = 0;
+  // dqkv [T, conv_dim], dg, dbeta f32 [T,Hv]: all overwritten.
+  virtual void gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
+                            const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
+                            const SeqInfo& seqs) = 0;
+
+  // Gated RMSNorm per head: y = (w * x * rstd) * silu(z); x, z, y: [T, Hv, dv]; w: [dv]; rstd f32 [T*Hv].
+  virtual void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,
+                                     const Tensor& w, double eps) = 0;
+  // dx, dz overwritten; dw acc.
+  virtual void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                      const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& rstd) = 0;
+
+  // ---- gated full attention ------------------------------------------------------------------
+  // From q_proj output qg[T, Hq*2D] (per head: D query dims then D gate dims) and k_proj output
+  // kr[T, Hkv*D]: q = RoPE(RMSNorm_{1+qw}(query)), k = RoPE(RMSNorm_{1+kw}(kr)), gate = the gate
+  // half as [T, Hq*D]. RoPE rotates the first rotary_dim dims (rotate-half) at positions[t] (i32 [T]).
+  // q_rstd f32 [T*Hq], k_rstd f32 [T*Hkv].
+  virtual void attn_prep_forward(const Tensor& q, const Tensor& k, const Tensor& gate, const Tensor& q_rstd,
+                                 const Tensor& k_rstd, const Tensor& qg, const Tensor& kr, const Tensor& q_norm_w,
+                                 const Tensor& k_norm_w, const Tensor& positions, const AttnDims& dims,
+                                 double eps) = 0;
+  // dqg [T, Hq*2D] (query and gate halves), dkr overwritten; dq_norm_w, dk_norm_w acc.
+  virtual void attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const Tensor& dq_norm_w,
+                                  const Tensor& dk_norm_w, const Tensor& dq, const Tensor& dk, const Tensor& dgate,
+                                  const Tensor& qg, const Tensor& kr, const Tensor& q_norm_w, const Tensor& k_norm_w,
+                                  const Tensor& q_rstd, const Tensor& k_rstd, const Tensor& positions,
+                                  const AttnDims& dims) = 0;
+
+  // Causal softmax attention per sample, GQA (query head h reads kv head h / (Hq/Hkv)), scale
+  // D^-1/2. q, o: [T, Hq, D]; k, v: [T, Hkv, D]; lse f32 [Hq, T] (log-sum-exp, saved for backward).
+  virtual void attention_forward(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const AttnDims& dims, const SeqInfo& seqs) = 0;
+  // dq, dk, dv overwritten.
+  virtual void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& d_o,
+                                  const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                  const Tensor& lse, const AttnDims& dims, const SeqInfo& seqs) = 0;
+
+  // y = o * sigmoid(gate), all [T, Hq*D].
+  virtual void attn_gate_forward(const Tensor& y, const Tensor& o, const Tensor& gate) = 0;
+  virtual void attn_gate_backward(const Tensor& d_o, const Tensor& dgate, const Tensor& dy, const Tensor& o,
+                                  const Tensor& gate) = 0;
+
+  // ---- loss ----------------------------------------------------------------------------------
+  // Fused lm_head + cross-entropy (fp32 softmax over all V logits, never materializing [T, V] at
+  // once where the backend can avoid it). targets: i32 [T], -100 = ignored. Returns the SUM of
+  // per-token losses over non-ignored targets. When dhidden / dw are given (optional), writes
+  // dhidden[T,H] (overwritten) and accumulates dw[V,H] for the loss scaled by grad_scale.
+  // token_loss (optional): f32 [T], 0 for ignored targets.
+  virtual double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
+                                      const Tensor& hidden, const Tensor& w, const Tensor& targets,
+                                      double grad_scale) = 0;
+};
+
+}  // namespace qt

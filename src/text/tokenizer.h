@@ -1,0 +1,39 @@
+// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (the kind Qwen uses): NFC
+// normalizer, Split pre-tokenizer regex taken from the file, ByteLevel mapping, BPE merges by
+// rank, added/special tokens matched in the raw text before BPE exactly as HF `tokenizers` does.
+// encode() gives the same ids as HF `tokenizers` with add_special_tokens=False.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qt {
+
+class Tokenizer {
+ public:
+  // Throws qt::Error naming the file and what is wrong (unsupported model type, bad regex, ...).
+  static Tokenizer load(const std::string& tokenizer_json_path);
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Thread-safe. Invalid UTF-8 throws qt::Error (offset named) unless fix_utf8 replaces it with U+FFFD.
+  std::vector<int32_t> encode(std::string_view text, bool fix_utf8 = false) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  // Any token of the vocabulary or the added tokens, by its string form.
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  // Highest id + 1 over the vocabulary and the added tokens.
+  int64_t vocab_size() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qt
