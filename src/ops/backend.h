@@ -49,7 +49,7 @@ class Backend {
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;             // same dtype and numel
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;     // nbytes of dst
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
-  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b (out may alias a)
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b (out may alias a or b)
 
   // ---- dense ---------------------------------------------------------------------------------
   // y[T,N] = x[T,K] W[N,K]^T.
