@@ -22,9 +22,10 @@ def main():
         model, info = Qwen3_5ForCausalLM.from_pretrained(d, output_loading_info=True, dtype=torch.float32,
                                                          attn_implementation="eager")
         n = sum(p.numel() for p in model.parameters())
-        out = {"dir": d, "parameters": n, "missing_keys": info["missing_keys"],
-               "unexpected_keys": info["unexpected_keys"], "mismatched_keys": info.get("mismatched_keys", []),
-               "error_msgs": info.get("error_msgs", [])}
+        out = {"dir": d, "parameters": n, "missing_keys": sorted(info["missing_keys"]),
+               "unexpected_keys": sorted(info["unexpected_keys"]),
+               "mismatched_keys": sorted(str(k) for k in info.get("mismatched_keys", [])),
+               "error_msgs": [str(e) for e in info.get("error_msgs", [])]}
         if args.logits:
             ref = json.load(open(args.logits))
             ids = torch.tensor([ref["input_ids"]])
