@@ -1,0 +1,379 @@
+#include "model/qwen35.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace qt {
+namespace {
+
+constexpr int kNumRoles = static_cast<int>(ParamRole::AttnKNorm) + 1;
+
+// A view of the first numel(shape) elements of a capacity buffer.
+Tensor slab(const Tensor& buf, const Shape& shape) {
+  QT_CHECK(shape_numel(shape) <= buf.numel(), "activation buffer ", buf.describe(), " too small for ", shape_str(shape));
+  return Tensor(buf.data, buf.dtype, shape, buf.device);
+}
+
+Tensor none() { return Tensor(); }
+
+}  // namespace
+
+// ---- PackedRow ---------------------------------------------------------------------------------
+
+int64_t PackedRow::num_trained() const {
+  int64_t n = 0;
+  for (int32_t t : targets) n += t != -100;
+  return n;
+}
+
+void PackedRow::append_sample(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {
+  QT_CHECK(!ids.empty(), "append_sample: empty sample");
+  QT_CHECK(labels.size() == ids.size(), "append_sample: ", labels.size(), " labels for ", ids.size(), " tokens");
+  if (cu_seqlens.empty()) cu_seqlens.push_back(0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    input_ids.push_back(ids[i]);
+    targets.push_back(i + 1 < ids.size() ? labels[i + 1] : -100);  // never predict across samples
+    positions.push_back(static_cast<int32_t>(i));
+  }
+  cu_seqlens.push_back(static_cast<int32_t>(input_ids.size()));
+}
+
+void PackedRow::validate(int64_t vocab_size) const {
+  const size_t T = input_ids.size();
+  QT_CHECK(T > 0, "packed row is empty");
+  QT_CHECK(targets.size() == T && positions.size() == T, "packed row: input_ids/targets/positions lengths differ (",
+           T, ", ", targets.size(), ", ", positions.size(), ")");
+  QT_CHECK(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && static_cast<size_t>(cu_seqlens.back()) == T,
+           "packed row: cu_seqlens must start at 0 and end at ", T);
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    QT_CHECK(cu_seqlens[s + 1] > cu_seqlens[s], "packed row: sample ", s, " is empty or cu_seqlens decreases");
+    for (int32_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t)
+      QT_CHECK(positions[static_cast<size_t>(t)] == t - cu_seqlens[s], "packed row: position at token ", t,
+               " is ", positions[static_cast<size_t>(t)], ", expected ", t - cu_seqlens[s]);
+  }
+  for (size_t t = 0; t < T; ++t) {
+    QT_CHECK(input_ids[t] >= 0 && input_ids[t] < vocab_size, "packed row: token id ", input_ids[t], " at position ", t,
+             " is outside the vocabulary [0, ", vocab_size, ")");
+    QT_CHECK(targets[t] == -100 || (targets[t] >= 0 && targets[t] < vocab_size), "packed row: target ", targets[t],
+             " at position ", t, " is outside the vocabulary");
+  }
+}
+
+// ---- model ------------------------------------------------------------------------------------
+
+struct Qwen35Model::LayerActs {
+  Tensor x, rstd_in, xn;                                   // layer input, its norm
+  Tensor mixed, z, b, a, conv, beta, g, o, y, gnorm_rstd;  // gated deltanet
+  Tensor qg, kr, v, q, k, gate, q_rstd, k_rstd, attn_o, lse, attn_y;  // full attention
+  Tensor h, rstd_post, hn, mlp_gate, mlp_up, mlp_act;      // MLP half
+};
+
+Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens)
+    : cfg_(cfg), be_(be), max_tokens_(max_tokens), specs_(param_table(cfg)) {
+  QT_CHECK(max_tokens > 0, "max_tokens must be positive");
+  const DType at = be.activation_dtype();
+  role_index_.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), std::vector<int>(kNumRoles, -1));
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    params_.push_back(be.alloc(at, specs_[i].shape));
+    grads_.push_back(be.alloc(at, specs_[i].shape));
+    role_index_[static_cast<size_t>(specs_[i].layer + 1)][static_cast<int>(specs_[i].role)] = static_cast<int>(i);
+  }
+  const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
+  const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
+  ids_ = be.alloc(DType::I32, {T});
+  targets_ = be.alloc(DType::I32, {T});
+  positions_ = be.alloc(DType::I32, {T});
+  cu_seqlens_ = be.alloc(DType::I32, {T + 1});
+  acts_.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    LayerActs& A = acts_[static_cast<size_t>(l)];
+    A.x = be.alloc(at, {T, H});
+    A.rstd_in = be.alloc(DType::F32, {T});
+    A.xn = be.alloc(at, {T, H});
+    if (cfg.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
+      A.mixed = be.alloc(at, {T, C});
+      A.z = be.alloc(at, {T, VD});
+      A.b = be.alloc(at, {T, Hv});
+      A.a = be.alloc(at, {T, Hv});
+      A.conv = be.alloc(at, {T, C});
+      A.beta = be.alloc(DType::F32, {T, Hv});
+      A.g = be.alloc(DType::F32, {T, Hv});
+      A.o = be.alloc(at, {T, VD});
+      A.y = be.alloc(at, {T, VD});
+      A.gnorm_rstd = be.alloc(DType::F32, {T * Hv});
+    } else {
+      A.qg = be.alloc(at, {T, 2 * Hq * D});
+      A.kr = be.alloc(at, {T, Hkv * D});
+      A.v = be.alloc(at, {T, Hkv * D});
+      A.q = be.alloc(at, {T, Hq * D});
+      A.k = be.alloc(at, {T, Hkv * D});
+      A.gate = be.alloc(at, {T, Hq * D});
+      A.q_rstd = be.alloc(DType::F32, {T * Hq});
+      A.k_rstd = be.alloc(DType::F32, {T * Hkv});
+      A.attn_o = be.alloc(at, {T, Hq * D});
+      A.lse = be.alloc(DType::F32, {Hq * T});
+      A.attn_y = be.alloc(at, {T, Hq * D});
+    }
+    A.h = be.alloc(at, {T, H});
+    A.rstd_post = be.alloc(DType::F32, {T});
+    A.hn = be.alloc(at, {T, H});
+    A.mlp_gate = be.alloc(at, {T, I});
+    A.mlp_up = be.alloc(at, {T, I});
+    A.mlp_act = be.alloc(at, {T, I});
+  }
+  final_in_ = be.alloc(at, {T, H});
+  final_rstd_ = be.alloc(DType::F32, {T});
+  final_out_ = be.alloc(at, {T, H});
+  token_loss_ = be.alloc(DType::F32, {T});
+  // Gradient scratch: wide enough for every intermediate of any layer.
+  const int64_t wide = std::max({I, C, VD, 2 * Hq * D, H});
+  d_res_ = be.alloc(at, {T, H});
+  d_norm_out_ = be.alloc(at, {T, H});
+  for (Tensor* t : {&d_a_, &d_b_, &d_c_, &d_d_, &d_e_}) *t = be.alloc(at, {T * wide});
+  d_f32_a_ = be.alloc(DType::F32, {T * std::max(Hv, Hq)});
+  d_f32_b_ = be.alloc(DType::F32, {T * std::max(Hv, Hq)});
+}
+
+Qwen35Model::~Qwen35Model() = default;
+
+const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
+  int i = role_index_[static_cast<size_t>(layer + 1)][static_cast<int>(role)];
+  QT_CHECK(i >= 0, "model has no parameter for role ", static_cast<int>(role), " in layer ", layer);
+  return params_[static_cast<size_t>(i)];
+}
+
+const Tensor& Qwen35Model::g(ParamRole role, int layer) const {
+  int i = role_index_[static_cast<size_t>(layer + 1)][static_cast<int>(role)];
+  QT_CHECK(i >= 0, "model has no gradient for role ", static_cast<int>(role), " in layer ", layer);
+  return grads_[static_cast<size_t>(i)];
+}
+
+Tensor Qwen35Model::rows(const Tensor& t, int64_t T) const {
+  Shape s = t.shape_vec();
+  s[0] = T;
+  return Tensor(t.data, t.dtype, s, t.device);
+}
+
+void Qwen35Model::load(const HfModelDir& dir) {
+  QT_CHECK(dir.params.size() == specs_.size(), dir.dir, ": parameter table mismatch");
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const SafetensorsEntry& e = dir.store.get(specs_[i].name);
+    QT_CHECK(e.shape == specs_[i].shape, e.file, ": tensor '", e.name, "' has shape ", shape_str(e.shape), ", expected ",
+             shape_str(specs_[i].shape));
+    set_param_f32(i, tensor_to_f32(e.view()));
+  }
+}
+
+std::vector<float> Qwen35Model::param_f32(size_t i) const {
+  HostTensor h(params_[i].dtype, params_[i].shape_vec());
+  be_.copy_to_host(h.t.data, params_[i]);
+  return tensor_to_f32(h.t);
+}
+
+std::vector<float> Qwen35Model::grad_f32(size_t i) const {
+  HostTensor h(grads_[i].dtype, grads_[i].shape_vec());
+  be_.copy_to_host(h.t.data, grads_[i]);
+  return tensor_to_f32(h.t);
+}
+
+void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
+  QT_CHECK(static_cast<int64_t>(values.size()) == params_[i].numel(), "set_param_f32: ", values.size(),
+           " values for ", specs_[i].name, " ", params_[i].describe());
+  HostTensor h(params_[i].dtype, params_[i].shape_vec());
+  tensor_from_f32(h.t, values.data());
+  be_.copy_from_host(params_[i], h.t.data);
+}
+
+void Qwen35Model::zero_grads() {
+  for (const Tensor& t : grads_) be_.zero(t);
+}
+
+void Qwen35Model::upload(const PackedRow& row) {
+  row.validate(cfg_.vocab_size);
+  const int64_t T = row.num_tokens();
+  QT_CHECK(T <= max_tokens_, "packed row has ", T, " tokens, more than the planned ", max_tokens_);
+  be_.copy_from_host(rows(ids_, T), row.input_ids.data());
+  be_.copy_from_host(rows(targets_, T), row.targets.data());
+  be_.copy_from_host(rows(positions_, T), row.positions.data());
+  const int num_seqs = static_cast<int>(row.cu_seqlens.size()) - 1;
+  Tensor cu = slab(cu_seqlens_, {num_seqs + 1});
+  be_.copy_from_host(cu, row.cu_seqlens.data());
+  seqs_.cu_seqlens = cu;
+  seqs_.num_seqs = num_seqs;
+  seqs_.total_tokens = static_cast<int>(T);
+  seqs_.max_seqlen = 0;
+  for (int s = 0; s < num_seqs; ++s)
+    seqs_.max_seqlen = std::max(seqs_.max_seqlen, row.cu_seqlens[static_cast<size_t>(s) + 1] - row.cu_seqlens[static_cast<size_t>(s)]);
+}
+
+void Qwen35Model::forward_layers(int64_t T) {
+  const ModelConfig& c = cfg_;
+  const GdnDims gd{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
+  const AttnDims ad{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
+  const int64_t Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  be_.embedding_forward(rows(acts_[0].x, T), p(ParamRole::EmbedTokens, -1), rows(ids_, T));
+  for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) {
+    LayerActs& A = acts_[static_cast<size_t>(l)];
+    const Tensor x = rows(A.x, T), xn = rows(A.xn, T);
+    be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
+    Tensor mix_out = rows(A.h, T);  // mixer output, turned into h = x + mixer in place
+    if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
+      const Tensor mixed = rows(A.mixed, T), z = rows(A.z, T), b = rows(A.b, T), a = rows(A.a, T);
+      const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
+      const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
+      be_.linear_forward(mixed, xn, p(ParamRole::GdnInProjQkv, l));
+      be_.linear_forward(z, xn, p(ParamRole::GdnInProjZ, l));
+      be_.linear_forward(b, xn, p(ParamRole::GdnInProjB, l));
+      be_.linear_forward(a, xn, p(ParamRole::GdnInProjA, l));
+      const Tensor& cw = p(ParamRole::GdnConv1d, l);
+      be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
+      be_.gdn_gates_forward(beta, gg, b, a, p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
+      be_.gdn_forward(o, conv, gg, beta, gd, seqs_);
+      be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
+                                p(ParamRole::GdnNorm, l), c.rms_norm_eps);
+      be_.linear_forward(mix_out, y, p(ParamRole::GdnOutProj, l));
+    } else {
+      const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+      const Tensor qg = rows(A.qg, T), kr = rows(A.kr, T), v = rows(A.v, T);
+      const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
+      const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
+      be_.linear_forward(qg, xn, p(ParamRole::AttnQProj, l));
+      be_.linear_forward(kr, xn, p(ParamRole::AttnKProj, l));
+      be_.linear_forward(v, xn, p(ParamRole::AttnVProj, l));
+      be_.attn_prep_forward(q, k, gate, slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), qg, kr,
+                            p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l), rows(positions_, T), ad,
+                            c.rms_norm_eps);
+      be_.attention_forward(o, slab(A.lse, {Hq, T}), q, k, v.view({T, Hkv, D}), ad, seqs_);
+      be_.attn_gate_forward(y, o.view({T, Hq * D}), gate);
+      be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
+    }
+    const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
+    be_.add(h, x, mix_out);
+    be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
+    const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
+    be_.linear_forward(mg, hn, p(ParamRole::MlpGate, l));
+    be_.linear_forward(mu, hn, p(ParamRole::MlpUp, l));
+    be_.swiglu_forward(act, mg, mu);
+    const Tensor next = l + 1 < static_cast<int>(c.num_hidden_layers) ? rows(acts_[static_cast<size_t>(l) + 1].x, T)
+                                                                       : rows(final_in_, T);
+    be_.linear_forward(next, act, p(ParamRole::MlpDown, l));  // MLP output, then next = h + mlp
+    be_.add(next, next, h);
+  }
+  be_.rmsnorm_forward(rows(final_out_, T), rows(final_rstd_, T), rows(final_in_, T), p(ParamRole::FinalNorm, -1),
+                      c.rms_norm_eps);
+}
+
+void Qwen35Model::backward_layers(int64_t T) {
+  const ModelConfig& c = cfg_;
+  const GdnDims gd{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
+  const AttnDims ad{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
+  const int64_t I = c.intermediate_size, Hv = c.linear_num_value_heads;
+  const int64_t dv = c.linear_value_head_dim, C = c.conv_dim(), VD = c.value_dim();
+  const Tensor dr = rows(d_res_, T);   // gradient of the residual stream, updated in place
+  const Tensor dn = rows(d_norm_out_, T);
+  for (int l = static_cast<int>(c.num_hidden_layers) - 1; l >= 0; --l) {
+    LayerActs& A = acts_[static_cast<size_t>(l)];
+    const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);
+    // MLP: next = h + down(silu(gate(hn)) * up(hn))
+    const Tensor dact = slab(d_a_, {T, I}), dgate = slab(d_b_, {T, I}), dup = slab(d_c_, {T, I});
+    be_.linear_backward(dact, g(ParamRole::MlpDown, l), dr, rows(A.mlp_act, T), p(ParamRole::MlpDown, l), false);
+    be_.swiglu_backward(dgate, dup, dact, rows(A.mlp_gate, T), rows(A.mlp_up, T));
+    be_.linear_backward(dn, g(ParamRole::MlpGate, l), dgate, hn, p(ParamRole::MlpGate, l), false);
+    be_.linear_backward(dn, g(ParamRole::MlpUp, l), dup, hn, p(ParamRole::MlpUp, l), true);
+    be_.rmsnorm_backward(dr, g(ParamRole::PostAttnNorm, l), dn, h, p(ParamRole::PostAttnNorm, l),
+                         rows(A.rstd_post, T), true);
+    // Mixer: h = x + mixer(xn); dr now holds dL/dh.
+    if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
+      const Tensor dy = slab(d_a_, {T, VD}), d_o = slab(d_b_, {T, Hv, dv}), dz = slab(d_c_, {T, VD});
+      const Tensor dconv = slab(d_d_, {T, C}), dmixed = slab(d_e_, {T, C});
+      const Tensor dbeta = slab(d_f32_a_, {T, Hv}), dg = slab(d_f32_b_, {T, Hv});
+      be_.linear_backward(dy, g(ParamRole::GdnOutProj, l), dr, rows(A.y, T), p(ParamRole::GdnOutProj, l), false);
+      be_.gated_rmsnorm_backward(d_o, dz.view({T, Hv, dv}), g(ParamRole::GdnNorm, l), dy.view({T, Hv, dv}),
+                                 rows(A.o, T).view({T, Hv, dv}), rows(A.z, T).view({T, Hv, dv}),
+                                 p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
+      be_.gdn_backward(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_);
+      // db and da reuse the (now free) dy buffer: [T, Hv] each.
+      const Tensor db = slab(d_a_, {T, Hv});
+      const Tensor da = Tensor(static_cast<char*>(d_a_.data) + static_cast<size_t>(T * Hv) * dtype_size(d_a_.dtype),
+                               d_a_.dtype, {T, Hv}, d_a_.device);
+      be_.gdn_gates_backward(db, da, g(ParamRole::GdnALog, l), g(ParamRole::GdnDtBias, l), dbeta, dg, rows(A.b, T),
+                             rows(A.a, T), p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
+      const Tensor& cw = p(ParamRole::GdnConv1d, l);
+      const Tensor& cgw = g(ParamRole::GdnConv1d, l);
+      be_.conv1d_silu_backward(dmixed, cgw.view({cgw.size(0), cgw.size(2)}), dconv, rows(A.mixed, T),
+                               cw.view({cw.size(0), cw.size(2)}), seqs_);
+      be_.linear_backward(dn, g(ParamRole::GdnInProjQkv, l), dmixed, xn, p(ParamRole::GdnInProjQkv, l), false);
+      be_.linear_backward(dn, g(ParamRole::GdnInProjZ, l), dz, xn, p(ParamRole::GdnInProjZ, l), true);
+      be_.linear_backward(dn, g(ParamRole::GdnInProjB, l), db, xn, p(ParamRole::GdnInProjB, l), true);
+      be_.linear_backward(dn, g(ParamRole::GdnInProjA, l), da, xn, p(ParamRole::GdnInProjA, l), true);
+    } else {
+      const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+      const Tensor dy = slab(d_a_, {T, Hq * D}), d_o = slab(d_b_, {T, Hq * D}), dgt = slab(d_c_, {T, Hq * D});
+      const Tensor dq = slab(d_d_, {T, Hq, D});
+      // dk, dv share d_e_ (each T*Hkv*D <= wide/2 * T since 2*Hq*D <= wide and Hkv <= Hq).
+      const Tensor dk = slab(d_e_, {T, Hkv, D});
+      const Tensor dv = Tensor(static_cast<char*>(d_e_.data) + static_cast<size_t>(T * Hkv * D) * dtype_size(d_e_.dtype),
+                               d_e_.dtype, {T, Hkv, D}, d_e_.device);
+      be_.linear_backward(dy, g(ParamRole::AttnOProj, l), dr, rows(A.attn_y, T), p(ParamRole::AttnOProj, l), false);
+      be_.attn_gate_backward(d_o, dgt, dy, rows(A.attn_o, T), rows(A.gate, T));
+      be_.attention_backward(dq, dk, dv, d_o.view({T, Hq, D}), rows(A.q, T).view({T, Hq, D}),
+                             rows(A.k, T).view({T, Hkv, D}), rows(A.v, T).view({T, Hkv, D}),
+                             rows(A.attn_o, T).view({T, Hq, D}), slab(A.lse, {Hq, T}), ad, seqs_);
+      // dqg [T, 2HqD] reuses d_a_ (dy is consumed); dkr reuses d_b_ (d_o is consumed).
+      const Tensor dqg = slab(d_a_, {T, 2 * Hq * D}), dkr = slab(d_b_, {T, Hkv * D});
+      be_.attn_prep_backward(dqg, dkr, g(ParamRole::AttnQNorm, l), g(ParamRole::AttnKNorm, l), dq, dk, dgt,
+                             rows(A.qg, T), rows(A.kr, T), p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l),
+                             slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), rows(positions_, T), ad);
+      be_.linear_backward(dn, g(ParamRole::AttnQProj, l), dqg, xn, p(ParamRole::AttnQProj, l), false);
+      be_.linear_backward(dn, g(ParamRole::AttnKProj, l), dkr, xn, p(ParamRole::AttnKProj, l), true);
+      be_.linear_backward(dn, g(ParamRole::AttnVProj, l), dv.view({T, Hkv * D}), xn, p(ParamRole::AttnVProj, l), true);
+    }
+    be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
+  }
+  be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
+}
+
+LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_scale, std::vector<float>* token_loss) {
+  upload(row);
+  const int64_t T = row.num_tokens();
+  forward_layers(T);
+  const bool tied = cfg_.tie_word_embeddings;
+  const Tensor& head = tied ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
+  const Tensor dhead = backward ? (tied ? g(ParamRole::EmbedTokens, -1) : g(ParamRole::LmHead, -1)) : none();
+  const Tensor dn = backward ? rows(d_norm_out_, T) : none();
+  const Tensor tl = token_loss != nullptr ? rows(token_loss_, T) : none();
+  LossResult r;
+  r.loss_sum = be_.linear_cross_entropy(dn, dhead, tl, rows(final_out_, T), head, rows(targets_, T), grad_scale);
+  r.num_trained = row.num_trained();
+  if (token_loss != nullptr) {
+    token_loss->resize(static_cast<size_t>(T));
+    be_.copy_to_host(token_loss->data(), tl);
+  }
+  if (backward) {
+    const Tensor dr = rows(d_res_, T);
+    be_.zero(dr);
+    be_.rmsnorm_backward(dr, g(ParamRole::FinalNorm, -1), dn, rows(final_in_, T), p(ParamRole::FinalNorm, -1),
+                         rows(final_rstd_, T), true);
+    backward_layers(T);
+  }
+  return r;
+}
+
+std::vector<float> Qwen35Model::logits(const PackedRow& row) {
+  upload(row);
+  const int64_t T = row.num_tokens(), V = cfg_.vocab_size;
+  forward_layers(T);
+  const Tensor& head = cfg_.tie_word_embeddings ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
+  // [T, V] is only needed for inspection and decoding, so its buffer grows on demand.
+  if (logits_buf_.data == nullptr || logits_buf_.numel() < T * V) logits_buf_ = be_.alloc(be_.activation_dtype(), {T * V});
+  const Tensor dev = slab(logits_buf_, {T, V});
+  be_.linear_forward(dev, rows(final_out_, T), head);
+  HostTensor host(dev.dtype, {T, V});
+  be_.copy_to_host(host.t.data, dev);
+  return tensor_to_f32(host.t);
+}
+
+}  // namespace qt

@@ -1,0 +1,90 @@
+// The Qwen3.5 text model (QWEN35_SPEC.md section 3): forward and backward over one packed row,
+// written once against the Backend interface. Parameters, gradients and every activation buffer
+// are allocated at construction for `max_tokens`, so a training step allocates nothing; a batch
+// with fewer tokens uses the leading rows of each buffer.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "io/hf_checkpoint.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "ops/backend.h"
+
+namespace qt {
+
+// One packed row on the host. targets[t] is the label the position t predicts (already shifted;
+// -100 = not trained); positions restart at 0 for every sample; cu_seqlens = sample boundaries.
+struct PackedRow {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> targets;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> cu_seqlens;  // [num_seqs + 1]
+
+  int64_t num_tokens() const { return static_cast<int64_t>(input_ids.size()); }
+  int64_t num_trained() const;
+  // Appends one sample given HF-style unshifted labels (same length as ids; -100 = ignored).
+  void append_sample(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels);
+  void validate(int64_t vocab_size) const;  // throws qt::Error on any inconsistency
+};
+
+struct LossResult {
+  double loss_sum = 0;      // sum of per-token cross-entropy over trained targets
+  int64_t num_trained = 0;  // trained targets in the row
+};
+
+class Qwen35Model {
+ public:
+  Qwen35Model(const ModelConfig& cfg, Backend& backend, int64_t max_tokens);
+  ~Qwen35Model();
+  Qwen35Model(const Qwen35Model&) = delete;
+  Qwen35Model& operator=(const Qwen35Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const Tensor& param(size_t i) const { return params_[i]; }
+  const Tensor& grad(size_t i) const { return grads_[i]; }
+  int64_t max_tokens() const { return max_tokens_; }
+  Backend& backend() { return be_; }
+
+  // Copies (and converts) every trainable tensor from an HF directory.
+  void load(const HfModelDir& dir);
+  // Host copies of one parameter / gradient as f32 (for saving, tests, the optimizer twin).
+  std::vector<float> param_f32(size_t i) const;
+  std::vector<float> grad_f32(size_t i) const;
+  void set_param_f32(size_t i, const std::vector<float>& values);
+
+  void zero_grads();
+  // Forward over the row; with backward=true also accumulates into the gradients the gradient of
+  // grad_scale * loss_sum. token_loss (optional, host) receives per-position losses.
+  LossResult step(const PackedRow& row, bool backward, double grad_scale, std::vector<float>* token_loss = nullptr);
+  // Logits [T, V] (host, f32) for every position of the row (for generation and parity checks).
+  std::vector<float> logits(const PackedRow& row);
+
+ private:
+  struct LayerActs;
+  void upload(const PackedRow& row);
+  void forward_layers(int64_t T);
+  void backward_layers(int64_t T);
+  const Tensor& p(ParamRole role, int layer) const;
+  const Tensor& g(ParamRole role, int layer) const;
+  Tensor rows(const Tensor& t, int64_t T) const;  // leading T rows of a [max_tokens, ...] buffer
+
+  ModelConfig cfg_;
+  Backend& be_;
+  int64_t max_tokens_;
+  std::vector<ParamSpec> specs_;
+  std::vector<Tensor> params_, grads_;
+  std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into params_ (-1 if none)
+
+  // Inputs
+  Tensor ids_, targets_, positions_, cu_seqlens_;
+  SeqInfo seqs_;
+  // Activations saved for backward
+  std::vector<LayerActs> acts_;
+  Tensor final_in_, final_rstd_, final_out_, token_loss_, logits_buf_;
+  // Gradient scratch shared by all layers
+  Tensor d_res_, d_norm_out_, d_a_, d_b_, d_c_, d_d_, d_e_, d_f32_a_, d_f32_b_;
+};
+
+}  // namespace qt
