@@ -7,5 +7,6 @@ namespace qt::cli {
 
 void add_inspect_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace qt::cli

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "qwentune 0.1.0");
   qt::cli::add_inspect_command(app);
   qt::cli::add_init_model_command(app);
+  qt::cli::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

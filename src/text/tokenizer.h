@@ -22,6 +22,10 @@ class Tokenizer {
 
   // Thread-safe. Invalid UTF-8 throws qt::Error (offset named) unless fix_utf8 replaces it with U+FFFD.
   std::vector<int32_t> encode(std::string_view text, bool fix_utf8 = false) const;
+  // encode(), appending to out (no allocation beyond out's growth once the thread is warm).
+  void encode_append(std::string_view text, std::vector<int32_t>& out, bool fix_utf8 = false) const;
+  // Invalid UTF-8 replaced by U+FFFD per maximal ill-formed subsequence (Rust's from_utf8_lossy).
+  static std::string fix_utf8(std::string_view text);
   std::string decode(const std::vector<int32_t>& ids) const;
 
   // Any token of the vocabulary or the added tokens, by its string form.
