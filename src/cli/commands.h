@@ -8,5 +8,6 @@ namespace qt::cli {
 void add_inspect_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_data_commands(CLI::App& app);  // data-stats, prepare
 
 }  // namespace qt::cli
