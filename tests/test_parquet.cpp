@@ -67,6 +67,18 @@ TEST(ParquetFixtures, EveryVariantMatchesItsJsonl) {
   }
 }
 
+TEST(ParquetFixtures, UnsupportedFilesGiveClearErrors) {
+  REQUIRE_FIXTURES();
+  const json manifest = json::parse(std::ifstream(fixture_dir() + "/manifest.json"));
+  if (!manifest.contains("unsupported")) return;
+  for (const json& u : manifest["unsupported"]) {
+    const std::string path = fixture_dir() + "/" + u["parquet"].get<std::string>();
+    const std::string feature = u["error"].get<std::string>();
+    EXPECT_ERROR_CONTAINS([&] { parquet_read_rows(path, [](const json&, int64_t) {}); }, path.c_str(), feature.c_str(),
+                          "not supported");
+  }
+}
+
 TEST(ParquetFixtures, ExpectedVariantsPresent) {
   REQUIRE_FIXTURES();
   for (const char* name : {"snappy_dict.parquet", "zstd_v2_rg7.parquet", "gzip_plain.parquet", "nulls.parquet",

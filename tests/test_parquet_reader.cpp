@@ -456,3 +456,38 @@ TEST(ParquetFuzz, MutationLoopOnlyThrowsQtError) {
 
 }  // namespace
 }  // namespace qt::testing
+
+namespace qt::testing {
+namespace {
+
+TEST(ParquetReader, JsonTextKeepsBytesAndParsesBack) {
+  json v = {{"s", std::string("q\"b\\n\nt\tc\x01\x1f end \xc3\xa9")}, {"n", nullptr}, {"i", -42}, {"d", 0.5},
+            {"b", true}, {"a", json::array({1, "x", json::object()})}};
+  std::string text;
+  parquet_append_json_text(v, &text);
+  EXPECT_EQ(json::parse(text), v);
+  // Invalid UTF-8 is copied, not replaced or rejected.
+  std::string bad;
+  parquet_append_json_text(json(std::string("a\xff" "b")), &bad);
+  EXPECT_EQ(bad, "\"a\xff" "b\"");
+}
+
+TEST(ParquetReader, ToJsonlOneRowPerLine) {
+  ScratchDir dir("parquet-jsonl");
+  const std::vector<json> rows = pq_ultrachat_rows(9);
+  pq_write_file(dir.file("a.parquet"), pq_ultrachat_schema(), rows);
+  const std::string text = parquet_to_jsonl(dir.file("a.parquet"));
+  size_t pos = 0, line = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    ASSERT_NE(nl, std::string::npos);
+    ASSERT_LT(line, rows.size());
+    EXPECT_EQ(json::parse(text.substr(pos, nl - pos)), rows[line]);
+    pos = nl + 1;
+    ++line;
+  }
+  EXPECT_EQ(line, rows.size());
+}
+
+}  // namespace
+}  // namespace qt::testing

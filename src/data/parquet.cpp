@@ -1044,6 +1044,74 @@ void parquet_read_rows(const std::string& path, const ParquetRowFn& fn, const Pa
   }
 }
 
+namespace {
+void append_json_string(const std::string& s, std::string* out) {
+  static const char hex[] = "0123456789abcdef";
+  out->push_back('"');
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          *out += "\\u00";
+          out->push_back(hex[c >> 4]);
+          out->push_back(hex[c & 15]);
+        } else {
+          out->push_back(ch);
+        }
+    }
+  }
+  out->push_back('"');
+}
+}  // namespace
+
+void parquet_append_json_text(const json& v, std::string* out) {
+  switch (v.type()) {
+    case json::value_t::string: append_json_string(v.get_ref<const std::string&>(), out); return;
+    case json::value_t::array: {
+      out->push_back('[');
+      bool first = true;
+      for (const json& e : v) {
+        if (!first) out->push_back(',');
+        first = false;
+        parquet_append_json_text(e, out);
+      }
+      out->push_back(']');
+      return;
+    }
+    case json::value_t::object: {
+      out->push_back('{');
+      bool first = true;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (!first) out->push_back(',');
+        first = false;
+        append_json_string(it.key(), out);
+        out->push_back(':');
+        parquet_append_json_text(it.value(), out);
+      }
+      out->push_back('}');
+      return;
+    }
+    default: *out += v.dump(); return;  // null, bool, numbers (non-finite floats become null)
+  }
+}
+
+std::string parquet_to_jsonl(const std::string& path, const ParquetReadOptions& options) {
+  std::string out;
+  parquet_read_rows(path, [&](const json& row, int64_t) {
+    parquet_append_json_text(row, &out);
+    out.push_back('\n');
+  }, options);
+  return out;
+}
+
 ParquetFileInfo parquet_file_info(const std::string& path) {
   MappedFile mf(path);
   FileMeta meta;

@@ -63,6 +63,17 @@ std::vector<std::string> parquet_list_files(const std::string& path);
 // True when `path` names a parquet file by extension (".parquet", case-insensitive).
 bool parquet_has_extension(const std::string& path);
 
+// JSON text of a value with strings written byte for byte: quotes, backslashes and control
+// characters are escaped, every other byte (invalid UTF-8 included) is copied, so a JSON parser
+// that validates UTF-8 sees exactly what a JSONL twin of the data would hold. (nlohmann's dump()
+// throws on invalid UTF-8 instead.)
+void parquet_append_json_text(const nlohmann::json& value, std::string* out);
+
+// The rows of `path` (file or directory, as parquet_read_rows) as JSON Lines: row i (0-based,
+// counting across shards) on line i + 1. This is how the data pipeline reads parquet: the text
+// goes through the same row parser as a .jsonl file, so both give identical samples.
+std::string parquet_to_jsonl(const std::string& path, const ParquetReadOptions& options = {});
+
 struct ParquetFileInfo {
   int64_t num_rows = 0;
   int64_t num_row_groups = 0;
