@@ -491,3 +491,45 @@ TEST(ParquetReader, ToJsonlOneRowPerLine) {
 
 }  // namespace
 }  // namespace qt::testing
+
+#include "data/readers.h"
+
+namespace qt::testing {
+namespace {
+
+// The data pipeline reads a .parquet file (and directories holding one) into the same samples as
+// its JSONL twin.
+TEST(ParquetReader, DataPipelineReadsParquetLikeJsonl) {
+  ScratchDir dir("parquet-pipeline");
+  std::vector<json> rows = pq_ultrachat_rows(25);
+  rows[3]["messages"] = json::array();  // a bad row (empty conversation) in both files
+  PqWriteOptions o;
+  o.codec = 1;
+  o.dictionary = true;
+  o.rows_per_group = 7;
+  pq_write_file(dir.file("train.parquet"), pq_ultrachat_schema(), rows, o);
+  {
+    std::ofstream out(dir.file("train.jsonl"));
+    for (const json& r : rows) out << r.dump() << "\n";
+  }
+  ReadOptions ro;
+  ro.skip_bad_rows = true;
+  ReadStats sp, sj;
+  const std::vector<Sample> a = read_samples(dir.file("train.parquet"), ro, &sp);
+  const std::vector<Sample> b = read_samples(dir.file("train.jsonl"), ro, &sj);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(a.size(), rows.size() - 1);
+  EXPECT_EQ(sp.bad_rows, 1);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].line, b[i].line);  // parquet: 1-based row number
+    ASSERT_EQ(a[i].messages.size(), b[i].messages.size());
+    for (size_t k = 0; k < a[i].messages.size(); ++k) {
+      EXPECT_EQ(a[i].messages[k].role, b[i].messages[k].role);
+      EXPECT_EQ(a[i].messages[k].content, b[i].messages[k].content);
+    }
+  }
+  EXPECT_EQ(list_data_files(dir.path()).size(), 2u);
+}
+
+}  // namespace
+}  // namespace qt::testing

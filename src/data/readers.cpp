@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/parquet.h"
 
 namespace qt {
 namespace {
@@ -411,9 +412,15 @@ std::vector<Sample> read_samples(const std::string& path, const ReadOptions& opt
       return fn(path, opts, st);
     }
   }
-  QT_CHECK(ext == ".jsonl" || ext == ".json", path, ": unknown data file extension '", ext, "' (expected .jsonl or .json",
-           registry().empty() ? "" : " or a registered one", ")");
-  const std::string buf = read_padded(path);
+  QT_CHECK(ext == ".jsonl" || ext == ".json" || ext == ".parquet", path, ": unknown data file extension '", ext,
+           "' (expected .jsonl, .json or .parquet", registry().empty() ? "" : " or a registered one", ")");
+  // Parquet rows become JSON Lines (row i on line i + 1) and go through the same row parser.
+  std::string buf = ext == ".parquet" ? parquet_to_jsonl(path) : read_padded(path);
+  if (ext == ".parquet") {
+    const size_t n = buf.size();
+    buf.resize(n + simdjson::SIMDJSON_PADDING, '\0');
+    buf.resize(n);
+  }
   std::string_view view(buf);
   size_t first = 0;
   while (first < view.size() && std::isspace(static_cast<unsigned char>(view[first]))) ++first;
@@ -428,7 +435,7 @@ void register_sample_reader(const std::string& extension, SampleReaderFn fn) {
 }
 
 std::vector<std::string> data_file_extensions() {
-  std::vector<std::string> exts = {".jsonl", ".json"};
+  std::vector<std::string> exts = {".jsonl", ".json", ".parquet"};
   std::lock_guard<std::mutex> lock(registry_mutex());
   for (const auto& kv : registry()) exts.push_back(kv.first);
   return exts;
@@ -445,7 +452,7 @@ std::vector<std::string> list_data_files(const std::string& path) {
     if (std::find(exts.begin(), exts.end(), ext) != exts.end()) files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
-  QT_CHECK(!files.empty(), path, ": no data files (*.jsonl, *.json) in the directory");
+  QT_CHECK(!files.empty(), path, ": no data files (*.jsonl, *.json, *.parquet) in the directory");
   return files;
 }
 
