@@ -8,6 +8,8 @@ namespace qt::cli {
 void add_inspect_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_loss_command(CLI::App& app);
+void add_train_commands(CLI::App& app);
 void add_data_commands(CLI::App& app);  // data-stats, prepare
 
 }  // namespace qt::cli

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   qt::cli::add_inspect_command(app);
   qt::cli::add_init_model_command(app);
   qt::cli::add_tokenize_command(app);
+  qt::cli::add_loss_command(app);
+  qt::cli::add_train_commands(app);
   qt::cli::add_data_commands(app);
   try {
     app.parse(argc, argv);

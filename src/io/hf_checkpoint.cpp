@@ -82,6 +82,7 @@ void hf_save(const std::string& dir, const nlohmann::json& config_json, const st
     wo.max_shard_bytes = options.max_shard_bytes;
     wo.parallel_fill = false;  // fills parallelize internally where it pays (random init)
     write_safetensors(tmp.string(), tensors, wo);
+    for (const auto& [name, content] : options.extra_files) write_text_file((tmp / name).string(), content);
     if (!options.copy_files_from.empty()) {
       for (const auto& f : hf_side_files()) {
         const fs::path src = fs::path(options.copy_files_from) / f;

@@ -4,6 +4,7 @@
 // byte-for-byte on save.
 #pragma once
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ struct HfSaveOptions {
   size_t max_shard_bytes = size_t{5} << 30;
   // Extra files copied from this directory when present (tokenizer, generation config, ...).
   std::string copy_files_from;
+  // Small files written into the directory as part of the same atomic save (name -> content).
+  std::map<std::string, std::string> extra_files;
 };
 
 // Writes a complete model directory atomically (DIR.tmp-*, then renamed over DIR).

@@ -45,6 +45,9 @@ ModelConfig preset_config(const std::string& name) {
     c.max_position_embeddings = 4096;
     c.tie_word_embeddings = true;
     c.torch_dtype = "float32";
+    // Two attention layers (LFLF): with so few layers, one attention layer at the very end
+    // leaves too little depth to combine far-apart tokens (the GDN decay starts near e^-10).
+    c.full_attention_interval = 2;
   } else {
     const RealShape* s = nullptr;
     for (const auto& r : kReal)

@@ -165,6 +165,8 @@ using cpu::check_tensor;
 using cpu::dim_of;
 constexpr DType F32 = DType::F32;
 
+CpuBackend::CpuBackend() { openblas_set_num_threads(1); }
+
 Tensor CpuBackend::alloc(DType dtype, const Shape& shape) {
   allocations_.push_back(std::make_unique<HostTensor>(dtype, shape));  // HostBuffer zero-fills
   return allocations_.back()->t;

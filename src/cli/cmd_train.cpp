@@ -1,0 +1,130 @@
+// qwentune train --config FILE.yaml [--set section.key=value ...]
+// qwentune generate --model DIR (--prompt TEXT | --eval FILE.jsonl) [...]
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/data_job.h"
+#include "model/generate.h"
+#include "ops/cpu/cpu_backend.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "train/trainer.h"
+
+namespace qt::cli {
+namespace {
+
+// The prompt a chat model continues: the user turn plus the assistant generation prompt of the
+// official template (enable_thinking=false gives the empty think block).
+std::string chat_prompt(const std::string& user, ThinkingMode thinking) {
+  std::string p = "<|im_start|>user\n" + std::string(py_strip(user)) + "<|im_end|>\n<|im_start|>assistant\n";
+  p += thinking == ThinkingMode::Off ? "<think>\n\n</think>\n\n" : "<think>\n";
+  return p;
+}
+
+struct GenerateJob {
+  std::string model, prompt, eval;
+  bool chat = true;
+  std::string thinking = "off";
+  GenerateOptions opts;
+};
+
+void run_generate(const GenerateJob& job) {
+  HfModelDir dir = hf_load(job.model);
+  const Tokenizer tok = Tokenizer::load(resolve_tokenizer(job.model));
+  GenerateOptions opts = job.opts;
+  for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
+    if (auto id = tok.token_to_id(stop)) opts.stop_ids.push_back(*id);
+  const ThinkingMode thinking = thinking_mode_from_name(job.thinking);
+  auto encode_prompt = [&](const std::string& text) {
+    return tok.encode(job.chat ? chat_prompt(text, thinking) : text);
+  };
+  auto strip_stop = [&](std::vector<int32_t> ids) {
+    if (!ids.empty() && std::find(opts.stop_ids.begin(), opts.stop_ids.end(), ids.back()) != opts.stop_ids.end())
+      ids.pop_back();
+    return ids;
+  };
+  CpuBackend be;
+  if (job.eval.empty()) {
+    const std::vector<int32_t> prompt = encode_prompt(job.prompt);
+    Qwen35Model model(dir.config, be, static_cast<int64_t>(prompt.size()) + opts.max_new_tokens);
+    model.load(dir);
+    std::printf("%s\n", tok.decode(strip_stop(generate(model, prompt, opts))).c_str());
+    return;
+  }
+  // --eval: exact-match accuracy of the (trimmed) completion against "answer".
+  std::ifstream in(job.eval);
+  QT_CHECK(in.good(), job.eval, ": cannot open");
+  std::vector<std::pair<std::string, std::string>> items;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      QT_FAIL(job.eval, ":", lineno, ": malformed JSON: ", e.what());
+    }
+    QT_CHECK(j.is_object() && j.contains("prompt") && j["prompt"].is_string() && j.contains("answer") &&
+                 j["answer"].is_string(),
+             job.eval, ":", lineno, ": expected {\"prompt\": \"...\", \"answer\": \"...\"}");
+    items.emplace_back(j["prompt"].get<std::string>(), j["answer"].get<std::string>());
+  }
+  QT_CHECK(!items.empty(), job.eval, ": no items");
+  int64_t longest = 0;
+  for (const auto& it : items) longest = std::max<int64_t>(longest, static_cast<int64_t>(encode_prompt(it.first).size()));
+  Qwen35Model model(dir.config, be, longest + opts.max_new_tokens);
+  model.load(dir);
+  int64_t correct = 0;
+  nlohmann::ordered_json examples = nlohmann::ordered_json::array();
+  for (const auto& [prompt, answer] : items) {
+    const std::string got(py_strip(tok.decode(strip_stop(generate(model, encode_prompt(prompt), opts)))));
+    const bool ok = got == py_strip(answer);
+    correct += ok;
+    if (examples.size() < 3) examples.push_back({{"prompt", prompt}, {"answer", answer}, {"output", got}, {"correct", ok}});
+  }
+  nlohmann::ordered_json r = {{"accuracy", double(correct) / double(items.size())}, {"correct", correct},
+                              {"total", items.size()}, {"examples", examples}};
+  std::printf("%s\n", r.dump().c_str());
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  {
+    auto* cmd = app.add_subcommand("train", "Fine-tune a model (YAML config; --set overrides any key)");
+    auto config = std::make_shared<std::string>();
+    auto sets = std::make_shared<std::vector<std::string>>();
+    cmd->add_option("--config", *config, "YAML config")->required();
+    cmd->add_option("--set", *sets, "override: section.key=value (repeatable)");
+    cmd->callback([=] { train_run(train_config_load(*config, *sets)); });
+  }
+  {
+    auto* cmd = app.add_subcommand("generate", "Generate text with a model (greedy by default)");
+    auto job = std::make_shared<GenerateJob>();
+    auto raw = std::make_shared<bool>(false);
+    auto* prompt = cmd->add_option("--prompt", job->prompt, "user message (or raw text with --raw)");
+    auto* eval = cmd->add_option("--eval", job->eval, "JSONL of {prompt, answer}: prints exact-match accuracy");
+    prompt->excludes(eval);
+    cmd->add_option("--model", job->model, "HF model directory")->required();
+    cmd->add_flag("--raw", *raw, "use the prompt as raw text, without the chat template");
+    cmd->add_option("--thinking", job->thinking, "on|off: the assistant generation prompt")->capture_default_str();
+    cmd->add_option("--max-new-tokens", job->opts.max_new_tokens, "")->capture_default_str()->check(CLI::PositiveNumber);
+    cmd->add_option("--temperature", job->opts.temperature, "0 = greedy")->capture_default_str();
+    cmd->add_option("--top-k", job->opts.top_k, "0 = all tokens")->capture_default_str();
+    cmd->add_option("--seed", job->opts.seed, "sampling seed")->capture_default_str();
+    cmd->callback([=] {
+      QT_CHECK(!job->prompt.empty() || !job->eval.empty(), "generate needs --prompt or --eval");
+      GenerateJob j = *job;
+      j.chat = !*raw;
+      run_generate(j);
+    });
+  }
+}
+
+}  // namespace qt::cli

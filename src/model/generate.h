@@ -1,0 +1,23 @@
+// Text generation with a Qwen35Model: greedy or temperature/top-k sampling until a stop token.
+// Each new token re-runs the forward pass over the whole sequence (exact, O(n^2)); incremental
+// decoding with a KV cache and recurrent GDN state is not implemented yet.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/qwen35.h"
+
+namespace qt {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;  // 0 = greedy
+  int64_t top_k = 0;         // 0 = whole vocabulary
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
+};
+
+// Returns the generated ids (without the prompt; a final stop id is included).
+std::vector<int32_t> generate(Qwen35Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& opts);
+
+}  // namespace qt

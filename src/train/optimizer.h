@@ -1,0 +1,35 @@
+// AdamW with decoupled weight decay and bias correction, on fp32 host arrays. This is the
+// reference the fused CUDA optimizer must match bit-for-bit: one fixed order of float operations
+// per element, no reductions.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace qt {
+
+struct AdamWConfig {
+  double lr = 1e-4;  // peak; the schedule scales it each step
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// One parameter tensor's optimizer state.
+struct AdamWState {
+  std::vector<float> m, v;
+  bool decay = true;  // matrices decay; norms, A_log, dt_bias (1-D) do not
+};
+
+// p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), with m, v updated from g first.
+// step is 1-based. g is read only.
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, double lr, double weight_decay,
+                  const AdamWConfig& cfg, int64_t step);
+
+// Global L2 norm over several gradient arrays (double accumulation, fixed order).
+double global_grad_norm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes);
+
+// Clip factor for max_norm (1 when the norm is within it or max_norm <= 0).
+double clip_factor(double norm, double max_norm);
+
+}  // namespace qt

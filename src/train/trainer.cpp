@@ -1,0 +1,326 @@
+#include "train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/loader.h"
+#include "io/hf_checkpoint.h"
+#include "model/qwen35.h"
+#include "ops/cpu/cpu_backend.h"
+#include "text/tokenizer.h"
+
+namespace qt {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+template <typename T>
+T train_get(const YAML::Node& n, const char* key, const T& def, const std::string& file) {
+  if (!n || !n[key]) return def;
+  try {
+    return n[key].as<T>();
+  } catch (const YAML::Exception& e) {
+    QT_FAIL(file, ": train.", key, " (line ", n[key].Mark().line + 1, "): ", e.what());
+  }
+}
+
+// Splits samples into train / eval by a seeded hash of the sample index (stable under reordering
+// of the config, independent of thread counts).
+void split_dataset(const TokenizedDataset& all, double eval_fraction, uint64_t seed, TokenizedDataset& train,
+                   TokenizedDataset& eval) {
+  for (int64_t i = 0; i < all.num_samples(); ++i) {
+    uint64_t h = (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull ^ (seed * 0xbf58476d1ce4e5b9ull);
+    h ^= h >> 31;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    const double u = static_cast<double>(h >> 11) / 9007199254740992.0;
+    const auto b = all.offsets[static_cast<size_t>(i)], e = all.offsets[static_cast<size_t>(i) + 1];
+    const std::vector<int32_t> ids(all.input_ids.begin() + b, all.input_ids.begin() + e);
+    const std::vector<int32_t> labels(all.labels.begin() + b, all.labels.begin() + e);
+    (u < eval_fraction ? eval : train).add(ids, labels);
+  }
+}
+
+PackedRow to_row(const Batch& b) {
+  QT_CHECK(b.rows == 1, "trainer expects packed batches (one row)");
+  PackedRow r;
+  r.input_ids = b.input_ids;
+  r.targets = b.targets;
+  r.positions = b.position_ids;
+  r.cu_seqlens = b.cu_seqlens;
+  return r;
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
+  return buf;
+}
+
+struct Run {
+  const TrainConfig& cfg;
+  HfModelDir src;
+  CpuBackend backend;
+  std::unique_ptr<Qwen35Model> model;
+  std::vector<std::vector<float>> master, m, v;
+  std::vector<bool> decay;
+
+  explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)) {}
+
+  double eval_loss(const TokenizedDataset& eval, const PackOptions& pack) {
+    const PackPlan plan = pack_plan(eval, pack, 0);
+    double sum = 0;
+    int64_t n = 0;
+    for (const PackedBin& bin : plan.bins) {
+      const LossResult r = model->step(to_row(pack_materialize(eval, bin, pack)), false, 1.0);
+      sum += r.loss_sum;
+      n += r.num_trained;
+    }
+    return n > 0 ? sum / double(n) : 0.0;
+  }
+
+  std::string save(const std::string& name, int64_t step, const LoaderPosition& pos) {
+    const std::string dir = (fs::path(cfg.output_dir) / name).string();
+    std::vector<TensorWriteSpec> specs;
+    const auto& table = model->specs();
+    for (size_t i = 0; i < table.size(); ++i) {
+      DType t = src.store.get(table[i].name).dtype;
+      if (cfg.save_dtype != "auto") t = *dtype_from_user_name(cfg.save_dtype);
+      const std::vector<float>* w = &master[i];
+      specs.push_back({table[i].name, t, table[i].shape, [w, t](void* dst, size_t) {
+                         tensor_from_f32(Tensor(dst, t, {static_cast<int64_t>(w->size())}), w->data());
+                       }});
+      if (table[i].role == ParamRole::EmbedTokens && src.config.tie_word_embeddings && src.lm_head_stored) {
+        TensorWriteSpec head = specs.back();
+        head.name = lm_head_name();
+        specs.push_back(head);
+      }
+    }
+    for (const SafetensorsEntry* e : src.passthrough_tensors()) specs.push_back(passthrough_spec(*e));
+    HfSaveOptions opts;
+    opts.copy_files_from = src.dir;
+    nlohmann::ordered_json state = {{"step", step}, {"epoch", pos.epoch}, {"batch", pos.batch},
+                                    {"source_model", cfg.model}};
+    opts.extra_files["trainer_state.json"] = state.dump(2) + "\n";
+    hf_save(dir, src.config.raw, specs, opts);
+    return dir;
+  }
+};
+
+}  // namespace
+
+TrainConfig train_config_load(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node root = yaml_load_file(path);
+  yaml_apply_overrides(root, overrides);
+  static const std::set<std::string> top = {"model", "tokenizer", "output_dir", "data", "train"};
+  for (const auto& kv : root) {
+    const std::string k = kv.first.as<std::string>();
+    QT_CHECK(top.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key '", k, "' (known: model, tokenizer, output_dir, data, train)");
+  }
+  TrainConfig c;
+  const fs::path base = fs::path(path).parent_path();
+  auto rel = [&](const std::string& p) { return fs::path(p).is_absolute() || base.empty() ? p : (base / p).string(); };
+  QT_CHECK(root["model"], path, ": needs `model: DIR`");
+  c.model = rel(root["model"].as<std::string>());
+  c.output_dir = rel(root["output_dir"] ? root["output_dir"].as<std::string>() : std::string("out/run"));
+  c.data = data_job_from_yaml(root, path);
+  const YAML::Node t = root["train"];
+  if (t) {
+    QT_CHECK(t.IsMap(), path, ": `train:` must be a section");
+    static const std::set<std::string> known = {
+        "backend", "lr", "min_lr_ratio", "schedule", "warmup_steps", "weight_decay", "beta1", "beta2", "eps",
+        "max_grad_norm", "global_batch_tokens", "epochs", "max_steps", "eval_fraction", "eval_every", "save_every",
+        "log_every", "seed", "save_dtype"};
+    for (const auto& kv : t) {
+      const std::string k = kv.first.as<std::string>();
+      QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
+    }
+  }
+  c.backend = train_get<std::string>(t, "backend", c.backend, path);
+  c.adamw.lr = train_get<double>(t, "lr", 1e-4, path);
+  c.schedule.min_lr_ratio = train_get<double>(t, "min_lr_ratio", 0.0, path);
+  c.schedule_name = train_get<std::string>(t, "schedule", "cosine", path);
+  c.schedule.kind = lr_schedule_from_name(c.schedule_name);
+  c.schedule.warmup_steps = train_get<int64_t>(t, "warmup_steps", 0, path);
+  c.adamw.weight_decay = train_get<double>(t, "weight_decay", 0.0, path);
+  c.adamw.beta1 = train_get<double>(t, "beta1", 0.9, path);
+  c.adamw.beta2 = train_get<double>(t, "beta2", 0.999, path);
+  c.adamw.eps = train_get<double>(t, "eps", 1e-8, path);
+  c.max_grad_norm = train_get<double>(t, "max_grad_norm", 1.0, path);
+  c.global_batch_tokens = train_get<int64_t>(t, "global_batch_tokens", 0, path);
+  c.epochs = train_get<int64_t>(t, "epochs", 1, path);
+  c.max_steps = train_get<int64_t>(t, "max_steps", 0, path);
+  c.eval_fraction = train_get<double>(t, "eval_fraction", 0.0, path);
+  c.eval_every = train_get<int64_t>(t, "eval_every", 0, path);
+  c.save_every = train_get<int64_t>(t, "save_every", 0, path);
+  c.log_every = train_get<int64_t>(t, "log_every", 1, path);
+  c.seed = train_get<uint64_t>(t, "seed", 0, path);
+  c.save_dtype = train_get<std::string>(t, "save_dtype", "auto", path);
+  QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
+  QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
+  QT_CHECK(c.eval_fraction >= 0 && c.eval_fraction < 1, path, ": train.eval_fraction must be in [0, 1)");
+  QT_CHECK(c.schedule.min_lr_ratio >= 0 && c.schedule.min_lr_ratio <= 1, path, ": train.min_lr_ratio must be in [0, 1]");
+  QT_CHECK(c.save_dtype == "auto" || dtype_from_user_name(c.save_dtype), path, ": train.save_dtype '", c.save_dtype,
+           "' is not auto, bf16, f16 or f32");
+  QT_CHECK(c.backend == "cpu", path, ": train.backend '", c.backend,
+           "': only the cpu backend is available in this build (the CUDA backend is not implemented yet)");
+  return c;
+}
+
+TrainSummary train_run(const TrainConfig& cfg) {
+  using clock = std::chrono::steady_clock;
+  Run run(cfg);
+  const ModelConfig& mc = run.src.config;
+  const Tokenizer tok = Tokenizer::load(cfg.data.tokenizer);
+  QT_CHECK(tok.vocab_size() <= mc.vocab_size, cfg.data.tokenizer, ": tokenizer has ", tok.vocab_size(),
+           " tokens but the model's vocab_size is ", mc.vocab_size);
+  TokenizeResult tr = tokenize_dataset(cfg.data.data, tok, cfg.data.opts, cfg.data.cache_dir, cfg.data.threads);
+  TokenizedDataset train, eval;
+  split_dataset(tr.data, cfg.eval_fraction, cfg.seed, train, eval);
+  QT_CHECK(train.num_samples() > 0, "no training samples left (", tr.data.num_samples(), " read, eval_fraction ",
+           cfg.eval_fraction, ")");
+  PackOptions pack = cfg.data.pack;
+  pack.mode = PackMode::Packed;
+  if (const auto pad = tok.token_to_id("<|endoftext|>")) pack.pad_id = *pad;
+
+  int64_t total_batches = 0;
+  for (int64_t e = 0; e < cfg.epochs; ++e) total_batches += static_cast<int64_t>(pack_plan(train, pack, e).bins.size());
+  const int64_t accum = cfg.global_batch_tokens > 0
+                            ? std::max<int64_t>(1, (cfg.global_batch_tokens + pack.tokens_per_batch - 1) / pack.tokens_per_batch)
+                            : 1;
+  int64_t total_steps = (total_batches + accum - 1) / accum;
+  if (cfg.max_steps > 0) total_steps = std::min(total_steps, cfg.max_steps);
+  LrScheduleConfig sched = cfg.schedule;
+  sched.total_steps = total_steps;
+
+  run.model = std::make_unique<Qwen35Model>(mc, run.backend, pack.tokens_per_batch);
+  run.model->load(run.src);
+  const auto& table = run.model->specs();
+  for (size_t i = 0; i < table.size(); ++i) {
+    run.master.push_back(run.model->param_f32(i));
+    run.m.emplace_back(run.master.back().size(), 0.0f);
+    run.v.emplace_back(run.master.back().size(), 0.0f);
+    run.decay.push_back(table[i].shape.size() >= 2);
+  }
+  fs::create_directories(cfg.output_dir);
+  std::ofstream metrics((fs::path(cfg.output_dir) / "metrics.jsonl").string(), std::ios::app);
+  QT_CHECK(metrics.good(), cfg.output_dir, "/metrics.jsonl: cannot open for writing");
+  log_info("train: ", train.num_samples(), " samples (", train.num_tokens(), " tokens), eval ", eval.num_samples(),
+           " samples; ", total_batches, " packed rows of ", pack.tokens_per_batch, " tokens over ", cfg.epochs,
+           " epoch(s); ", accum, " row(s) per step; ", total_steps, " steps", tr.cache_hit ? " (token cache hit)" : "");
+
+  auto prev_int = std::signal(SIGINT, on_stop_signal);
+  auto prev_term = std::signal(SIGTERM, on_stop_signal);
+  struct Restore {
+    decltype(prev_int) a, b;
+    ~Restore() { std::signal(SIGINT, a); std::signal(SIGTERM, b); }
+  } restore{prev_int, prev_term};
+  g_stop_signal.store(0);
+
+  Loader loader(train, pack, {}, cfg.epochs, 4);
+  TrainSummary summary;
+  const auto t0 = clock::now();
+  int64_t tokens_done = 0;
+  for (int64_t step = 1; step <= total_steps; ++step) {
+    std::vector<Batch> batches;
+    for (int64_t a = 0; a < accum; ++a) {
+      auto b = loader.next();
+      if (!b) break;
+      batches.push_back(std::move(*b));
+    }
+    if (batches.empty()) break;
+    int64_t trained = 0, tokens = 0;
+    for (const Batch& b : batches) {
+      trained += b.num_targets;
+      tokens += b.num_tokens;
+    }
+    if (trained == 0) {
+      log_warn("step ", step, ": no trained tokens in its batches; skipped");
+      continue;
+    }
+    // Every row's gradient is scaled by 1 / (trained tokens of the whole step), so the
+    // accumulated gradient is that of the step's mean loss.
+    run.model->zero_grads();
+    double loss_sum = 0;
+    for (const Batch& b : batches) loss_sum += run.model->step(to_row(b), true, 1.0 / double(trained)).loss_sum;
+    const double loss = loss_sum / double(trained);
+    QT_CHECK(std::isfinite(loss), "step ", step, ": loss is ", loss, " (diverged; lower train.lr?)");
+    std::vector<std::vector<float>> grads(table.size());
+    std::vector<const float*> gptr;
+    std::vector<int64_t> gsize;
+    for (size_t i = 0; i < table.size(); ++i) {
+      grads[i] = run.model->grad_f32(i);
+      for (float x : grads[i]) QT_CHECK(std::isfinite(x), "step ", step, ": gradient of ", table[i].name, " has NaN/inf");
+      gptr.push_back(grads[i].data());
+      gsize.push_back(static_cast<int64_t>(grads[i].size()));
+    }
+    const double norm = global_grad_norm(gptr, gsize);
+    const double clip = clip_factor(norm, cfg.max_grad_norm);
+    const double lr = cfg.adamw.lr * lr_multiplier(sched, step);
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (clip != 1.0)
+        for (float& x : grads[i]) x = static_cast<float>(x * clip);
+      adamw_update(run.master[i].data(), grads[i].data(), run.m[i].data(), run.v[i].data(),
+                   static_cast<int64_t>(run.master[i].size()), lr, run.decay[i] ? cfg.adamw.weight_decay : 0.0,
+                   cfg.adamw, step);
+      run.model->set_param_f32(i, run.master[i]);
+    }
+    tokens_done += tokens;
+    const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+    const double tps = double(tokens_done) / std::max(elapsed, 1e-9);
+    const double eta = elapsed / double(step) * double(total_steps - step);
+    if (step == 1) summary.first_loss = loss;
+    summary.last_loss = loss;
+    summary.steps = step;
+    nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
+                                  {"tokens", tokens}, {"trained_tokens", trained}, {"tok_s", tps},
+                                  {"elapsed_s", elapsed}};
+    const bool do_eval = eval.num_samples() > 0 && cfg.eval_every > 0 && step % cfg.eval_every == 0;
+    if (do_eval) rec["eval_loss"] = summary.eval_loss = run.eval_loss(eval, pack);
+    metrics << rec.dump() << "\n";
+    metrics.flush();
+    if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == 1)) {
+      std::printf("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s\n", (long long)step,
+                  (long long)total_steps, loss, lr, norm, tps, format_duration(eta).c_str(),
+                  do_eval ? (" | eval " + std::to_string(summary.eval_loss)).c_str() : "");
+      std::fflush(stdout);
+    }
+    if (cfg.save_every > 0 && step % cfg.save_every == 0 && step < total_steps)
+      log_info("saved ", run.save("checkpoint-" + std::to_string(step), step, loader.position()));
+    if (int sig = g_stop_signal.load()) {
+      const std::string dir = run.save("checkpoint-" + std::to_string(step), step, loader.position());
+      log_warn("signal ", sig, ": saved ", dir, " and stopped at step ", step);
+      summary.final_dir = dir;
+      return summary;
+    }
+  }
+  summary.tokens_per_second = double(tokens_done) / std::max(std::chrono::duration<double>(clock::now() - t0).count(), 1e-9);
+  if (eval.num_samples() > 0) {
+    summary.eval_loss = run.eval_loss(eval, pack);
+    metrics << nlohmann::ordered_json({{"step", summary.steps}, {"eval_loss", summary.eval_loss}}).dump() << "\n";
+    std::printf("eval loss %.4f\n", summary.eval_loss);
+  }
+  summary.final_dir = run.save("final", summary.steps, loader.position());
+  std::printf("saved %s (%lld steps, loss %.4f -> %.4f, %.0f tok/s)\n", summary.final_dir.c_str(),
+              (long long)summary.steps, summary.first_loss, summary.last_loss, summary.tokens_per_second);
+  return summary;
+}
+
+}  // namespace qt
