@@ -1,0 +1,50 @@
+// Host-callable launchers of the CUDA kernels for the two token mixers, shared between the
+// kernel files (gdn.cu, attention.cu) and CudaBackend. Plain pointers and dims; every pointer is
+// device memory; bf16 tensors are __nv_bfloat16 passed as void* so this header needs no CUDA
+// headers beyond cudaStream_t. Launchers validate nothing (CudaBackend's entry points do) and
+// never allocate: scratch comes from the caller's workspace (query its size first).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace qt::cuda {
+
+// ---- Gated DeltaNet (QWEN35_SPEC.md 3.5 / 4; semantics of Backend::gdn_forward/backward) ----
+struct GdnArgs {
+  const int32_t* cu_seqlens;  // [num_seqs + 1] on the device
+  int num_seqs;
+  int max_seqlen;
+  int total_tokens;           // T
+  int num_k_heads, num_v_heads, k_head_dim, v_head_dim;  // Hk, Hv, dk, dv (dk, dv multiples of 16, <= 128)
+};
+// Scratch for forward and backward (chunk states etc.), bytes.
+size_t gdn_workspace_bytes(const GdnArgs& a);
+// o [T, Hv, dv] bf16; qkv [T, 2*Hk*dk + Hv*dv] bf16 (q | k | v, raw: L2 norm and dk^-1/2 inside);
+// g, beta f32 [T, Hv].
+void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
+                 cudaStream_t stream);
+// dqkv [T, conv_dim] bf16, dg, dbeta f32 [T, Hv] (all overwritten); d_o [T, Hv, dv] bf16.
+// Recomputes what it needs from the forward inputs (no state is kept between the two calls).
+void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
+                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream);
+
+// ---- causal varlen attention with GQA (semantics of Backend::attention_forward/backward) ----
+struct AttnArgs {
+  const int32_t* cu_seqlens;  // [num_seqs + 1] on the device
+  int num_seqs;
+  int max_seqlen;
+  int total_tokens;
+  int num_q_heads, num_kv_heads, head_dim;  // head_dim 64, 128 or 256
+  float scale;                              // 1/sqrt(head_dim)
+};
+size_t attention_workspace_bytes(const AttnArgs& a);
+// o, q [T, Hq, D] bf16; k, v [T, Hkv, D] bf16; lse f32 [Hq, T].
+void attention_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
+                       void* workspace, cudaStream_t stream);
+// dq [T, Hq, D], dk, dv [T, Hkv, D] bf16 (overwritten).
+void attention_backward(void* dq, void* dk, void* dv, const void* d_o, const void* q, const void* k, const void* v,
+                        const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream);
+
+}  // namespace qt::cuda
