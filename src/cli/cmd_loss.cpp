@@ -17,6 +17,7 @@
 #include "io/hf_checkpoint.h"
 #include "model/qwen35.h"
 #include "ops/cpu/cpu_backend.h"
+#include "text/tokenizer.h"
 
 namespace qt::cli {
 namespace {
@@ -124,9 +125,40 @@ void run_loss(const std::string& model_dir, const std::string& data, const std::
   std::printf("%s\n", j.dump().c_str());
 }
 
+// Logits of one raw text (no chat template), for parity checks against transformers
+// (tools/check_hf_load.py --logits).
+void run_logits(const std::string& model_dir, const std::string& text, const std::string& out) {
+  HfModelDir dir = hf_load(model_dir);
+  const Tokenizer tok = Tokenizer::load((std::filesystem::path(model_dir) / "tokenizer.json").string());
+  const std::vector<int32_t> ids = tok.encode(text);
+  QT_CHECK(!ids.empty(), "--text encodes to no tokens");
+  PackedRow row;
+  row.append_sample(ids, std::vector<int32_t>(ids.size(), -100));
+  CpuBackend be;
+  Qwen35Model model(dir.config, be, row.num_tokens());
+  model.load(dir);
+  nlohmann::json j = {{"model", model_dir}, {"input_ids", ids}, {"vocab_size", dir.config.vocab_size},
+                      {"logits", model.logits(row)}};
+  std::ofstream f(out);
+  QT_CHECK(f.good(), out, ": cannot create");
+  f << j.dump() << "\n";
+  QT_CHECK(f.good(), out, ": write failed");
+  std::printf("wrote %s (%zu tokens x %lld logits)\n", out.c_str(), ids.size(), static_cast<long long>(dir.config.vocab_size));
+}
+
 }  // namespace
 
 void add_loss_command(CLI::App& app) {
+  {
+    auto* cmd = app.add_subcommand("logits", "Write the logits of a raw text to JSON (parity checks)");
+    auto model = std::make_shared<std::string>();
+    auto text = std::make_shared<std::string>();
+    auto out = std::make_shared<std::string>();
+    cmd->add_option("--model", *model, "HF model directory")->required();
+    cmd->add_option("--text", *text, "raw text")->required();
+    cmd->add_option("--out", *out, "output JSON")->required();
+    cmd->callback([=] { run_logits(*model, *text, *out); });
+  }
   auto* cmd = app.add_subcommand("loss", "Mean loss (and gradients) of a model over a data file");
   auto model = std::make_shared<std::string>();
   auto data = std::make_shared<std::string>();
