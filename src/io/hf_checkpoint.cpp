@@ -83,6 +83,12 @@ void hf_save(const std::string& dir, const nlohmann::json& config_json, const st
     wo.parallel_fill = false;  // fills parallelize internally where it pays (random init)
     write_safetensors(tmp.string(), tensors, wo);
     for (const auto& [name, content] : options.extra_files) write_text_file((tmp / name).string(), content);
+    for (const auto& [base, specs] : options.extra_tensor_files) {
+      SafetensorsWriteOptions eo;
+      eo.base_name = base;
+      eo.max_shard_bytes = SIZE_MAX;
+      write_safetensors(tmp.string(), specs, eo);
+    }
     if (!options.copy_files_from.empty()) {
       for (const auto& f : hf_side_files()) {
         const fs::path src = fs::path(options.copy_files_from) / f;

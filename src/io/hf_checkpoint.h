@@ -37,6 +37,8 @@ struct HfSaveOptions {
   std::string copy_files_from;
   // Small files written into the directory as part of the same atomic save (name -> content).
   std::map<std::string, std::string> extra_files;
+  // Further safetensors files in the same atomic save (base name -> tensors), e.g. optimizer state.
+  std::map<std::string, std::vector<TensorWriteSpec>> extra_tensor_files;
 };
 
 // Writes a complete model directory atomically (DIR.tmp-*, then renamed over DIR).

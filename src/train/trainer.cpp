@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "core/log.h"
 #include "data/loader.h"
 #include "io/hf_checkpoint.h"
+#include "io/mapped_file.h"
 #include "model/qwen35.h"
 #include "ops/cpu/cpu_backend.h"
 #include "text/tokenizer.h"
@@ -119,6 +121,15 @@ struct Run {
     nlohmann::ordered_json state = {{"step", step}, {"epoch", pos.epoch}, {"batch", pos.batch},
                                     {"source_model", cfg.model}};
     opts.extra_files["trainer_state.json"] = state.dump(2) + "\n";
+    std::vector<TensorWriteSpec>& opt = opts.extra_tensor_files["optimizer"];
+    for (size_t i = 0; i < table.size(); ++i) {
+      for (const auto& [prefix, vec] : {std::pair<const char*, const std::vector<float>*>{"master.", &master[i]},
+                                        {"m.", &m[i]}, {"v.", &v[i]}}) {
+        const std::vector<float>* src_vec = vec;
+        opt.push_back({prefix + table[i].name, DType::F32, table[i].shape,
+                       [src_vec](void* dst, size_t n) { std::memcpy(dst, src_vec->data(), n); }});
+      }
+    }
     hf_save(dir, src.config.raw, specs, opts);
     return dir;
   }
@@ -147,7 +158,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
     static const std::set<std::string> known = {
         "backend", "lr", "min_lr_ratio", "schedule", "warmup_steps", "weight_decay", "beta1", "beta2", "eps",
         "max_grad_norm", "global_batch_tokens", "epochs", "max_steps", "eval_fraction", "eval_every", "save_every",
-        "log_every", "seed", "save_dtype"};
+        "log_every", "seed", "save_dtype", "resume"};
     for (const auto& kv : t) {
       const std::string k = kv.first.as<std::string>();
       QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
@@ -173,6 +184,8 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.log_every = train_get<int64_t>(t, "log_every", 1, path);
   c.seed = train_get<uint64_t>(t, "seed", 0, path);
   c.save_dtype = train_get<std::string>(t, "save_dtype", "auto", path);
+  c.resume = train_get<std::string>(t, "resume", "", path);
+  if (!c.resume.empty() && c.resume != "auto") c.resume = rel(c.resume);
   QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
   QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
   QT_CHECK(c.eval_fraction >= 0 && c.eval_fraction < 1, path, ": train.eval_fraction must be in [0, 1)");
@@ -219,6 +232,50 @@ TrainSummary train_run(const TrainConfig& cfg) {
     run.v.emplace_back(run.master.back().size(), 0.0f);
     run.decay.push_back(table[i].shape.size() >= 2);
   }
+  // Resume: optimizer state, step and loader position from a checkpoint.
+  int64_t start_step = 1;
+  LoaderPosition start_pos;
+  std::string resume_dir = cfg.resume;
+  if (resume_dir == "auto") {
+    resume_dir.clear();
+    int64_t best = -1;
+    if (fs::is_directory(cfg.output_dir))
+      for (const auto& de : fs::directory_iterator(cfg.output_dir)) {
+        const std::string n = de.path().filename().string();
+        if (n.rfind("checkpoint-", 0) == 0 && fs::exists(de.path() / "trainer_state.json")) {
+          const int64_t k = std::atoll(n.c_str() + 11);
+          if (k > best) { best = k; resume_dir = de.path().string(); }
+        }
+      }
+    if (resume_dir.empty()) log_info("resume: auto found no checkpoint in ", cfg.output_dir, "; starting fresh");
+  }
+  if (!resume_dir.empty()) {
+    const std::string state_path = (fs::path(resume_dir) / "trainer_state.json").string();
+    nlohmann::json st;
+    try {
+      st = nlohmann::json::parse(read_text_file(state_path));
+    } catch (const nlohmann::json::exception& e) {
+      QT_FAIL(state_path, ": malformed JSON: ", e.what());
+    }
+    QT_CHECK(st.contains("step") && st.contains("epoch") && st.contains("batch"), state_path,
+             ": needs step, epoch and batch");
+    auto opt = SafetensorsFile::open((fs::path(resume_dir) / "optimizer.safetensors").string());
+    for (size_t i = 0; i < table.size(); ++i) {
+      for (auto& [prefix, vec] : {std::pair<const char*, std::vector<float>*>{"master.", &run.master[i]},
+                                  {"m.", &run.m[i]}, {"v.", &run.v[i]}}) {
+        const SafetensorsEntry* e = opt->find(prefix + table[i].name);
+        QT_CHECK(e != nullptr, opt->path(), ": missing optimizer tensor '", prefix, table[i].name, "'");
+        QT_CHECK(e->dtype == DType::F32 && e->shape == table[i].shape, opt->path(), ": optimizer tensor '", prefix,
+                 table[i].name, "' is ", dtype_name(e->dtype), shape_str(e->shape), ", expected F32",
+                 shape_str(table[i].shape));
+        std::memcpy(vec->data(), e->data, e->nbytes);
+      }
+      run.model->set_param_f32(i, run.master[i]);
+    }
+    start_step = st["step"].get<int64_t>() + 1;
+    start_pos = {st["epoch"].get<int64_t>(), st["batch"].get<int64_t>()};
+    log_info("resume: ", resume_dir, " at step ", start_step, " (epoch ", start_pos.epoch, ", batch ", start_pos.batch, ")");
+  }
   fs::create_directories(cfg.output_dir);
   std::ofstream metrics((fs::path(cfg.output_dir) / "metrics.jsonl").string(), std::ios::app);
   QT_CHECK(metrics.good(), cfg.output_dir, "/metrics.jsonl: cannot open for writing");
@@ -234,11 +291,11 @@ TrainSummary train_run(const TrainConfig& cfg) {
   } restore{prev_int, prev_term};
   g_stop_signal.store(0);
 
-  Loader loader(train, pack, {}, cfg.epochs, 4);
+  Loader loader(train, pack, start_pos, cfg.epochs, 4);
   TrainSummary summary;
   const auto t0 = clock::now();
   int64_t tokens_done = 0;
-  for (int64_t step = 1; step <= total_steps; ++step) {
+  for (int64_t step = start_step; step <= total_steps; ++step) {
     std::vector<Batch> batches;
     for (int64_t a = 0; a < accum; ++a) {
       auto b = loader.next();
@@ -285,8 +342,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
     tokens_done += tokens;
     const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
     const double tps = double(tokens_done) / std::max(elapsed, 1e-9);
-    const double eta = elapsed / double(step) * double(total_steps - step);
-    if (step == 1) summary.first_loss = loss;
+    const double eta = elapsed / double(step - start_step + 1) * double(total_steps - step);
+    if (step == start_step) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = step;
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
@@ -296,7 +353,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
     if (do_eval) rec["eval_loss"] = summary.eval_loss = run.eval_loss(eval, pack);
     metrics << rec.dump() << "\n";
     metrics.flush();
-    if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == 1)) {
+    if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
       std::printf("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s\n", (long long)step,
                   (long long)total_steps, loss, lr, norm, tps, format_duration(eta).c_str(),
                   do_eval ? (" | eval " + std::to_string(summary.eval_loss)).c_str() : "");

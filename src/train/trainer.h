@@ -27,6 +27,9 @@
 //     log_every: 1
 //     seed: 0
 //     save_dtype: auto        # auto (each tensor's dtype in the source) | bf16 | f32
+//     resume: ""              # checkpoint dir or "auto" (newest checkpoint-N in output_dir)
+// A checkpoint is an HF model directory plus optimizer.safetensors (fp32 master weights, m, v) and
+// trainer_state.json (step, data-loader position); resuming continues exactly where it stopped.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -56,6 +59,9 @@ struct TrainConfig {
   int64_t log_every = 1;
   uint64_t seed = 0;
   std::string save_dtype = "auto";
+  // Checkpoint directory to resume from (its optimizer.safetensors and trainer_state.json), or
+  // "auto" for the newest checkpoint-N under output_dir; empty = start fresh.
+  std::string resume;
 };
 
 TrainConfig train_config_load(const std::string& path, const std::vector<std::string>& overrides);
