@@ -1,32 +1,19 @@
 // qwentune data-stats --tokenizer PATH --data FILE|DIR [...]   one JSON object of dataset statistics
 // qwentune prepare --config FILE.yaml                           tokenize + cache, packing statistics
 //
-// prepare's YAML (other top-level sections are left to the trainer):
-//   model: DIR                 # tokenizer = DIR/tokenizer.json (or `tokenizer: PATH`)
-//   data:
-//     path: FILE|DIR           # or a list of them
-//     schema: auto             # auto|ultrachat|sharegpt|alpaca|tokenized
-//     train_on: assistant      # assistant|last_assistant|all
-//     thinking: on             # on|off
-//     tokens_per_batch: 8192
-//     shuffle_window: 10000
-//     seed: 0
-//     overflow: truncate       # truncate|split
-//     skip_bad_rows: false
-//     fix_utf8: false
-//     cache_dir: DIR           # default: .qwentune-cache next to the first data path
-//     threads: 0               # 0 = all cores (QWENTUNE_THREADS)
+// prepare's YAML: `model`/`tokenizer` and the `data:` section of data/data_job.h (other top-level
+// sections belong to the trainer).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/data_job.h"
 #include "data/packer.h"
 #include "data/token_cache.h"
 #include "text/tokenizer.h"
@@ -35,20 +22,6 @@ namespace qt::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct DataJob {
-  std::string tokenizer;
-  std::vector<std::string> data;
-  DataOptions opts;
-  PackOptions pack;
-  std::string cache_dir;
-  int threads = 0;
-};
-
-std::string resolve_tokenizer(const std::string& p) {
-  if (fs::is_directory(p)) return (fs::path(p) / "tokenizer.json").string();
-  return p;
-}
 
 nlohmann::ordered_json length_histogram(const TokenizedDataset& d) {
   std::vector<int64_t> counts;
@@ -120,69 +93,7 @@ nlohmann::ordered_json run_job(const DataJob& job) {
   return j;
 }
 
-template <typename T>
-T yaml_get(const YAML::Node& n, const char* key, const T& def, const std::string& file) {
-  if (!n[key]) return def;
-  try {
-    return n[key].as<T>();
-  } catch (const YAML::Exception& e) {
-    QT_FAIL(file, ": data.", key, ": ", e.what());
-  }
-}
-
-DataJob job_from_yaml(const std::string& path) {
-  QT_CHECK(fs::is_regular_file(path), path, ": config file does not exist");
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    QT_FAIL(path, ": malformed YAML: ", e.what());
-  }
-  DataJob job;
-  if (root["tokenizer"]) {
-    job.tokenizer = root["tokenizer"].as<std::string>();
-  } else {
-    QT_CHECK(root["model"], path, ": needs `model: DIR` or `tokenizer: PATH`");
-    job.tokenizer = root["model"].as<std::string>();
-  }
-  const YAML::Node d = root["data"];
-  QT_CHECK(d && d.IsMap(), path, ": needs a `data:` section");
-  static const std::set<std::string> known = {"path", "schema", "train_on", "thinking", "tokens_per_batch",
-                                              "shuffle_window", "seed", "overflow", "skip_bad_rows", "fix_utf8",
-                                              "cache_dir", "threads"};
-  for (const auto& kv : d) {
-    const std::string k = kv.first.as<std::string>();
-    QT_CHECK(known.count(k), path, ": unknown key data.", k);
-  }
-  QT_CHECK(d["path"], path, ": needs data.path");
-  if (d["path"].IsSequence()) {
-    for (const auto& p : d["path"]) job.data.push_back(p.as<std::string>());
-  } else {
-    job.data.push_back(d["path"].as<std::string>());
-  }
-  // Relative paths are relative to the config file.
-  const fs::path base = fs::path(path).parent_path();
-  auto rel = [&](const std::string& p) { return fs::path(p).is_absolute() || base.empty() ? p : (base / p).string(); };
-  for (auto& p : job.data) p = rel(p);
-  job.tokenizer = rel(job.tokenizer);
-  job.opts.read.schema = data_schema_from_name(yaml_get<std::string>(d, "schema", "auto", path));
-  job.opts.chat.train_on = train_on_from_name(yaml_get<std::string>(d, "train_on", "assistant", path));
-  job.opts.chat.thinking = thinking_mode_from_name(yaml_get<std::string>(d, "thinking", "on", path));
-  job.opts.read.skip_bad_rows = yaml_get<bool>(d, "skip_bad_rows", false, path);
-  job.opts.read.fix_utf8 = yaml_get<bool>(d, "fix_utf8", false, path);
-  job.pack.tokens_per_batch = yaml_get<int64_t>(d, "tokens_per_batch", 8192, path);
-  job.pack.shuffle_window = yaml_get<int64_t>(d, "shuffle_window", 10000, path);
-  job.pack.seed = yaml_get<uint64_t>(d, "seed", 0, path);
-  job.pack.overflow = overflow_from_name(yaml_get<std::string>(d, "overflow", "truncate", path));
-  job.threads = yaml_get<int>(d, "threads", 0, path);
-  if (d["cache_dir"]) {
-    job.cache_dir = rel(d["cache_dir"].as<std::string>());
-  } else {
-    const fs::path first(job.data.front());
-    job.cache_dir = ((fs::is_directory(first) ? first : first.parent_path()) / ".qwentune-cache").string();
-  }
-  return job;
-}
+DataJob job_from_yaml(const std::string& path) { return data_job_from_yaml(yaml_load_file(path), path); }
 
 }  // namespace
 

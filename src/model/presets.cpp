@@ -36,7 +36,7 @@ ModelConfig preset_config(const std::string& name) {
     c.num_hidden_layers = 4;
     c.num_attention_heads = 4;
     c.num_key_value_heads = 2;
-    c.head_dim = 32;
+    c.head_dim = 64;  // the smallest head size the CUDA attention kernel instantiates
     c.linear_num_key_heads = 2;
     c.linear_num_value_heads = 4;
     c.linear_key_head_dim = 16;

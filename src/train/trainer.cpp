@@ -20,8 +20,9 @@
 #include "io/hf_checkpoint.h"
 #include "io/mapped_file.h"
 #include "model/qwen35.h"
-#include "ops/cpu/cpu_backend.h"
+#include "ops/backend_factory.h"
 #include "text/tokenizer.h"
+#include "train/model_optimizer.h"
 
 namespace qt {
 namespace fs = std::filesystem;
@@ -79,12 +80,11 @@ std::string format_duration(double s) {
 struct Run {
   const TrainConfig& cfg;
   HfModelDir src;
-  CpuBackend backend;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<Qwen35Model> model;
-  std::vector<std::vector<float>> master, m, v;
-  std::vector<bool> decay;
+  std::unique_ptr<ModelOptimizer> optimizer;
 
-  explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)) {}
+  explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)), backend(make_backend(c.backend)) {}
 
   double eval_loss(const TokenizedDataset& eval, const PackOptions& pack) {
     const PackPlan plan = pack_plan(eval, pack, 0);
@@ -102,6 +102,9 @@ struct Run {
     const std::string dir = (fs::path(cfg.output_dir) / name).string();
     std::vector<TensorWriteSpec> specs;
     const auto& table = model->specs();
+    // Host copies of the optimizer state: the weights are saved from the fp32 master.
+    std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
+    for (size_t i = 0; i < table.size(); ++i) optimizer->get_state(i, master[i], m[i], v[i]);
     for (size_t i = 0; i < table.size(); ++i) {
       DType t = src.store.get(table[i].name).dtype;
       if (cfg.save_dtype != "auto") t = *dtype_from_user_name(cfg.save_dtype);
@@ -130,7 +133,7 @@ struct Run {
                        [src_vec](void* dst, size_t n) { std::memcpy(dst, src_vec->data(), n); }});
       }
     }
-    hf_save(dir, src.config.raw, specs, opts);
+    hf_save(dir, src.config.raw, specs, opts);  // runs the fills while master/m/v are alive
     return dir;
   }
 };
@@ -192,8 +195,9 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   QT_CHECK(c.schedule.min_lr_ratio >= 0 && c.schedule.min_lr_ratio <= 1, path, ": train.min_lr_ratio must be in [0, 1]");
   QT_CHECK(c.save_dtype == "auto" || dtype_from_user_name(c.save_dtype), path, ": train.save_dtype '", c.save_dtype,
            "' is not auto, bf16, f16 or f32");
-  QT_CHECK(c.backend == "cpu", path, ": train.backend '", c.backend,
-           "': only the cpu backend is available in this build (the CUDA backend is not implemented yet)");
+  if (c.backend == "auto") c.backend = default_backend_name();
+  QT_CHECK(c.backend == "cpu" || c.backend == "cuda", path, ": train.backend '", c.backend,
+           "' is not auto, cpu or cuda");
   return c;
 }
 
@@ -223,15 +227,10 @@ TrainSummary train_run(const TrainConfig& cfg) {
   LrScheduleConfig sched = cfg.schedule;
   sched.total_steps = total_steps;
 
-  run.model = std::make_unique<Qwen35Model>(mc, run.backend, pack.tokens_per_batch);
+  run.model = std::make_unique<Qwen35Model>(mc, *run.backend, pack.tokens_per_batch);
   run.model->load(run.src);
+  run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
   const auto& table = run.model->specs();
-  for (size_t i = 0; i < table.size(); ++i) {
-    run.master.push_back(run.model->param_f32(i));
-    run.m.emplace_back(run.master.back().size(), 0.0f);
-    run.v.emplace_back(run.master.back().size(), 0.0f);
-    run.decay.push_back(table[i].shape.size() >= 2);
-  }
   // Resume: optimizer state, step and loader position from a checkpoint.
   int64_t start_step = 1;
   LoaderPosition start_pos;
@@ -261,8 +260,10 @@ TrainSummary train_run(const TrainConfig& cfg) {
              ": needs step, epoch and batch");
     auto opt = SafetensorsFile::open((fs::path(resume_dir) / "optimizer.safetensors").string());
     for (size_t i = 0; i < table.size(); ++i) {
-      for (auto& [prefix, vec] : {std::pair<const char*, std::vector<float>*>{"master.", &run.master[i]},
-                                  {"m.", &run.m[i]}, {"v.", &run.v[i]}}) {
+      std::vector<float> st_master(static_cast<size_t>(shape_numel(table[i].shape))), st_m(st_master.size()),
+          st_v(st_master.size());
+      for (auto& [prefix, vec] : {std::pair<const char*, std::vector<float>*>{"master.", &st_master},
+                                  {"m.", &st_m}, {"v.", &st_v}}) {
         const SafetensorsEntry* e = opt->find(prefix + table[i].name);
         QT_CHECK(e != nullptr, opt->path(), ": missing optimizer tensor '", prefix, table[i].name, "'");
         QT_CHECK(e->dtype == DType::F32 && e->shape == table[i].shape, opt->path(), ": optimizer tensor '", prefix,
@@ -270,7 +271,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
                  shape_str(table[i].shape));
         std::memcpy(vec->data(), e->data, e->nbytes);
       }
-      run.model->set_param_f32(i, run.master[i]);
+      run.optimizer->set_state(i, st_master, st_m, st_v);
     }
     start_step = st["step"].get<int64_t>() + 1;
     start_pos = {st["epoch"].get<int64_t>(), st["batch"].get<int64_t>()};
@@ -319,26 +320,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
     for (const Batch& b : batches) loss_sum += run.model->step(to_row(b), true, 1.0 / double(trained)).loss_sum;
     const double loss = loss_sum / double(trained);
     QT_CHECK(std::isfinite(loss), "step ", step, ": loss is ", loss, " (diverged; lower train.lr?)");
-    std::vector<std::vector<float>> grads(table.size());
-    std::vector<const float*> gptr;
-    std::vector<int64_t> gsize;
-    for (size_t i = 0; i < table.size(); ++i) {
-      grads[i] = run.model->grad_f32(i);
-      for (float x : grads[i]) QT_CHECK(std::isfinite(x), "step ", step, ": gradient of ", table[i].name, " has NaN/inf");
-      gptr.push_back(grads[i].data());
-      gsize.push_back(static_cast<int64_t>(grads[i].size()));
-    }
-    const double norm = global_grad_norm(gptr, gsize);
-    const double clip = clip_factor(norm, cfg.max_grad_norm);
     const double lr = cfg.adamw.lr * lr_multiplier(sched, step);
-    for (size_t i = 0; i < table.size(); ++i) {
-      if (clip != 1.0)
-        for (float& x : grads[i]) x = static_cast<float>(x * clip);
-      adamw_update(run.master[i].data(), grads[i].data(), run.m[i].data(), run.v[i].data(),
-                   static_cast<int64_t>(run.master[i].size()), lr, run.decay[i] ? cfg.adamw.weight_decay : 0.0,
-                   cfg.adamw, step);
-      run.model->set_param_f32(i, run.master[i]);
-    }
+    const double norm = run.optimizer->step(lr, cfg.max_grad_norm, step);
     tokens_done += tokens;
     const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
     const double tps = double(tokens_done) / std::max(elapsed, 1e-9);

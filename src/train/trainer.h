@@ -8,7 +8,7 @@
 //   output_dir: DIR           # checkpoints (DIR/checkpoint-N, DIR/final) and metrics.jsonl
 //   data: {...}               # see data/data_job.h
 //   train:
-//     backend: cpu
+//     backend: auto           # auto (cuda when a GPU is present) | cpu | cuda
 //     lr: 1e-4                # peak learning rate
 //     min_lr_ratio: 0.0       # final lr = min_lr_ratio * lr
 //     schedule: cosine        # cosine|linear|constant
@@ -45,7 +45,7 @@ struct TrainConfig {
   std::string model;
   std::string output_dir = "out/run";
   DataJob data;
-  std::string backend = "cpu";
+  std::string backend = "auto";
   AdamWConfig adamw;
   LrScheduleConfig schedule;
   std::string schedule_name = "cosine";

@@ -1,0 +1,138 @@
+#include "train/model_optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#ifdef QT_HAVE_CUDA
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/cuda_backend.h"
+#endif
+
+namespace qt {
+namespace {
+
+// Host AdamW: state in host fp32 arrays; gradients copied to the host each step.
+class HostOptimizer final : public ModelOptimizer {
+ public:
+  HostOptimizer(Qwen35Model& model, const AdamWConfig& cfg) : model_(model), cfg_(cfg) {
+    for (size_t i = 0; i < model.specs().size(); ++i) {
+      master_.push_back(model.param_f32(i));
+      m_.emplace_back(master_.back().size(), 0.0f);
+      v_.emplace_back(master_.back().size(), 0.0f);
+    }
+  }
+
+  double step(double lr, double max_grad_norm, int64_t step) override {
+    const auto& table = model_.specs();
+    std::vector<std::vector<float>> grads(table.size());
+    std::vector<const float*> ptrs;
+    std::vector<int64_t> sizes;
+    for (size_t i = 0; i < table.size(); ++i) {
+      grads[i] = model_.grad_f32(i);
+      for (float x : grads[i]) QT_CHECK(std::isfinite(x), "step ", step, ": gradient of ", table[i].name, " has NaN/inf");
+      ptrs.push_back(grads[i].data());
+      sizes.push_back(static_cast<int64_t>(grads[i].size()));
+    }
+    const double norm = global_grad_norm(ptrs, sizes);
+    const double clip = clip_factor(norm, max_grad_norm);
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (clip != 1.0)
+        for (float& x : grads[i]) x = static_cast<float>(x * clip);
+      const bool decay = table[i].shape.size() >= 2;
+      adamw_update(master_[i].data(), grads[i].data(), m_[i].data(), v_[i].data(),
+                   static_cast<int64_t>(master_[i].size()), lr, decay ? cfg_.weight_decay : 0.0, cfg_, step);
+      model_.set_param_f32(i, master_[i]);
+    }
+    return norm;
+  }
+
+  void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
+    master = master_[i];
+    m = m_[i];
+    v = v_[i];
+  }
+  void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
+                 const std::vector<float>& v) override {
+    master_[i] = master;
+    m_[i] = m;
+    v_[i] = v;
+    model_.set_param_f32(i, master);
+  }
+
+ private:
+  Qwen35Model& model_;
+  AdamWConfig cfg_;
+  std::vector<std::vector<float>> master_, m_, v_;
+};
+
+#ifdef QT_HAVE_CUDA
+// Device AdamW: one fused multi-tensor kernel; the norm and clip factor stay on the device, and
+// only the norm (one double) comes back to the host per step.
+class DeviceOptimizer final : public ModelOptimizer {
+ public:
+  DeviceOptimizer(Qwen35Model& model, CudaBackend& be, const AdamWConfig& cfg) : model_(model), be_(be), cfg_(cfg) {
+    std::vector<cuda::AdamWTensor> table;
+    for (size_t i = 0; i < model.specs().size(); ++i) {
+      const Tensor& p = model.param(i);
+      QT_CHECK(p.dtype == DType::BF16 && model.grad(i).dtype == DType::BF16, "device AdamW expects bf16 weights and grads");
+      master_.push_back(be.alloc(DType::F32, p.shape_vec()));
+      m_.push_back(be.alloc(DType::F32, p.shape_vec()));
+      v_.push_back(be.alloc(DType::F32, p.shape_vec()));
+      const std::vector<float> w = model.param_f32(i);
+      be.copy_from_host(master_.back(), w.data());
+      table.push_back({master_.back().ptr<float>(), m_.back().ptr<float>(), v_.back().ptr<float>(), model.grad(i).data,
+                       p.data, p.numel(), model.specs()[i].shape.size() >= 2});
+    }
+    adamw_ = std::make_unique<cuda::AdamWMultiTensor>(table);
+  }
+
+  double step(double lr, double max_grad_norm, int64_t step) override {
+    adamw_->grad_norm(max_grad_norm, be_.stream());
+    double norm_clip[2];
+    QT_CHECK(cudaMemcpyAsync(norm_clip, adamw_->norm_clip(), sizeof norm_clip, cudaMemcpyDeviceToHost, be_.stream()) ==
+                 cudaSuccess, "device AdamW: copying the gradient norm failed");
+    be_.synchronize();
+    if (!std::isfinite(norm_clip[0])) {
+      // Name the first bad tensor (rare path: copy gradients to the host).
+      for (size_t i = 0; i < model_.specs().size(); ++i)
+        for (float x : model_.grad_f32(i))
+          QT_CHECK(std::isfinite(x), "step ", step, ": gradient of ", model_.specs()[i].name, " has NaN/inf");
+      QT_FAIL("step ", step, ": gradient norm is ", norm_clip[0]);
+    }
+    adamw_->update(lr, cfg_.weight_decay, cfg_, step, be_.stream());
+    return norm_clip[0];
+  }
+
+  void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
+    for (auto [dst, src] : {std::pair<std::vector<float>*, const Tensor*>{&master, &master_[i]}, {&m, &m_[i]}, {&v, &v_[i]}}) {
+      dst->resize(static_cast<size_t>(src->numel()));
+      be_.copy_to_host(dst->data(), *src);
+    }
+  }
+  void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
+                 const std::vector<float>& v) override {
+    be_.copy_from_host(master_[i], master.data());
+    be_.copy_from_host(m_[i], m.data());
+    be_.copy_from_host(v_[i], v.data());
+    model_.set_param_f32(i, master);
+  }
+
+ private:
+  Qwen35Model& model_;
+  CudaBackend& be_;
+  AdamWConfig cfg_;
+  std::vector<Tensor> master_, m_, v_;
+  std::unique_ptr<cuda::AdamWMultiTensor> adamw_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<ModelOptimizer> ModelOptimizer::create(Qwen35Model& model, const AdamWConfig& cfg) {
+#ifdef QT_HAVE_CUDA
+  if (auto* cuda_be = dynamic_cast<CudaBackend*>(&model.backend())) return std::make_unique<DeviceOptimizer>(model, *cuda_be, cfg);
+#endif
+  return std::make_unique<HostOptimizer>(model, cfg);
+}
+
+}  // namespace qt
