@@ -1,0 +1,739 @@
+// Varlen causal flash attention with GQA for the gated full-attention layers (QWEN35_SPEC 3.3;
+// KERNELS.md section 3). bf16 in and out, fp32 accumulation, tensor cores through mma.sync
+// m16n8k16 (bf16 -> fp32) fed by ldmatrix from XOR-swizzled shared memory, cp.async loads.
+//
+// Forward (attn_fwd_kernel): one CTA per (query tile, sample, query head); 8 warps, 16 query rows
+//   each; online softmax in base 2 over key tiles [0, diagonal]; K and V tiles use separate
+//   buffers so V_j loads while S = Q K_j^T runs and K_{j+1} loads while P V_j runs (FA2 scheme).
+//   Saves lse = m + log(l) (natural log, f32 [Hq, T]).
+// Backward: three kernels.
+//   attn_bwd_pre_kernel:  Dsum = rowsum(dO * O), lse in log2 units, dQ accumulator zeroed.
+//   attn_bwd_kernel:      one CTA per (key tile, sample, kv head); K, V tile resident in smem; it
+//                         loops over the query heads of its group and the query tiles from the
+//                         diagonal to the sample's end, accumulating dK and dV in registers (the GQA
+//                         reduction is inside the CTA: deterministic, no dK/dV atomics). dQ partials
+//                         (dS K) go to an fp32 accumulator with atomics (not bitwise deterministic;
+//                         a deterministic variant would run a separate dQ pass per query tile
+//                         that loops over key tiles, i.e. 7 GEMMs instead of 5).
+//   attn_bwd_post_kernel: dq = bf16(scale * dQaccum).
+// The grid covers ceil(max_seqlen / tile) tiles per sample; tiles past a sample's end exit at once,
+// so one launch serves every sample of a packed row. Causal masking happens only in tiles that
+// cross the diagonal or the sample end.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "ops/cuda/kernels.h"
+
+namespace qt::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// ---- tile configuration -----------------------------------------------------------------------
+// One constexpr function, as FA3's hopper/tile_size.h. All tiles use 8 warps (256 threads) and
+// 16-row warp slices (the m16n8k16 M extent).
+struct AttnTile {
+  int fwd_m, fwd_n;  // forward: query rows x key rows per iteration
+  int bwd_m, bwd_n;  // backward: query rows per iteration x key rows per CTA
+};
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+constexpr AttnTile attn_tile(int head_dim) {
+  // Forward, every head dim: 128 x 64. 8 warps x 16 rows = 128 query rows. Per thread the O
+  // accumulator is head_dim / 2 floats (128 at D = 256) plus 32 for S = Q K^T (16 x 64 per warp),
+  // which keeps D = 256 under the 255-register cap with one CTA per SM. smem: Q 128 x D + K 64 x D
+  // + V 64 x D bf16 = 128 KB at D = 256 (needs the opt-in above 48 KB; H200 allows 227 KB), 64 KB at
+  // D = 128 (3 CTAs / SM), 32 KB at D = 64. A 64-row key tile keeps S and P in registers at D = 256;
+  // 128 would double S and push the O + S + P working set past the register file.
+  //
+  // Backward, every head dim: 64 x 64 (FA2 sm80 hdim256 uses 64 x 64 with 8 warps, FA3 sm90 64 x 80).
+  // dK and dV accumulators live in registers: 2 x 64 x D fp32 over 256 threads = D / 2 floats per
+  // thread (128 at D = 256); S and dP take 16 + 16 more (16 x 32 warp tiles), and the dQ partial is
+  // produced 32 columns at a time (16 floats) so the peak stays below 255. smem: K, V (64 x D each),
+  // Q, dO (64 x D each), P and dS (64 x 64 bf16 each), lse and Dsum: 136.5 KB at D = 256.
+  //
+  // The same shape serves D = 64 and 128 (tests, other models): they are not the target, and one
+  // shape keeps one code path. Bigger forward key tiles for small D are an obvious next step.
+  return head_dim > 0 ? AttnTile{128, 64, 64, 64} : AttnTile{0, 0, 0, 0};
+}
+
+template <int D>
+struct FwdTraits {
+  static constexpr int kBlockM = attn_tile(D).fwd_m;
+  static constexpr int kBlockN = attn_tile(D).fwd_n;
+  static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>((kBlockM + 2 * kBlockN) * D);
+  static_assert(kBlockM == 16 * kWarps, "each warp owns 16 query rows");
+  static_assert(kBlockN % 16 == 0 && D % 64 == 0, "tiles must be multiples of the mma / swizzle shape");
+  static_assert(kSmemBytes <= 227 * 1024, "forward smem over the sm_90 per-block limit");
+};
+
+template <int D>
+struct BwdTraits {
+  static constexpr int kBlockM = attn_tile(D).bwd_m;
+  static constexpr int kBlockN = attn_tile(D).bwd_n;
+  static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>(2 * kBlockN * D + 2 * kBlockM * D +
+                                                                         2 * kBlockM * kBlockN) +
+                                       sizeof(float) * 2 * kBlockM;
+  static_assert(kBlockM == 64 && kBlockN == 64, "warp layouts below assume 64 x 64 backward tiles");
+  static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+  static_assert(kSmemBytes <= 227 * 1024, "backward smem over the sm_90 per-block limit");
+};
+
+// ---- PTX helpers ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; zero-fills the destination when pred is false (src must still be valid).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
+  const int bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool pred) {
+  const int bytes = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2, the first in the low half (the lower column of an mma fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- swizzled shared-memory tiles ---------------------------------------------------------------
+// A [rows][W] bf16 tile (W a multiple of 64) stored with 16-byte chunk c of row r at chunk
+// c ^ (r & 7): the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+template <int W>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * W + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+// Async copy of a [ROWS][W] tile from global rows of stride ld (elements); rows >= valid are
+// zero-filled (valid >= 1, and row 0 serves as the in-bounds dummy source). Thread tid copies
+// chunk tid % (W / 8) of rows tid / (W / 8) + i * kRowStep: one pointer and one smem address plus
+// constant strides (kRowStep is a multiple of 8, so the swizzle of a thread's chunk never changes).
+template <int ROWS, int W>
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t ld, int valid, int tid) {
+  constexpr int kChunksPerRow = W / 8, kRowStep = kThreads / kChunksPerRow;
+  static_assert(ROWS % kRowStep == 0 && kRowStep % 8 == 0, "every thread copies whole, equally swizzled rows");
+  const int row0 = tid / kChunksPerRow, ch = tid % kChunksPerRow;
+  const uint32_t dst = smem_u32(s + row0 * W + ((ch ^ (row0 & 7)) << 3));
+  const bf16* src = g + row0 * ld + ch * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const bool ok = row0 + i * kRowStep < valid;
+    cp_async16(dst + 2 * i * kRowStep * W, ok ? src + i * kRowStep * ld : g + ch * 8, ok);
+  }
+}
+
+// Byte offset of 16-column block cb (runtime) within a lane's row, for lane pattern colbit.
+__device__ __forceinline__ uint32_t col_off(int cb, int colbit, int lane) {
+  return static_cast<uint32_t>(128 * (cb >> 2) + 16 * ((2 * (cb & 3) + colbit) ^ (lane & 7)));
+}
+
+// ldmatrix lane addresses. Every ldmatrix.x4 here reads a 16 x 16 block whose four 8 x 8 matrices
+// sit at row offsets {0, 8} and column offsets {0, 8}; lane l supplies row (l & 7) of matrix l >> 3.
+// Two lane patterns cover all operands:
+//   kRowBit3: row += 8 * bit3(l), col += 8 * bit4(l)  -> A operand (row-major [m][k]) without .trans,
+//             and B operand from a [k][n] tile with .trans (regs {0,1} = n-block 0, {2,3} = n-block 1);
+//   kRowBit4: row += 8 * bit4(l), col += 8 * bit3(l)  -> B operand from an [n][k] tile without .trans
+//             (regs {0,1} = n-block 0, {2,3} = n-block 1), and A = X^T from X stored [k][m] with .trans.
+// With the 16-byte-chunk XOR swizzle, the byte offset of 16-column block cb in a lane's row is
+// 128 * (cb >> 2) + xo[cb & 3] with xo[i] = 16 * ((2i + colbit) ^ (l & 7)) (block rows are multiples
+// of 8, so row & 7 == l & 7): four per-lane registers instead of one address per unrolled block.
+struct LaneSwz {
+  uint32_t xo[4];
+};
+enum LanePattern { kRowBit3, kRowBit4 };
+template <LanePattern P>
+__device__ __forceinline__ LaneSwz lane_swz(int lane) {
+  const int colbit = P == kRowBit3 ? (lane >> 4) & 1 : (lane >> 3) & 1;
+  LaneSwz x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x.xo[i] = static_cast<uint32_t>(16 * ((2 * i + colbit) ^ (lane & 7)));
+  return x;
+}
+// Byte address of this lane's row 0 of a [.][W] tile (row offsets of the block come later).
+template <int W, LanePattern P>
+__device__ __forceinline__ uint32_t lane_row(uint32_t smem, int lane) {
+  const int rowbit = P == kRowBit3 ? (lane >> 3) & 1 : (lane >> 4) & 1;
+  return smem + static_cast<uint32_t>(2 * W * ((lane & 7) + 8 * rowbit));
+}
+// Address of the lane's piece of the 16 x 16 block at rows [r0, r0 + 16) (r0 % 8 == 0), columns
+// [16 cb, 16 cb + 16).
+template <int W>
+__device__ __forceinline__ uint32_t blk(uint32_t row_base, const LaneSwz& x, int r0, int cb) {
+  return row_base + static_cast<uint32_t>(2 * W * r0 + 128 * (cb >> 2)) + x.xo[cb & 3];
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- forward ------------------------------------------------------------------------------------
+
+struct FwdParams {
+  bf16* o;
+  float* lse;
+  const bf16 *q, *k, *v;
+  const int32_t* cu;
+  int total, hq, hkv;
+  float scale;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p) {
+  using Tr = FwdTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sK = sQ + BM * D;
+  bf16* sV = sK + BN * D;
+
+  const int seq = blockIdx.y, h = blockIdx.z;
+  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
+  const int m0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * BM;  // heaviest tiles first
+  if (m0 >= L) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int kvh = h / (p.hq / p.hkv);
+  const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
+  const bf16* gQ = p.q + (start + m0) * ldq + h * D;
+  const bf16* gK = p.k + start * ldk + kvh * D;
+  const bf16* gV = p.v + start * ldk + kvh * D;
+  const int n_tiles = (min(m0 + BM, L) + BN - 1) / BN;
+
+  load_tile<BM, D>(sQ, gQ, ldq, min(BM, L - m0), tid);
+  load_tile<BN, D>(sK, gK, ldk, min(BN, L), tid);
+  cp_async_commit();
+
+  const int wrow0 = m0 + warp * 16;  // sample-local index of this warp's first row
+  const float scale_log2 = p.scale * kLog2e;
+  float acc_o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  const LaneSwz x3 = lane_swz<kRowBit3>(lane), x4 = lane_swz<kRowBit4>(lane);
+  const uint32_t q_a = lane_row<D, kRowBit3>(smem_u32(sQ), lane) + 2 * D * warp * 16;  // A: this warp's rows
+  const uint32_t k_b = lane_row<D, kRowBit4>(smem_u32(sK), lane);                      // B of Q K^T
+  const uint32_t v_bt = lane_row<D, kRowBit3>(smem_u32(sV), lane);                     // B of P V (.trans)
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * BN;
+    load_tile<BN, D>(sV, gV + n0 * ldk, ldk, min(BN, L - n0), tid);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and K_j have landed
+    __syncthreads();
+
+    const bool active = n0 <= wrow0 + 15;  // the warp has at least one unmasked column here
+    float s[BN / 8][4];
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    if (active) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, blk<D>(q_a, x3, 0, kk));
+#pragma unroll
+        for (int nb = 0; nb < BN / 16; ++nb) {
+          uint32_t b[4];
+          ldsm_x4(b, blk<D>(k_b, x4, nb * 16, kk));
+          mma_bf16(s[2 * nb], a, b[0], b[1]);
+          mma_bf16(s[2 * nb + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with sK
+    if (j + 1 < n_tiles) load_tile<BN, D>(sK, gK + (n0 + BN) * ldk, ldk, min(BN, L - n0 - BN), tid);
+    cp_async_commit();
+
+    if (active) {
+      if (n0 + BN - 1 > wrow0 || n0 + BN > L) {  // tile crosses the diagonal or the sample end
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n0 + nb * 8 + 2 * t4 + (e & 1);
+            const int row = wrow0 + g + (e >> 1) * 8;
+            if (col > row || col >= L) s[nb][e] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[r];
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float alpha = exp2f(row_max[r] * scale_log2 - m_scaled);
+        row_max[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; ++nb) {
+          s[nb][2 * r] = exp2f(fmaf(s[nb][2 * r], scale_log2, -m_scaled));
+          s[nb][2 * r + 1] = exp2f(fmaf(s[nb][2 * r + 1], scale_log2, -m_scaled));
+          sum += s[nb][2 * r] + s[nb][2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial; reduced across the quad at the end
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          acc_o[i][2 * r] *= alpha;
+          acc_o[i][2 * r + 1] *= alpha;
+        }
+      }
+    }
+    // P as bf16 A fragments (the S accumulator layout of two n-blocks is the A layout of one k-step).
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    cp_async_wait<1>();  // V_j has landed
+    __syncthreads();
+    if (active) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+        for (int db = 0; db < D / 16; ++db) {
+          uint32_t b[4];
+          ldsm_x4_t(b, blk<D>(v_bt, x3, kk * 16, db));
+          mma_bf16(acc_o[2 * db], pa[kk], b[0], b[1]);
+          mma_bf16(acc_o[2 * db + 1], pa[kk], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with sV
+  }
+
+  // Epilogue: normalise, lse, stage O (bf16) in this warp's own rows of sQ, 16-byte stores.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    const int row = wrow0 + g + 8 * r;
+    if (t4 == 0 && row < L)
+      p.lse[static_cast<int64_t>(h) * p.total + start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + 8 * r, col = i * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(sQ + swz<D>(row, col)) =
+          pack_bf16(acc_o[i][2 * r] * inv[r], acc_o[i][2 * r + 1] * inv[r]);
+    }
+  __syncwarp();
+  bf16* gO = p.o + (start + wrow0) * ldq + h * D;
+#pragma unroll
+  for (int c = lane; c < 16 * D / 8; c += 32) {
+    const int row = c / (D / 8), ch = c % (D / 8);
+    if (wrow0 + row < L)
+      *reinterpret_cast<uint4*>(gO + row * ldq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + (warp * 16 + row) * D + ((ch ^ (row & 7)) << 3));
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+struct BwdParams {
+  bf16 *dk, *dv;
+  float* dq_acc;       // [T, Hq, D] f32, zeroed by the preprocess
+  const float* lse2;   // [Hq, T] lse * log2(e)
+  const float* dsum;   // [Hq, T] rowsum(dO * O)
+  const bf16 *d_o, *q, *k, *v;
+  const int32_t* cu;
+  int total, hq, hkv;
+  float scale;
+};
+
+// One warp per (token, q head): Dsum, lse2, and zeroes that row of the dQ accumulator.
+template <int D>
+__global__ void __launch_bounds__(256) attn_bwd_pre_kernel(float* dsum, float* lse2, float* dq_acc,
+                                                           const bf16* d_o, const bf16* o, const float* lse,
+                                                           int total, int hq) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= static_cast<int64_t>(total) * hq) return;
+  const int64_t t = row / hq, h = row % hq;
+  float acc = 0.f;
+  for (int c = lane; c < D / 8; c += 32) {
+    const uint4 a = *reinterpret_cast<const uint4*>(d_o + row * D + c * 8);
+    const uint4 b = *reinterpret_cast<const uint4*>(o + row * D + c * 8);
+    const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(a2[i]), y = __bfloat1622float2(b2[i]);
+      acc = fmaf(x.x, y.x, acc);
+      acc = fmaf(x.y, y.y, acc);
+    }
+  }
+  for (int c = lane; c < D / 4; c += 32)
+    reinterpret_cast<float4*>(dq_acc + row * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    dsum[h * total + t] = acc;
+    lse2[h * total + t] = lse[h * total + t] * kLog2e;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p) {
+  using Tr = BwdTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sV = sK + BN * D;
+  bf16* sQ = sV + BN * D;
+  bf16* sdO = sQ + BM * D;
+  bf16* sP = sdO + BM * D;
+  bf16* sdS = sP + BM * BN;
+  float* sLse = reinterpret_cast<float*>(sdS + BM * BN);
+  float* sDs = sLse + BM;
+
+  const int seq = blockIdx.y, kvh = blockIdx.z;
+  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
+  const int n0 = static_cast<int>(blockIdx.x) * BN;  // low key tiles see the most queries: launched first
+  if (n0 >= L) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int group = p.hq / p.hkv;
+  const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
+  const int m_begin = (n0 / BM) * BM;
+  const int n_m = (L - m_begin + BM - 1) / BM;
+  const int n_iter = group * n_m;
+
+  load_tile<BN, D>(sK, p.k + (start + n0) * ldk + kvh * D, ldk, min(BN, L - n0), tid);
+  load_tile<BN, D>(sV, p.v + (start + n0) * ldk + kvh * D, ldk, min(BN, L - n0), tid);
+
+  // Issues the loads of iteration it (query head, query tile) into sQ, sdO, sLse, sDs.
+  auto load_q = [&](int it) {
+    const int h = kvh * group + it / n_m, m0 = m_begin + (it % n_m) * BM;
+    const int valid = min(BM, L - m0);
+    load_tile<BM, D>(sQ, p.q + (start + m0) * ldq + h * D, ldq, valid, tid);
+    load_tile<BM, D>(sdO, p.d_o + (start + m0) * ldq + h * D, ldq, valid, tid);
+    if (tid < 2 * BM) {
+      const int r = tid % BM;
+      const float* src = (tid < BM ? p.lse2 : p.dsum) + static_cast<int64_t>(h) * p.total + start + m0 + min(r, valid - 1);
+      cp_async4(smem_u32((tid < BM ? sLse : sDs) + r), src, r < valid);
+    }
+  };
+  load_q(0);
+  cp_async_commit();
+
+  // Warp layouts. S, dP (BM x BN): 4 x 2 warps of 16 x 32. dV, dK (BN x D): 2 x 4 warps of
+  // 32 x D/4. dQ (BM x D): 4 x 2 warps of 16 x D/2, in 32-column chunks.
+  const int wm = warp & 3, wn = warp >> 2;
+  const int wkv_n = warp & 1, wkv_d = warp >> 1;
+  constexpr int kDW = D / 4;  // dK/dV columns per warp
+  float acc_dv[2][kDW / 8][4], acc_dk[2][kDW / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int i = 0; i < kDW / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dv[mt][i][e] = acc_dk[mt][i][e] = 0.f;
+
+  const float scale_log2 = p.scale * kLog2e;
+  // Lane addresses. Warp-dependent column offsets are folded into the bases (per 16-column block
+  // when they are not a multiple of 4 blocks), so every index into x3 / x4 is a compile-time one.
+  const LaneSwz x3 = lane_swz<kRowBit3>(lane), x4 = lane_swz<kRowBit4>(lane);
+  const int bit3 = (lane >> 3) & 1, bit4 = (lane >> 4) & 1;
+  const uint32_t q_3 = lane_row<D, kRowBit3>(smem_u32(sQ), lane), do_3 = lane_row<D, kRowBit3>(smem_u32(sdO), lane),
+                 k_3 = lane_row<D, kRowBit3>(smem_u32(sK), lane), k_4 = lane_row<D, kRowBit4>(smem_u32(sK), lane),
+                 v_4 = lane_row<D, kRowBit4>(smem_u32(sV), lane), ds_3 = lane_row<BN, kRowBit3>(smem_u32(sdS), lane);
+  uint32_t p_at[2], ds_at[2];  // A = P^T / dS^T blocks (key rows wkv_n * 32 + 16 mt)
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    p_at[mt] = lane_row<BN, kRowBit4>(smem_u32(sP), lane) + col_off(wkv_n * 2 + mt, bit3, lane);
+    ds_at[mt] = lane_row<BN, kRowBit4>(smem_u32(sdS), lane) + col_off(wkv_n * 2 + mt, bit3, lane);
+  }
+  // B (.trans) of the dV / dK GEMMs: dO and Q columns wkv_d * kDW + 16 db.
+  constexpr int kDB = kDW / 16;
+  constexpr bool kFoldKV = kDB % 4 == 0;
+  uint32_t do_bt[kFoldKV ? 1 : kDB], q_bt[kFoldKV ? 1 : kDB];
+#pragma unroll
+  for (int db = 0; db < (kFoldKV ? 1 : kDB); ++db) {
+    do_bt[db] = do_3 + (kFoldKV ? 128u * static_cast<uint32_t>(wkv_d * kDB / 4) : col_off(wkv_d * kDB + db, bit4, lane));
+    q_bt[db] = q_3 + (kFoldKV ? 128u * static_cast<uint32_t>(wkv_d * kDB / 4) : col_off(wkv_d * kDB + db, bit4, lane));
+  }
+  // B (.trans) of the dQ GEMM: K columns wn * D / 2 + 32 c + 16 db.
+  constexpr bool kFoldQ = (D / 32) % 4 == 0;
+  uint32_t k_bt[kFoldQ ? 1 : D / 32];
+#pragma unroll
+  for (int cb = 0; cb < (kFoldQ ? 1 : D / 32); ++cb)
+    k_bt[cb] = k_3 + (kFoldQ ? 128u * static_cast<uint32_t>(wn * (D / 32) / 4) : col_off(wn * (D / 32) + cb, bit4, lane));
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int h = kvh * group + it / n_m, m0 = m_begin + (it % n_m) * BM;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // S = Q K^T and dP = dO V^T, 16 x 32 per warp.
+    float s[4][4], dp[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, blk<D>(q_3, x3, wm * 16, kk));
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {
+        ldsm_x4(b, blk<D>(k_4, x4, wn * 32 + nb * 16, kk));
+        mma_bf16(s[2 * nb], a, b[0], b[1]);
+        mma_bf16(s[2 * nb + 1], a, b[2], b[3]);
+      }
+      ldsm_x4(a, blk<D>(do_3, x3, wm * 16, kk));
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {
+        ldsm_x4(b, blk<D>(v_4, x4, wn * 32 + nb * 16, kk));
+        mma_bf16(dp[2 * nb], a, b[0], b[1]);
+        mma_bf16(dp[2 * nb + 1], a, b[2], b[3]);
+      }
+    }
+    // P = exp(S * scale - lse), dS = P * (dP - Dsum); store both (bf16) for the next GEMMs.
+    const bool need_mask = m0 < n0 + BN - 1 || m0 + BM > L;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int rl = wm * 16 + g + 8 * r, cl = wn * 32 + nb * 8 + 2 * t4;
+        const float lse2 = sLse[rl], dsum = sDs[rl];
+        float pv[2], dsv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float pe = exp2f(fmaf(s[nb][2 * r + e], scale_log2, -lse2));
+          if (need_mask && (n0 + cl + e > m0 + rl || m0 + rl >= L)) pe = 0.f;
+          pv[e] = pe;
+          dsv[e] = pe * (dp[nb][2 * r + e] - dsum);
+        }
+        *reinterpret_cast<uint32_t*>(sP + swz<BN>(rl, cl)) = pack_bf16(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t*>(sdS + swz<BN>(rl, cl)) = pack_bf16(dsv[0], dsv[1]);
+      }
+    __syncthreads();
+
+    // dV += P^T dO and dK += dS^T Q (scale applied at the end): 32 x D/4 per warp, k = BM.
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      uint32_t ap[2][4], ads[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        ldsm_x4_t(ap[mt], p_at[mt] + 2 * BN * 16 * kk);
+        ldsm_x4_t(ads[mt], ds_at[mt] + 2 * BN * 16 * kk);
+      }
+#pragma unroll
+      for (int db = 0; db < kDW / 16; ++db) {
+        uint32_t b[4];
+        ldsm_x4_t(b, kFoldKV ? blk<D>(do_bt[0], x3, kk * 16, db) : do_bt[kFoldKV ? 0 : db] + 2 * D * 16 * kk);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_bf16(acc_dv[mt][2 * db], ap[mt], b[0], b[1]);
+          mma_bf16(acc_dv[mt][2 * db + 1], ap[mt], b[2], b[3]);
+        }
+        ldsm_x4_t(b, kFoldKV ? blk<D>(q_bt[0], x3, kk * 16, db) : q_bt[kFoldKV ? 0 : db] + 2 * D * 16 * kk);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_bf16(acc_dk[mt][2 * db], ads[mt], b[0], b[1]);
+          mma_bf16(acc_dk[mt][2 * db + 1], ads[mt], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // sQ, sdO, sLse, sDs are free: prefetch the next iteration under the dQ GEMM
+    if (it + 1 < n_iter) load_q(it + 1);
+    cp_async_commit();
+
+    // dQ_acc += dS K (unscaled), 16 rows x 32 columns at a time, fp32 atomics.
+    float* gdq = p.dq_acc + (start + m0) * ldq + h * D;
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) {
+      const int d0 = wn * (D / 2) + c * 32;
+      float acc[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4], b[4];
+        ldsm_x4(a, blk<BN>(ds_3, x3, wm * 16, kk));
+#pragma unroll
+        for (int db = 0; db < 2; ++db) {
+          ldsm_x4_t(b, kFoldQ ? blk<D>(k_bt[0], x3, kk * 16, 2 * c + db)
+                              : k_bt[kFoldQ ? 0 : 2 * c + db] + 2 * D * 16 * kk);
+          mma_bf16(acc[2 * db], a, b[0], b[1]);
+          mma_bf16(acc[2 * db + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int rl = wm * 16 + g + 8 * r;
+        if (m0 + rl < L) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            atomicAdd(reinterpret_cast<float2*>(gdq + rl * ldq + d0 + i * 8 + 2 * t4),
+                      make_float2(acc[i][2 * r], acc[i][2 * r + 1]));
+        }
+      }
+    }
+  }
+
+  // dK (scaled) and dV, bf16, rows < L - n0.
+  bf16* gdk = p.dk + (start + n0) * ldk + kvh * D;
+  bf16* gdv = p.dv + (start + n0) * ldk + kvh * D;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int rl = wkv_n * 32 + mt * 16 + g + 8 * r;
+      if (n0 + rl >= L) continue;
+#pragma unroll
+      for (int i = 0; i < kDW / 8; ++i) {
+        const int col = wkv_d * kDW + i * 8 + 2 * t4;
+        *reinterpret_cast<uint32_t*>(gdk + rl * ldk + col) =
+            pack_bf16(acc_dk[mt][i][2 * r] * p.scale, acc_dk[mt][i][2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(gdv + rl * ldk + col) = pack_bf16(acc_dv[mt][i][2 * r], acc_dv[mt][i][2 * r + 1]);
+      }
+    }
+}
+
+// dq = bf16(scale * dq_acc), 8 elements per thread.
+__global__ void __launch_bounds__(256) attn_bwd_post_kernel(bf16* dq, const float* dq_acc, int64_t n8, float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  const float4 a = reinterpret_cast<const float4*>(dq_acc)[2 * i];
+  const float4 b = reinterpret_cast<const float4*>(dq_acc)[2 * i + 1];
+  uint4 out;
+  out.x = pack_bf16(a.x * scale, a.y * scale);
+  out.y = pack_bf16(a.z * scale, a.w * scale);
+  out.z = pack_bf16(b.x * scale, b.y * scale);
+  out.w = pack_bf16(b.z * scale, b.w * scale);
+  reinterpret_cast<uint4*>(dq)[i] = out;
+}
+
+// ---- launch helpers -----------------------------------------------------------------------------
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "qwentune: CUDA error after %s: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+// Workspace layout (bytes, 256-aligned pieces): dsum [Hq*T] f32 | lse2 [Hq*T] f32 | dq_acc [T*Hq*D] f32.
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+size_t ws_rows_bytes(const AttnArgs& a) {
+  return align256(sizeof(float) * static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.total_tokens));
+}
+
+template <int D>
+void launch_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
+                    cudaStream_t stream) {
+  using Tr = FwdTraits<D>;
+  // Opt in above 48 KB of dynamic smem (cheap; repeated per call so every device gets it).
+  cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+  FwdParams p{static_cast<bf16*>(o), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+              static_cast<const bf16*>(v), a.cu_seqlens, a.total_tokens, a.num_q_heads, a.num_kv_heads, a.scale};
+  const dim3 grid((a.max_seqlen + Tr::kBlockM - 1) / Tr::kBlockM, a.num_seqs, a.num_q_heads);
+  attn_fwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
+  check_launch("attn_fwd_kernel");
+}
+
+template <int D>
+void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* q, const void* k, const void* v,
+                     const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream) {
+  using Tr = BwdTraits<D>;
+  cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+  char* ws = static_cast<char*>(workspace);
+  float* dsum = reinterpret_cast<float*>(ws);
+  float* lse2 = reinterpret_cast<float*>(ws + ws_rows_bytes(a));
+  float* dq_acc = reinterpret_cast<float*>(ws + 2 * ws_rows_bytes(a));
+  const int64_t rows = static_cast<int64_t>(a.total_tokens) * a.num_q_heads;
+  if (rows == 0) return;
+  attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
+      dsum, lse2, dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse, a.total_tokens,
+      a.num_q_heads);
+  check_launch("attn_bwd_pre_kernel");
+  BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dq_acc, lse2, dsum,
+              static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+              static_cast<const bf16*>(v), a.cu_seqlens, a.total_tokens, a.num_q_heads, a.num_kv_heads, a.scale};
+  const dim3 grid((a.max_seqlen + Tr::kBlockN - 1) / Tr::kBlockN, a.num_seqs, a.num_kv_heads);
+  attn_bwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
+  check_launch("attn_bwd_kernel");
+  const int64_t n8 = rows * D / 8;
+  attn_bwd_post_kernel<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(static_cast<bf16*>(dq), dq_acc,
+                                                                                    n8, a.scale);
+  check_launch("attn_bwd_post_kernel");
+}
+
+[[noreturn]] void bad_head_dim(int d) {
+  std::fprintf(stderr, "qwentune: attention head_dim %d is not supported (64, 128 or 256)\n", d);
+  std::abort();
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttnArgs& a) {
+  return 2 * ws_rows_bytes(a) + align256(sizeof(float) * static_cast<size_t>(a.total_tokens) *
+                                         static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.head_dim));
+}
+
+void attention_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
+                       void* /*workspace*/, cudaStream_t stream) {
+  if (a.total_tokens == 0 || a.num_seqs == 0 || a.max_seqlen == 0) return;
+  switch (a.head_dim) {
+    case 64: return launch_forward<64>(o, lse, q, k, v, a, stream);
+    case 128: return launch_forward<128>(o, lse, q, k, v, a, stream);
+    case 256: return launch_forward<256>(o, lse, q, k, v, a, stream);
+    default: bad_head_dim(a.head_dim);
+  }
+}
+
+void attention_backward(void* dq, void* dk, void* dv, const void* d_o, const void* q, const void* k, const void* v,
+                        const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream) {
+  if (a.total_tokens == 0 || a.num_seqs == 0 || a.max_seqlen == 0) return;
+  switch (a.head_dim) {
+    case 64: return launch_backward<64>(dq, dk, dv, d_o, q, k, v, o, lse, a, workspace, stream);
+    case 128: return launch_backward<128>(dq, dk, dv, d_o, q, k, v, o, lse, a, workspace, stream);
+    case 256: return launch_backward<256>(dq, dk, dv, d_o, q, k, v, o, lse, a, workspace, stream);
+    default: bad_head_dim(a.head_dim);
+  }
+}
+
+}  // namespace qt::cuda
