@@ -1,0 +1,134 @@
+// Benchmark of the CUDA gated delta rule (src/ops/cuda/gdn.cu) at the Qwen3.5 shapes: T = 8192
+// packed as 8 chat-like samples, dk = dv = 128, Hk = 16, Hv = 16 (2B), 32 (4B/9B), 48 (27B).
+// TFLOP/s by KERNELS.md 1.8 (executed FLOPs per token per value head, C = 64):
+//   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
+// Usage: bench_gdn [iters]   (prints one `key value unit` row per figure)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "ops/cuda/kernels.h"
+
+#define BCHECK(x)                                                                        \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+__global__ void fill_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
+  }
+}
+__global__ void fill_f32(float* x, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = lo + (hi - lo) * ((h & 0xffff) / 65536.f);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  // A fixed chat-like mix of 8 samples summing to 8192.
+  const std::vector<int> lens = {1187, 412, 1603, 256, 977, 1420, 731, 1606};
+  std::vector<int32_t> cu(1, 0);
+  int max_len = 0;
+  for (int l : lens) {
+    cu.push_back(cu.back() + l);
+    max_len = l > max_len ? l : max_len;
+  }
+  const int T = cu.back(), N = static_cast<int>(lens.size());
+  const int Hk = 16, K = 128, V = 128, C = 64;
+  struct Shape {
+    const char* name;
+    int Hv;
+  };
+  const Shape shapes[] = {{"2b", 16}, {"4b", 32}, {"27b", 48}};
+  const double fwd_per = 6.0 * C * K + 4.0 * C * V + 6.0 * K * V + C * C / 3.0;
+  const double bwd_per = 18.0 * C * K + 10.0 * C * V + 16.0 * K * V + 4.0 * C * C;
+
+  int32_t* cu_d = nullptr;
+  BCHECK(cudaMalloc(&cu_d, cu.size() * sizeof(int32_t)));
+  BCHECK(cudaMemcpy(cu_d, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  cudaEvent_t e0, e1;
+  BCHECK(cudaEventCreate(&e0));
+  BCHECK(cudaEventCreate(&e1));
+  std::printf("# T %d, %d samples, Hk %d, dk = dv = %d, %d iterations\n", T, N, Hk, K, iters);
+  std::printf("| key | value | unit |\n|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    const int Hv = s.Hv, CD = 2 * Hk * K + Hv * V;
+    qt::cuda::GdnArgs a{cu_d, N, max_len, T, Hk, Hv, K, V};
+    __nv_bfloat16 *qkv, *o, *d_o, *dqkv;
+    float *g, *beta, *dg, *dbeta;
+    void* ws;
+    const size_t nqkv = static_cast<size_t>(T) * CD, no = static_cast<size_t>(T) * Hv * V,
+                 ng = static_cast<size_t>(T) * Hv;
+    BCHECK(cudaMalloc(&qkv, nqkv * 2));
+    BCHECK(cudaMalloc(&dqkv, nqkv * 2));
+    BCHECK(cudaMalloc(&o, no * 2));
+    BCHECK(cudaMalloc(&d_o, no * 2));
+    BCHECK(cudaMalloc(&g, ng * 4));
+    BCHECK(cudaMalloc(&beta, ng * 4));
+    BCHECK(cudaMalloc(&dg, ng * 4));
+    BCHECK(cudaMalloc(&dbeta, ng * 4));
+    const size_t ws_bytes = qt::cuda::gdn_workspace_bytes(a);
+    BCHECK(cudaMalloc(&ws, ws_bytes));
+    fill_bf16<<<1024, 256>>>(qkv, nqkv, 1u);
+    fill_bf16<<<1024, 256>>>(d_o, no, 2u);
+    fill_f32<<<256, 256>>>(g, ng, 3u, -1.f, 0.f);
+    fill_f32<<<256, 256>>>(beta, ng, 4u, 0.f, 1.f);
+    BCHECK(cudaGetLastError());
+    BCHECK(cudaDeviceSynchronize());
+
+    auto time_ms = [&](auto fn) {
+      fn();  // warm-up
+      BCHECK(cudaDeviceSynchronize());
+      BCHECK(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) fn();
+      BCHECK(cudaEventRecord(e1));
+      BCHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      BCHECK(cudaEventElapsedTime(&ms, e0, e1));
+      return static_cast<double>(ms) / iters;
+    };
+    const double fwd_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr); });
+    const double bwd_ms =
+        time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr); });
+    const double th = static_cast<double>(T) * Hv;
+    std::printf("| gdn_fwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, fwd_per * th / (fwd_ms * 1e-3) / 1e12);
+    std::printf("| gdn_bwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, bwd_per * th / (bwd_ms * 1e-3) / 1e12);
+    std::printf("| gdn_fwd_ms_%s | %.3f | ms |\n| gdn_bwd_ms_%s | %.3f | ms |\n", s.name, fwd_ms, s.name, bwd_ms);
+    std::printf("# %s: workspace %.1f MiB\n", s.name, ws_bytes / 1048576.0);
+    BCHECK(cudaFree(qkv));
+    BCHECK(cudaFree(dqkv));
+    BCHECK(cudaFree(o));
+    BCHECK(cudaFree(d_o));
+    BCHECK(cudaFree(g));
+    BCHECK(cudaFree(beta));
+    BCHECK(cudaFree(dg));
+    BCHECK(cudaFree(dbeta));
+    BCHECK(cudaFree(ws));
+  }
+  BCHECK(cudaFree(cu_d));
+  return 0;
+}

@@ -1,0 +1,261 @@
+// The CUDA gated delta rule (src/ops/cuda/gdn.cu) against the CPU per-token recurrence
+// (qt::ref::gdn_forward/gdn_backward, the math CpuBackend runs), on the same bf16-rounded inputs.
+//
+// Tolerances, from precision (relative RMS error over a whole tensor, ||x - truth|| / ||truth||;
+// truth = the reference in double):
+//  * bf16 outputs (o, dq, dk, dv): the kernel computes in fp32 and rounds once, so its error is
+//    the rounding of the output plus fp32 noise. floor_bf16 = error of bf16(truth) itself
+//    (~2^-9/sqrt(3) ~ 1e-3); allowed: 2 * floor_bf16 + 1e-3.
+//  * fp32 outputs (dg, dbeta): no output rounding; the kernel sums in another order (chunked WY
+//    form) than the reference. floor_f32 = error of the fp32 reference vs truth; allowed:
+//    10 * floor_f32 + 1e-3 (1e-3 is thousands of fp32 ulps, still far below what a wrong term in
+//    the gradient gives: O(1e-2 .. 1)).
+// Any NaN/inf fails; 256 sentinel bytes after each output buffer must come back untouched, and
+// every output buffer and the workspace start as NaN garbage (0xFF bytes).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/cpu/reference_ops.h"
+#include "ops/cuda/kernels.h"
+
+namespace {
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+bool have_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+constexpr size_t kGuard = 256;
+constexpr unsigned char kGuardByte = 0xA5;
+
+// A device buffer of `bytes` plus a guard tail; the payload starts as 0xFF (NaN) garbage.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  void alloc(size_t n) {
+    bytes = n;
+    ASSERT_EQ(cudaMalloc(&p, n + kGuard), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, 0xFF, n), cudaSuccess);
+    ASSERT_EQ(cudaMemset(static_cast<char*>(p) + n, kGuardByte, kGuard), cudaSuccess);
+  }
+  bool guard_ok() const {
+    std::vector<unsigned char> g(kGuard);
+    if (cudaMemcpy(g.data(), static_cast<const char*>(p) + bytes, kGuard, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return false;
+    return std::all_of(g.begin(), g.end(), [](unsigned char c) { return c == kGuardByte; });
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+};
+
+struct Err {
+  double rel = 0, max_abs = 0;
+  bool finite = true;
+};
+template <typename A>
+Err rel_rms(const std::vector<A>& x, const std::vector<double>& truth) {
+  Err e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = static_cast<double>(x[i]);
+    if (!std::isfinite(v)) e.finite = false;
+    const double d = v - truth[i];
+    num += d * d;
+    den += truth[i] * truth[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(d));
+  }
+  e.rel = std::sqrt(num / std::max(den, 1e-300));
+  return e;
+}
+
+enum class Gate { Normal, NearZero, Strong };
+enum class Beta { Normal, NearZero, NearOne };
+
+struct Case {
+  int Hk, Hv, K, V;
+  std::vector<int> lens;
+  Gate gate = Gate::Normal;
+  Beta beta = Beta::Normal;
+  uint32_t seed = 1;
+};
+
+void check_tensor(const char* name, bool bf16_out, const Err& gpu, const Err& floor) {
+  const double tol = bf16_out ? 2.0 * floor.rel + 1e-3 : 10.0 * floor.rel + 1e-3;
+  EXPECT_TRUE(gpu.finite) << name << " has NaN/inf";
+  EXPECT_LE(gpu.rel, tol) << name << ": rel RMS " << gpu.rel << " > tol " << tol << " (floor " << floor.rel
+                          << ", max abs " << gpu.max_abs << ")";
+  std::printf("  %-6s rel %.3e  floor %.3e  tol %.3e  max_abs %.3e\n", name, gpu.rel, floor.rel, tol, gpu.max_abs);
+}
+
+void run_case(const Case& c) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int Hk = c.Hk, Hv = c.Hv, K = c.K, V = c.V;
+  const int N = static_cast<int>(c.lens.size());
+  std::vector<int32_t> cu(static_cast<size_t>(N) + 1, 0);
+  for (int s = 0; s < N; ++s) cu[static_cast<size_t>(s) + 1] = cu[static_cast<size_t>(s)] + c.lens[static_cast<size_t>(s)];
+  const int T = cu.back();
+  int max_len = 0;
+  for (int l : c.lens) max_len = std::max(max_len, l);
+  const int CD = 2 * Hk * K + Hv * V;
+  std::printf("case Hk %d Hv %d K %d V %d T %d samples %d\n", Hk, Hv, K, V, T, N);
+
+  // Inputs, rounded to bf16 (qkv, d_o) before the reference sees them.
+  std::mt19937 rng(c.seed);
+  std::uniform_real_distribution<float> u11(-1.f, 1.f), u01(0.f, 1.f);
+  std::vector<uint16_t> qkv_h(static_cast<size_t>(T) * CD), do_h(static_cast<size_t>(T) * Hv * V);
+  std::vector<double> qkv_d(qkv_h.size()), do_d(do_h.size());
+  for (size_t i = 0; i < qkv_h.size(); ++i) {
+    qkv_h[i] = to_bf16(u11(rng));
+    qkv_d[i] = from_bf16(qkv_h[i]);
+  }
+  for (size_t i = 0; i < do_h.size(); ++i) {
+    do_h[i] = to_bf16(u11(rng));
+    do_d[i] = from_bf16(do_h[i]);
+  }
+  std::vector<float> g_h(static_cast<size_t>(T) * Hv), b_h(g_h.size());
+  for (size_t i = 0; i < g_h.size(); ++i) {
+    switch (c.gate) {
+      case Gate::Normal: g_h[i] = -u01(rng); break;
+      case Gate::NearZero: g_h[i] = u01(rng) < 0.5f ? 0.f : -1e-3f * u01(rng); break;
+      case Gate::Strong: g_h[i] = -20.f - u01(rng); break;
+    }
+    switch (c.beta) {
+      case Beta::Normal: b_h[i] = u01(rng); break;
+      case Beta::NearZero: b_h[i] = 1e-3f * u01(rng); break;
+      case Beta::NearOne: b_h[i] = 1.f - 1e-3f * u01(rng); break;
+    }
+  }
+  std::vector<double> g_d(g_h.begin(), g_h.end()), b_d(b_h.begin(), b_h.end());
+  std::vector<float> qkv_f(qkv_d.begin(), qkv_d.end()), do_f(do_d.begin(), do_d.end());
+
+  // References: double (truth) and float (the fp32 floor).
+  const qt::GdnDims dims{Hk, Hv, K, V};
+  std::vector<double> o_d(static_cast<size_t>(T) * Hv * V), dqkv_d(qkv_h.size()), dg_d(g_h.size()), db_d(g_h.size());
+  std::vector<float> o_f(o_d.size()), dqkv_f(qkv_h.size()), dg_f(g_h.size()), db_f(g_h.size());
+  qt::ref::gdn_forward(o_d.data(), qkv_d.data(), g_d.data(), b_d.data(), dims, T, cu.data(), N);
+  qt::ref::gdn_backward(dqkv_d.data(), dg_d.data(), db_d.data(), do_d.data(), qkv_d.data(), g_d.data(), b_d.data(),
+                        dims, T, cu.data(), N);
+  qt::ref::gdn_backward(dqkv_f.data(), dg_f.data(), db_f.data(), do_f.data(), qkv_f.data(), g_h.data(), b_h.data(),
+                        dims, T, cu.data(), N);
+
+  // Device.
+  DevBuf qkv, d_o, g, beta, cu_d, o, dqkv, dg, dbeta, ws;
+  qkv.alloc(qkv_h.size() * 2);
+  d_o.alloc(do_h.size() * 2);
+  g.alloc(g_h.size() * 4);
+  beta.alloc(b_h.size() * 4);
+  cu_d.alloc(cu.size() * 4);
+  o.alloc(o_d.size() * 2);
+  dqkv.alloc(qkv_h.size() * 2);
+  dg.alloc(g_h.size() * 4);
+  dbeta.alloc(g_h.size() * 4);
+  CK(cudaMemcpy(qkv.p, qkv_h.data(), qkv.bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_o.p, do_h.data(), d_o.bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(g.p, g_h.data(), g.bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(beta.p, b_h.data(), beta.bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(cu_d.p, cu.data(), cu_d.bytes, cudaMemcpyHostToDevice));
+  qt::cuda::GdnArgs a{static_cast<const int32_t*>(cu_d.p), N, max_len, T, Hk, Hv, K, V};
+  ws.alloc(qt::cuda::gdn_workspace_bytes(a));
+
+  qt::cuda::gdn_forward(o.p, qkv.p, static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemset(ws.p, 0xFF, ws.bytes));  // the backward must not rely on what the forward left
+  qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
+                         static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr);
+  CK(cudaDeviceSynchronize());
+
+  std::vector<uint16_t> o_gh(o_d.size()), dqkv_gh(qkv_h.size());
+  std::vector<float> dg_g(g_h.size()), db_g(g_h.size());
+  CK(cudaMemcpy(o_gh.data(), o.p, o.bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(dqkv_gh.data(), dqkv.p, dqkv.bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(dg_g.data(), dg.p, dg.bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(db_g.data(), dbeta.p, dbeta.bytes, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(o.guard_ok()) << "write past o";
+  EXPECT_TRUE(dqkv.guard_ok()) << "write past dqkv";
+  EXPECT_TRUE(dg.guard_ok()) << "write past dg";
+  EXPECT_TRUE(dbeta.guard_ok()) << "write past dbeta";
+  EXPECT_TRUE(ws.guard_ok()) << "write past the workspace";
+
+  // Split dqkv into dq, dk, dv (GPU as float, truth, bf16(truth)).
+  auto section = [&](int begin, int width, auto get) {
+    std::vector<double> out;
+    out.reserve(static_cast<size_t>(T) * width);
+    for (int t = 0; t < T; ++t)
+      for (int x = 0; x < width; ++x) out.push_back(get(static_cast<size_t>(t) * CD + begin + x));
+    return out;
+  };
+  auto bf16_round = [](const std::vector<double>& v) {
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = from_bf16(to_bf16(static_cast<float>(v[i])));
+    return r;
+  };
+  std::vector<double> o_g(o_gh.size());
+  for (size_t i = 0; i < o_gh.size(); ++i) o_g[i] = from_bf16(o_gh[i]);
+  check_tensor("o", true, rel_rms(o_g, o_d), rel_rms(bf16_round(o_d), o_d));
+  const int off[3] = {0, Hk * K, 2 * Hk * K}, width[3] = {Hk * K, Hk * K, Hv * V};
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (int p = 0; p < 3; ++p) {
+    const auto truth = section(off[p], width[p], [&](size_t i) { return dqkv_d[i]; });
+    const auto gpu = section(off[p], width[p], [&](size_t i) { return static_cast<double>(from_bf16(dqkv_gh[i])); });
+    check_tensor(names[p], true, rel_rms(gpu, truth), rel_rms(bf16_round(truth), truth));
+  }
+  check_tensor("dg", false, rel_rms(dg_g, dg_d), rel_rms(dg_f, dg_d));
+  check_tensor("dbeta", false, rel_rms(db_g, db_d), rel_rms(db_f, db_d));
+}
+
+TEST(CudaGdn, SegmentEdgesGrouped) {
+  run_case({2, 4, 16, 32, {1, 2, 3, 63, 64, 65, 127, 129}, Gate::Normal, Beta::Normal, 11});
+}
+TEST(CudaGdn, SegmentEdgesEqualHeadsKWide) {
+  run_case({2, 2, 32, 16, {129, 1, 64, 3, 65, 2, 127, 63}, Gate::Normal, Beta::Normal, 12});
+}
+TEST(CudaGdn, GroupOfThree) { run_case({1, 3, 16, 32, {70, 1, 130}, Gate::Normal, Beta::Normal, 13}); }
+TEST(CudaGdn, RealHeadDims) { run_case({1, 2, 128, 128, {65, 200, 1}, Gate::Normal, Beta::Normal, 14}); }
+TEST(CudaGdn, ManyShortSegments) {
+  std::mt19937 rng(5);
+  std::vector<int> lens(300);
+  for (int& l : lens) l = 1 + static_cast<int>(rng() % 40);
+  run_case({2, 4, 16, 32, lens, Gate::Normal, Beta::Normal, 15});
+}
+TEST(CudaGdn, GateNearZeroBetaNearOne) {
+  run_case({2, 4, 16, 32, {64, 129, 1, 200}, Gate::NearZero, Beta::NearOne, 16});
+}
+TEST(CudaGdn, GateStrongBetaNearZero) {
+  run_case({2, 4, 16, 32, {64, 129, 1, 200}, Gate::Strong, Beta::NearZero, 17});
+}
+TEST(CudaGdn, GateStrongBetaNearOne) {
+  run_case({1, 2, 32, 16, {64, 129, 1, 200}, Gate::Strong, Beta::NearOne, 18});
+}
+TEST(CudaGdn, GateNearZeroBetaNearZero) {
+  run_case({1, 3, 16, 32, {64, 129, 1, 200}, Gate::NearZero, Beta::NearZero, 19});
+}
+TEST(CudaGdn, OneLongSegment8192) { run_case({2, 4, 64, 64, {8192}, Gate::Normal, Beta::Normal, 20}); }
+
+}  // namespace
