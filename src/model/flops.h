@@ -1,0 +1,21 @@
+// FLOP counts for MFU: the dense 6 * parameters * tokens rule, and the token-mixing FLOPs it
+// leaves out (causal attention per sample, the chunked gated delta rule; KERNELS.md 1.8 and 3).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+
+namespace qt {
+
+// Forward + backward FLOPs of one training step over samples of the given lengths.
+struct StepFlops {
+  double dense = 0;     // 6 * params * tokens
+  double attention = 0; // causal attention, fwd (2 L^2 D Hq per layer) + bwd (2.5x fwd)
+  double gdn = 0;       // chunked gated delta rule fwd + bwd (C = 64)
+  double total() const { return dense + attention + gdn; }
+};
+
+StepFlops step_flops(const ModelConfig& cfg, const std::vector<int64_t>& sample_lengths);
+
+}  // namespace qt
