@@ -1,0 +1,218 @@
+// CUDA op benchmark (issue 5): in one run, the ceilings (a large device-to-device copy: TB/s; an
+// 8192^3 bf16 GEMM: TFLOP/s), then Qwen3.5-2B shapes at T = 8192 tokens: the step's projection
+// GEMMs FLOP-weighted over forward + backward (one GDN layer, one attention layer, the MLP),
+// RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear
+// cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory.
+// Usage: bench_cuda_ops [--quick]   (prints: key  value  unit  ceiling)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/cuda_backend.h"
+
+using namespace qt;
+
+namespace {
+
+#define BENCH_CUDA(stmt)                                                                 \
+  do {                                                                                   \
+    cudaError_t e_ = (stmt);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #stmt, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+// Mean milliseconds of fn over iters runs after warmup runs, timed with events on the stream.
+double time_ms(CudaBackend& be, const std::function<void()>& fn, int iters, int warmup = 2) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  BENCH_CUDA(cudaEventRecord(a, be.stream()));
+  for (int i = 0; i < iters; ++i) fn();
+  BENCH_CUDA(cudaEventRecord(b, be.stream()));
+  BENCH_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) / iters;
+}
+
+// Fills a bf16 tensor with small random values (host generated once, then device copies).
+void fill(CudaBackend& be, const Tensor& t, float scale, uint64_t seed) {
+  std::vector<bf16> h(static_cast<size_t>(t.numel()));
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 7;
+  for (auto& x : h) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = float_to_bf16(scale * (float(s >> 40) / float(1ull << 24) * 2.0f - 1.0f));
+  }
+  be.copy_from_host(t, h.data());
+}
+
+struct Row {
+  std::string key;
+  double value;
+  std::string unit, ceiling;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int iters = quick ? 3 : 10;
+  CudaBackend be;
+  std::vector<Row> rows;
+
+  // ---- ceilings ----
+  const int64_t copy_bytes = int64_t(2) << 30;
+  Tensor src = be.alloc(DType::U8, {copy_bytes}), dst = be.alloc(DType::U8, {copy_bytes});
+  const double copy_ms = time_ms(be, [&] { be.copy(dst, src); }, iters);
+  const double copy_tbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e12;
+  rows.push_back({"copy_tbs", copy_tbs, "TB/s", "device-to-device copy, 2 GiB (read + write)"});
+  be.reset_arena();
+
+  {
+    const int64_t n = 8192;
+    Tensor x = be.alloc(DType::BF16, {n, n}), w = be.alloc(DType::BF16, {n, n}), y = be.alloc(DType::BF16, {n, n});
+    fill(be, x, 1.0f, 1);
+    fill(be, w, 0.02f, 2);
+    const double ms = time_ms(be, [&] { be.linear_forward(y, x, w); }, iters);
+    rows.push_back({"gemm_peak_tflops", 2.0 * n * n * n / (ms * 1e-3) / 1e12, "TFLOP/s", "bf16 8192^3 cuBLASLt"});
+    be.reset_arena();
+  }
+  const double gemm_peak = rows.back().value;
+
+  const int64_t T = 8192, H = 2048, I = 6144, V = 248320;
+  // ---- projection GEMMs of one GDN layer, one attention layer and the MLP (fwd + bwd) ----
+  {
+    struct Proj {
+      const char* name;
+      int64_t N, K;
+    };
+    const Proj projs[] = {{"gdn.in_proj_qkv", 6144, H}, {"gdn.in_proj_z", 2048, H}, {"gdn.in_proj_b", 16, H},
+                          {"gdn.in_proj_a", 16, H},     {"gdn.out_proj", H, 2048},  {"attn.q_proj", 4096, H},
+                          {"attn.k_proj", 512, H},      {"attn.v_proj", 512, H},    {"attn.o_proj", H, 2048},
+                          {"mlp.gate", I, H},           {"mlp.up", I, H},           {"mlp.down", H, I}};
+    double flops = 0, ms_total = 0;
+    for (const Proj& p : projs) {
+      Tensor x = be.alloc(DType::BF16, {T, p.K}), w = be.alloc(DType::BF16, {p.N, p.K}),
+             y = be.alloc(DType::BF16, {T, p.N}), dx = be.alloc(DType::BF16, {T, p.K}),
+             dw = be.alloc(DType::BF16, {p.N, p.K});
+      fill(be, x, 1.0f, 3);
+      fill(be, w, 0.02f, 4);
+      fill(be, y, 1.0f, 5);
+      const double ms = time_ms(be, [&] {
+        be.linear_forward(y, x, w);
+        be.linear_backward(dx, dw, y, x, w, false);
+      }, iters);
+      const double f = 6.0 * double(T) * double(p.N) * double(p.K);
+      std::printf("  %-18s N %5lld K %5lld: %7.1f TFLOP/s (fwd+bwd %.3f ms)\n", p.name, (long long)p.N,
+                  (long long)p.K, f / (ms * 1e-3) / 1e12, ms);
+      flops += f;
+      ms_total += ms;
+      be.reset_arena();
+    }
+    rows.push_back({"gemm_tflops_2b", flops / (ms_total * 1e-3) / 1e12, "TFLOP/s",
+                    "gemm_peak_tflops " + std::to_string(gemm_peak)});
+  }
+
+  // ---- RMSNorm fwd + bwd [T, H] ----
+  {
+    Tensor x = be.alloc(DType::BF16, {T, H}), w = be.alloc(DType::BF16, {H}), y = be.alloc(DType::BF16, {T, H}),
+           rstd = be.alloc(DType::F32, {T}), dx = be.alloc(DType::BF16, {T, H}), dw = be.alloc(DType::BF16, {H});
+    fill(be, x, 1.0f, 6);
+    fill(be, w, 0.1f, 7);
+    const double ms = time_ms(be, [&] {
+      be.rmsnorm_forward(y, rstd, x, w, 1e-6);
+      be.rmsnorm_backward(dx, dw, y, x, w, rstd, false);
+    }, iters);
+    const double bytes = 10.0 * double(T) * double(H) + 8.0 * double(T);  // fwd x,y; bwd x,dy,dx (bf16)
+    rows.push_back({"rmsnorm_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
+                    "copy_tbs " + std::to_string(copy_tbs)});
+    be.reset_arena();
+  }
+
+  // ---- causal conv1d + SiLU fwd + bwd [T, 6144], 8 samples ----
+  {
+    const int64_t C = 6144;
+    Tensor x = be.alloc(DType::BF16, {T, C}), w = be.alloc(DType::BF16, {C, 4}), y = be.alloc(DType::BF16, {T, C}),
+           dx = be.alloc(DType::BF16, {T, C}), dw = be.alloc(DType::BF16, {C, 4});
+    std::vector<int32_t> cu;
+    for (int s = 0; s <= 8; ++s) cu.push_back(int32_t(T / 8 * s));
+    Tensor cut = be.alloc(DType::I32, {9});
+    be.copy_from_host(cut, cu.data());
+    const SeqInfo seqs{cut, 8, int(T / 8), int(T)};
+    fill(be, x, 1.0f, 8);
+    fill(be, w, 0.5f, 9);
+    const double ms = time_ms(be, [&] {
+      be.conv1d_silu_forward(y, x, w, seqs);
+      be.conv1d_silu_backward(dx, dw, y, x, w, seqs);
+    }, iters);
+    const double bytes = 10.0 * double(T) * double(C);  // fwd x,y; bwd x,dy,dx
+    rows.push_back({"conv1d_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
+                    "copy_tbs " + std::to_string(copy_tbs)});
+    be.reset_arena();
+  }
+
+  // ---- AdamW: grad norm + update over 8 x 64M parameters ----
+  {
+    const int64_t per = int64_t(64) << 20, count = 8;
+    std::vector<cuda::AdamWTensor> ts;
+    for (int64_t i = 0; i < count; ++i) {
+      Tensor master = be.alloc(DType::F32, {per}), m = be.alloc(DType::F32, {per}), v = be.alloc(DType::F32, {per}),
+             g = be.alloc(DType::BF16, {per}), p = be.alloc(DType::BF16, {per});
+      fill(be, g, 0.01f, uint64_t(10 + i));
+      ts.push_back({master.ptr<float>(), m.ptr<float>(), v.ptr<float>(), g.data, p.data, per, i % 2 == 0});
+    }
+    be.synchronize();
+    cuda::AdamWMultiTensor opt(ts);
+    AdamWConfig cfg;
+    int64_t step = 0;
+    const double ms = time_ms(be, [&] {
+      opt.grad_norm(1.0, be.stream());
+      opt.update(1e-4, 0.1, cfg, ++step, be.stream());
+    }, iters);
+    const double bytes = 30.0 * double(per * count);  // norm: g; update: master, m, v r/w + g + p
+    rows.push_back({"adamw_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
+                    "copy_tbs " + std::to_string(copy_tbs)});
+    be.reset_arena();
+  }
+
+  // ---- fused linear cross-entropy, T x H -> V ----
+  {
+    Tensor hidden = be.alloc(DType::BF16, {T, H}), w = be.alloc(DType::BF16, {V, H}), dh = be.alloc(DType::BF16, {T, H}),
+           dw = be.alloc(DType::BF16, {V, H}), targets = be.alloc(DType::I32, {T});
+    fill(be, hidden, 1.0f, 20);
+    fill(be, w, 0.02f, 21);
+    std::vector<int32_t> tg(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) tg[size_t(t)] = t % 17 == 0 ? -100 : int32_t((t * 7919) % V);
+    be.copy_from_host(targets, tg.data());
+    const size_t ws_before = be.workspace_bytes();
+    const double ms = time_ms(be, [&] { be.linear_cross_entropy(dh, dw, Tensor(), hidden, w, targets, 1.0 / T); },
+                              quick ? 2 : 5, 1);
+    const double extra = double(std::max(be.workspace_bytes(), ws_before));
+    const double flops = 6.0 * double(T) * double(H) * double(V);
+    rows.push_back({"linear_ce_tflops", flops / (ms * 1e-3) / 1e12, "TFLOP/s",
+                    "gemm_peak_tflops " + std::to_string(gemm_peak)});
+    rows.push_back({"linear_ce_extra_gib", be.cross_entropy_workspace_bytes(V, T) / double(1 << 30), "GiB",
+                    "workspace " + std::to_string(extra / double(1 << 30)) + " GiB (< 1 GiB goal)"});
+    be.reset_arena();
+  }
+
+  std::printf("\n| key | value | unit | ceiling |\n|---|---|---|---|\n");
+  for (const Row& r : rows) std::printf("| %s | %.3f | %s | %s |\n", r.key.c_str(), r.value, r.unit.c_str(), r.ceiling.c_str());
+  return 0;
+}

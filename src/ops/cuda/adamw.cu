@@ -1,0 +1,166 @@
+#include "ops/cuda/adamw.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/ops_device.cuh"
+
+namespace qt::cuda {
+namespace {
+
+constexpr int64_t kChunk = 65536;  // elements per block
+constexpr int kThreads = 512;
+
+struct DevTensor {
+  float* master;
+  float* m;
+  float* v;
+  const dev::bf16* grad;
+  dev::bf16* param;
+  int64_t n;
+  int decay;  // 1: weight decay float(weight_decay); 0: none (selected, never multiplied)
+};
+struct ChunkRef {
+  int32_t tensor;
+  int32_t chunk;
+};
+
+struct Hyper {
+  float b1, b2, one_minus_b1, one_minus_b2, bc1, bc2, lr, eps, wd;
+  double host_clip;
+  bool use_device_clip;
+};
+
+__global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const DevTensor* ts, const ChunkRef* map) {
+  __shared__ double sm[kThreads];
+  const ChunkRef cr = map[blockIdx.x];
+  const DevTensor t = ts[cr.tensor];
+  const int64_t i0 = int64_t(cr.chunk) * kChunk, i1 = min(t.n, i0 + kChunk);
+  double acc = 0.0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+    const double g = double(dev::to_f(t.grad[i]));
+    acc = __dadd_rn(acc, __dmul_rn(g, g));
+  }
+  sm[threadIdx.x] = acc;
+  __syncthreads();
+  for (int o = kThreads / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sm[threadIdx.x] = __dadd_rn(sm[threadIdx.x], sm[threadIdx.x + o]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = sm[0];
+}
+
+__global__ void __launch_bounds__(1024) norm_kernel(double* norm_clip, const double* partials, int64_t n,
+                                                    double max_norm) {
+  __shared__ double sm[1024];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += 1024) acc = __dadd_rn(acc, partials[i]);
+  sm[threadIdx.x] = acc;
+  __syncthreads();
+  for (int o = 512; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sm[threadIdx.x] = __dadd_rn(sm[threadIdx.x], sm[threadIdx.x + o]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const double norm = __dsqrt_rn(sm[0]);
+    norm_clip[0] = norm;
+    // clip_factor(): 1 when max_norm <= 0 or !(norm > max_norm), else max_norm / (norm + 1e-6).
+    norm_clip[1] = (max_norm <= 0.0 || !(norm > max_norm)) ? 1.0 : __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6));
+  }
+}
+
+// The exact float operation sequence of adamw_update (optimizer.cpp), with g = float(g * clip)
+// as the trainer clips (a double product rounded to float) when clip != 1.
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, const ChunkRef* map, Hyper h,
+                                                         const double* norm_clip) {
+  const ChunkRef cr = map[blockIdx.x];
+  const DevTensor t = ts[cr.tensor];
+  const double clip = h.use_device_clip ? norm_clip[1] : h.host_clip;
+  const float wd = t.decay ? h.wd : 0.0f;
+  const int64_t i0 = int64_t(cr.chunk) * kChunk, i1 = min(t.n, i0 + kChunk);
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+    float gi = dev::to_f(t.grad[i]);
+    if (clip != 1.0) gi = __double2float_rn(__dmul_rn(double(gi), clip));
+    const float m = __fadd_rn(__fmul_rn(h.b1, t.m[i]), __fmul_rn(h.one_minus_b1, gi));
+    const float v = __fadd_rn(__fmul_rn(h.b2, t.v[i]), __fmul_rn(__fmul_rn(h.one_minus_b2, gi), gi));
+    t.m[i] = m;
+    t.v[i] = v;
+    const float mhat = __fdiv_rn(m, h.bc1), vhat = __fdiv_rn(v, h.bc2);
+    const float p = t.master[i];
+    const float upd = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), h.eps)), __fmul_rn(wd, p));
+    const float np = __fsub_rn(p, __fmul_rn(h.lr, upd));
+    t.master[i] = np;
+    if (t.param != nullptr) t.param[i] = dev::to_bf(np);
+  }
+}
+
+}  // namespace
+
+AdamWMultiTensor::AdamWMultiTensor(const std::vector<AdamWTensor>& tensors) {
+  std::vector<DevTensor> dt;
+  std::vector<ChunkRef> map;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const AdamWTensor& t = tensors[k];
+    QT_CHECK(t.n >= 0 && (t.n == 0 || (t.master && t.m && t.v && t.grad)), "AdamWMultiTensor: tensor ", k,
+             " is missing a buffer");
+    dt.push_back(DevTensor{t.master, t.m, t.v, static_cast<const dev::bf16*>(t.grad), static_cast<dev::bf16*>(t.param),
+                           t.n, t.decay ? 1 : 0});
+    const int64_t chunks = ceil_div(t.n, kChunk);
+    QT_CHECK(chunks < (int64_t(1) << 31), "AdamWMultiTensor: tensor ", k, " is too large");
+    for (int64_t c = 0; c < chunks; ++c) map.push_back(ChunkRef{int32_t(k), int32_t(c)});
+    total_ += t.n;
+  }
+  num_tensors_ = int64_t(dt.size());
+  num_chunks_ = int64_t(map.size());
+  const size_t tbytes = sizeof(DevTensor) * dt.size(), mbytes = sizeof(ChunkRef) * map.size();
+  CUDA_CHECK(cudaMalloc(&table_, tbytes + mbytes + 16));
+  CUDA_CHECK(cudaMalloc(&partials_, sizeof(double) * size_t(std::max<int64_t>(num_chunks_, 1))));
+  CUDA_CHECK(cudaMalloc(&norm_clip_, 2 * sizeof(double)));
+  if (tbytes > 0) CUDA_CHECK(cudaMemcpy(table_, dt.data(), tbytes, cudaMemcpyHostToDevice));
+  if (mbytes > 0) CUDA_CHECK(cudaMemcpy(static_cast<char*>(table_) + tbytes, map.data(), mbytes, cudaMemcpyHostToDevice));
+  const double init[2] = {0.0, 1.0};
+  CUDA_CHECK(cudaMemcpy(norm_clip_, init, sizeof(init), cudaMemcpyHostToDevice));
+}
+
+AdamWMultiTensor::~AdamWMultiTensor() {
+  cudaFree(table_);
+  cudaFree(partials_);
+  cudaFree(norm_clip_);
+}
+
+void AdamWMultiTensor::grad_norm(double max_norm, cudaStream_t stream) {
+  const auto* ts = static_cast<const DevTensor*>(table_);
+  const auto* map = reinterpret_cast<const ChunkRef*>(static_cast<char*>(table_) + sizeof(DevTensor) * size_t(num_tensors_));
+  if (num_chunks_ > 0) {
+    sumsq_kernel<<<static_cast<unsigned>(num_chunks_), kThreads, 0, stream>>>(partials_, ts, map);
+    QT_LAUNCH_CHECK("adamw grad_norm (partials)");
+  }
+  norm_kernel<<<1, 1024, 0, stream>>>(norm_clip_, partials_, num_chunks_, max_norm);
+  QT_LAUNCH_CHECK("adamw grad_norm");
+}
+
+void AdamWMultiTensor::update(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step,
+                              cudaStream_t stream, bool use_device_clip, double host_clip) {
+  if (num_chunks_ == 0) return;
+  // Host-side constants exactly as adamw_update computes them (double -> float casts). The
+  // per-tensor weight decay is float(weight_decay) for decayed tensors and 0 otherwise.
+  Hyper h{};
+  h.b1 = static_cast<float>(cfg.beta1);
+  h.b2 = static_cast<float>(cfg.beta2);
+  h.one_minus_b1 = 1.0f - h.b1;
+  h.one_minus_b2 = 1.0f - h.b2;
+  h.bc1 = static_cast<float>(1.0 - std::pow(cfg.beta1, static_cast<double>(step)));
+  h.bc2 = static_cast<float>(1.0 - std::pow(cfg.beta2, static_cast<double>(step)));
+  h.lr = static_cast<float>(lr);
+  h.eps = static_cast<float>(cfg.eps);
+  h.host_clip = host_clip;
+  h.use_device_clip = use_device_clip;
+  h.wd = static_cast<float>(weight_decay);
+  const auto* map = reinterpret_cast<const ChunkRef*>(static_cast<char*>(table_) + sizeof(DevTensor) * size_t(num_tensors_));
+  adamw_kernel<<<static_cast<unsigned>(num_chunks_), kThreads, 0, stream>>>(static_cast<const DevTensor*>(table_), map,
+                                                                           h, norm_clip_);
+  QT_LAUNCH_CHECK("adamw update");
+}
+
+}  // namespace qt::cuda

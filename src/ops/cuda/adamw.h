@@ -1,0 +1,58 @@
+// Multi-tensor AdamW on the device: fp32 master weights, m and v; bf16 working weights written
+// from the updated master; bf16 gradients. The update is bit-exact with train/optimizer.cpp's
+// adamw_update applied to the clipped gradient float(g * clip) (same float operations in the same
+// order, every one an explicitly rounded intrinsic, so nvcc cannot contract to FMA; the CPU side
+// is compiled without FMA: x86-64 baseline, no -march, so g++'s default -ffp-contract=fast has no
+// FMA instruction to contract into — verified: no vfmadd in optimizer.cpp's -O3 assembly).
+// The global gradient norm is a deterministic two-pass reduction in double (per-chunk partials,
+// then one block in a fixed order); the clip factor is computed on the device from it, so a step
+// needs no host synchronization.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "train/optimizer.h"
+
+namespace qt::cuda {
+
+struct AdamWTensor {
+  float* master;       // fp32 [n]
+  float* m;            // fp32 [n]
+  float* v;            // fp32 [n]
+  const void* grad;    // bf16 [n]
+  void* param;         // bf16 [n], written (may be null: master only)
+  int64_t n;
+  bool decay;          // weight decay applies (matrices) or not (norms, A_log, dt_bias)
+};
+
+class AdamWMultiTensor {
+ public:
+  // Uploads the tensor table and the block -> (tensor, chunk) map once (setup-time cudaMalloc).
+  explicit AdamWMultiTensor(const std::vector<AdamWTensor>& tensors);
+  ~AdamWMultiTensor();
+  AdamWMultiTensor(const AdamWMultiTensor&) = delete;
+  AdamWMultiTensor& operator=(const AdamWMultiTensor&) = delete;
+
+  // Pass 1 + 2: d_norm_clip[0] = ||g||_2 over every tensor (double), d_norm_clip[1] = clip factor
+  // (clip_factor(norm, max_norm) of optimizer.h). Enqueued on stream; nothing is synchronized.
+  void grad_norm(double max_norm, cudaStream_t stream);
+  // The update with the clip factor read from the device (after grad_norm) or, with
+  // use_device_clip = false, the given host factor.
+  void update(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step, cudaStream_t stream,
+              bool use_device_clip = true, double host_clip = 1.0);
+  // Device pointer to {norm, clip} (2 doubles).
+  const double* norm_clip() const { return norm_clip_; }
+  int64_t num_chunks() const { return num_chunks_; }
+  int64_t total_elements() const { return total_; }
+
+ private:
+  void* table_ = nullptr;      // device: tensors then chunk map
+  double* partials_ = nullptr;  // device [num_chunks]
+  double* norm_clip_ = nullptr; // device [2]
+  int64_t num_tensors_ = 0, num_chunks_ = 0, total_ = 0;
+};
+
+}  // namespace qt::cuda

@@ -1,0 +1,760 @@
+// CudaBackend: memory, validation at the API boundary, cuBLASLt GEMMs, and the entry points that
+// call the launchers of ops_launch.h (own kernels) and kernels.h (GDN, attention).
+#include "ops/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/ops_launch.h"
+
+namespace qt {
+
+namespace {
+
+constexpr DType BF16 = DType::BF16;
+constexpr DType F32 = DType::F32;
+constexpr DType I32 = DType::I32;
+constexpr size_t kGemmWorkspace = size_t(32) << 20;  // cuBLASLt on Hopper wants up to 32 MiB
+constexpr size_t kAlign = 256;
+
+std::string lower(DType d) {
+  std::string s = dtype_name(d);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool shape_matches(const Tensor& t, const Shape& expected) {
+  if (t.shape_vec() == expected) return true;
+  if (t.numel() != shape_numel(expected)) return false;
+  if (expected.size() <= 1) return true;
+  return t.ndim >= 1 && t.shape[0] == expected[0];
+}
+
+// A contiguous CUDA tensor with data, of dtype (messages name the op and the tensor).
+void check_storage(const char* op, const char* name, const Tensor& t, DType dtype) {
+  QT_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " is missing (data is null)");
+  QT_CHECK(t.device.kind == DeviceKind::CUDA, op, ": ", name, " ", t.describe(), " is not on the CUDA device");
+  QT_CHECK(t.dtype == dtype, op, ": ", name, " is ", t.describe(), ", expected dtype ", lower(dtype));
+  QT_CHECK(t.is_contiguous(), op, ": ", name, " ", t.describe(), " is not contiguous");
+}
+
+// Same shape rules as the CPU backend: [T, H, D] matches an expected [T, H*D].
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
+  check_storage(op, name, t, dtype);
+  QT_CHECK(shape_matches(t, expected), op, ": ", name, " is ", t.describe(), ", expected ",
+           Tensor(nullptr, dtype, expected).describe());
+}
+
+bool check_optional(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
+  if (t.data == nullptr) return false;
+  check_tensor(op, name, t, dtype, expected);
+  return true;
+}
+
+// A weight-gradient ("acc") output: bf16 or f32. Returns whether it is f32.
+bool check_grad(const char* op, const char* name, const Tensor& t, const Shape& expected) {
+  QT_CHECK(t.dtype == BF16 || t.dtype == F32, op, ": ", name, " is ", t.describe(), ", expected bf16 or f32");
+  check_tensor(op, name, t, t.dtype, expected);
+  return t.dtype == F32;
+}
+
+int64_t dim_of(const char* op, const char* name, const Tensor& t, int d) {
+  QT_CHECK(t.ndim > d, op, ": ", name, " is ", t.describe(), ", expected at least ", d + 1, " dims");
+  return t.shape[static_cast<size_t>(d)];
+}
+
+// Device cu_seqlens: shape, dtype and the host-side counts (contents are not read back: that
+// would synchronize; the packer validates them on the host).
+void check_seqs(const char* op, const SeqInfo& seqs, int64_t T) {
+  QT_CHECK(seqs.num_seqs >= 1, op, ": seqs.num_seqs is ", seqs.num_seqs, ", expected >= 1");
+  check_tensor(op, "seqs.cu_seqlens", seqs.cu_seqlens, I32, {seqs.num_seqs + 1});
+  QT_CHECK(seqs.total_tokens == T, op, ": seqs.total_tokens is ", seqs.total_tokens, ", expected T = ", T);
+  QT_CHECK(seqs.max_seqlen >= 0 && seqs.max_seqlen <= T, op, ": seqs.max_seqlen is ", seqs.max_seqlen,
+           ", expected in [0, T = ", T, "]");
+}
+
+int64_t last_dim_rows(const char* op, const Tensor& x, int64_t cols) {
+  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
+           ", expected last dim ", cols, " (from w)");
+  return x.numel() / cols;
+}
+
+int alignment_of(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  int a = 1;
+  while (a < 256 && (u % (2 * a)) == 0) a *= 2;
+  return a;
+}
+
+void conv_weight_dims(const char* op, const Tensor& w, int64_t* C, int64_t* K) {
+  QT_CHECK(w.ndim == 2 || (w.ndim == 3 && w.shape[1] == 1), op, ": w is ", w.describe(), ", expected [C, K]");
+  *C = w.shape[0];
+  *K = w.shape[static_cast<size_t>(w.ndim - 1)];
+  QT_CHECK(*K == 4, op, ": w is ", w.describe(), ", the CUDA conv1d supports kernel width 4 only");
+}
+
+void check_attn_dims(const char* op, const AttnDims& d) {
+  QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
+           d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");
+  QT_CHECK(d.num_q_heads % d.num_kv_heads == 0, op, ": num_q_heads ", d.num_q_heads,
+           " is not a multiple of num_kv_heads ", d.num_kv_heads);
+  QT_CHECK(d.rotary_dim >= 0 && d.rotary_dim <= d.head_dim && d.rotary_dim % 2 == 0, op, ": rotary_dim ",
+           d.rotary_dim, " must be even and in [0, head_dim = ", d.head_dim, "]");
+}
+
+void check_gdn_dims(const char* op, const GdnDims& d) {
+  QT_CHECK(d.num_k_heads > 0 && d.num_v_heads > 0 && d.num_v_heads % d.num_k_heads == 0, op, ": num_v_heads ",
+           d.num_v_heads, " must be a positive multiple of num_k_heads ", d.num_k_heads);
+  QT_CHECK(d.k_head_dim % 16 == 0 && d.k_head_dim > 0 && d.k_head_dim <= 128 && d.v_head_dim % 16 == 0 &&
+               d.v_head_dim > 0 && d.v_head_dim <= 128,
+           op, ": head dims dk ", d.k_head_dim, ", dv ", d.v_head_dim,
+           " must be multiples of 16 in [16, 128] for the CUDA kernel");
+}
+
+}  // namespace
+
+// ---- lifetime and memory ---------------------------------------------------------------------
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&count));
+  QT_CHECK(device >= 0 && device < count, "CudaBackend: device ", device, " does not exist (", count, " found)");
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasLtCreate(&lt_));
+  gemm_ws_bytes_ = kGemmWorkspace;
+  CUDA_CHECK(cudaMalloc(&gemm_ws_, gemm_ws_bytes_));
+  size_t mb = 1024;
+  if (const char* env = std::getenv("QT_CUDA_ARENA_MB")) mb = std::max<size_t>(16, std::strtoull(env, nullptr, 10));
+  block_bytes_ = mb << 20;
+  Tensor s = alloc(DType::F64, {1});
+  d_scalar_ = static_cast<double*>(s.data);
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& kv : gemm_plans_) {
+    cublasLtMatrixLayoutDestroy(kv.second.a);
+    cublasLtMatrixLayoutDestroy(kv.second.b);
+    cublasLtMatrixLayoutDestroy(kv.second.c);
+    cublasLtMatmulDescDestroy(kv.second.desc);
+  }
+  for (auto& b : blocks_) cudaFree(b.base);
+  cudaFree(ws_);
+  cudaFree(gemm_ws_);
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Tensor CudaBackend::alloc(DType dtype, const Shape& shape) {
+  Tensor probe(nullptr, dtype, shape);
+  const size_t bytes = (probe.nbytes() + kAlign - 1) / kAlign * kAlign;
+  if (bytes == 0) return Tensor(nullptr, dtype, shape, device());
+  while (block_index_ < blocks_.size() && block_used_ + bytes > blocks_[block_index_].size) {
+    ++block_index_;
+    block_used_ = 0;
+  }
+  if (block_index_ == blocks_.size()) {
+    Block b{nullptr, std::max(block_bytes_, bytes)};
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, b.size));
+    b.base = static_cast<char*>(p);
+    blocks_.push_back(b);
+    block_used_ = 0;
+  }
+  char* p = blocks_[block_index_].base + block_used_;
+  block_used_ += bytes;
+  CUDA_CHECK(cudaMemsetAsync(p, 0, probe.nbytes(), stream_));  // zero-filled, like the CPU backend
+  return Tensor(p, dtype, shape, device());
+}
+
+void CudaBackend::reset_arena() {
+  synchronize();
+  block_index_ = 0;
+  block_used_ = 0;
+  Tensor s = alloc(DType::F64, {1});
+  d_scalar_ = static_cast<double*>(s.data);
+}
+
+size_t CudaBackend::arena_bytes_reserved() const {
+  size_t n = 0;
+  for (const auto& b : blocks_) n += b.size;
+  return n;
+}
+
+void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::workspace(size_t bytes) {
+  if (bytes <= ws_bytes_) return ws_;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream_, &cap));
+  QT_CHECK(cap == cudaStreamCaptureStatusNone, "CudaBackend: the workspace must grow to ", bytes,
+           " bytes during CUDA-graph capture; run the step once eagerly before capturing");
+  synchronize();
+  CUDA_CHECK(cudaFree(ws_));
+  ws_ = nullptr;
+  const size_t grown = std::max(bytes, ws_bytes_ + ws_bytes_ / 2);
+  CUDA_CHECK(cudaMalloc(&ws_, grown));
+  ws_bytes_ = grown;
+  return ws_;
+}
+
+void CudaBackend::zero(const Tensor& t) {
+  QT_CHECK(t.data != nullptr || t.numel() == 0, "zero: tensor is missing (data is null)");
+  QT_CHECK(t.device.kind == DeviceKind::CUDA, "zero: tensor ", t.describe(), " is not on the CUDA device");
+  QT_CHECK(t.is_contiguous(), "zero: tensor ", t.describe(), " is not contiguous");
+  if (t.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
+}
+
+void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
+  check_storage("copy", "dst", dst, dst.dtype);
+  check_storage("copy", "src", src, dst.dtype);
+  QT_CHECK(dst.numel() == src.numel(), "copy: dst is ", dst.describe(), " but src is ", src.describe(),
+           " (element counts differ)");
+  if (dst.nbytes() > 0 && dst.data != src.data)
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
+  check_storage("copy_from_host", "dst", dst, dst.dtype);
+  QT_CHECK(src != nullptr || dst.nbytes() == 0, "copy_from_host: src is null");
+  if (dst.nbytes() > 0) CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
+  check_storage("copy_to_host", "src", src, src.dtype);
+  QT_CHECK(dst != nullptr || src.nbytes() == 0, "copy_to_host: dst is null");
+  if (src.nbytes() == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
+void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  check_storage("add", "a", a, BF16);
+  const Shape s = a.shape_vec();
+  check_tensor("add", "b", b, BF16, s);
+  check_tensor("add", "out", out, BF16, s);
+  cuda::launch_add(out.data, a.data, b.data, a.numel(), stream_);
+}
+
+// ---- GEMM (cuBLASLt) --------------------------------------------------------------------------
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+                       const void* B, int64_t ldb, void* C, int64_t ldc, bool c_f32, float beta) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    QT_CHECK(beta == 1.0f || ldc == N, "gemm: K = 0 with beta ", beta, " and a strided C is not supported");
+    if (beta != 1.0f) CUDA_CHECK(cudaMemsetAsync(C, 0, size_t(M * N) * (c_f32 ? 4 : 2), stream_));
+    return;
+  }
+  // Row-major C[M,N] is column-major C^T[N,M]: C^T = op(B)^T op(A)^T, so cuBLASLt's "A" is our B.
+  const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, c_f32, alignment_of(A), alignment_of(B),
+                    alignment_of(C)};
+  auto it = gemm_plans_.find(key);
+  if (it == gemm_plans_.end()) {
+    GemmPlan p;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt A = our B
+    const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    // Column-major views of the row-major stored matrices.
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_f32 ? CUDA_R_32F : CUDA_R_16BF, N, M, ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &gemm_ws_bytes_, sizeof(gemm_ws_bytes_)));
+    const uint32_t al_a = uint32_t(std::get<10>(key)), al_b = uint32_t(std::get<9>(key)),
+                   al_c = uint32_t(std::get<11>(key));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                      sizeof(al_a)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                      sizeof(al_b)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                      sizeof(al_c)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                      sizeof(al_c)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.desc);
+      QT_FAIL("gemm: cuBLASLt has no algorithm for M ", M, " N ", N, " K ", K, " (trans_a ", trans_a, ", trans_b ",
+              trans_b, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc, ", C ", c_f32 ? "f32" : "bf16", "): ",
+              cuda::cublas_status_str(st));
+    }
+    p.algo = res.algo;
+    it = gemm_plans_.emplace(key, p).first;
+  }
+  const float alpha = 1.0f;
+  const GemmPlan& p = it->second;
+  CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, gemm_ws_,
+                              gemm_ws_bytes_, stream_));
+  QT_LAUNCH_CHECK("gemm");
+}
+
+void CudaBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
+  const char* op = "linear_forward";
+  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
+  check_tensor(op, "w", w, BF16, {N, K});
+  check_tensor(op, "x", x, BF16, {T, K});
+  check_tensor(op, "y", y, BF16, {T, N});
+  gemm(false, true, T, N, K, x.data, K, w.data, K, y.data, N, false, 0.0f);
+}
+
+void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                  const Tensor& w, bool accumulate_dx) {
+  const char* op = "linear_backward";
+  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
+  check_tensor(op, "w", w, BF16, {N, K});
+  check_tensor(op, "x", x, BF16, {T, K});
+  check_tensor(op, "dy", dy, BF16, {T, N});
+  if (check_optional(op, "dx", dx, BF16, {T, K}))
+    gemm(false, false, T, K, N, dy.data, N, w.data, K, dx.data, K, false, accumulate_dx ? 1.0f : 0.0f);
+  if (dw.data != nullptr) {
+    const bool f32 = check_grad(op, "dw", dw, {N, K});
+    gemm(true, false, N, K, T, dy.data, N, x.data, K, dw.data, K, f32, 1.0f);
+  }
+}
+
+// ---- embedding, norms, pointwise ---------------------------------------------------------------
+
+void CudaBackend::embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  const char* op = "embedding_forward";
+  QT_CHECK(table.ndim == 2, op, ": table is ", table.describe(), ", expected 2 dims [V, H]");
+  const int64_t V = table.size(0), H = table.size(1), T = dim_of(op, "ids", ids, 0);
+  check_tensor(op, "table", table, BF16, {V, H});
+  check_tensor(op, "ids", ids, I32, {T});
+  check_tensor(op, "out", out, BF16, {T, H});
+  cuda::launch_embedding_forward(out.data, table.data, ids.ptr<int32_t>(), T, H, V, stream_);
+}
+
+void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  const char* op = "embedding_backward";
+  QT_CHECK(dtable.ndim == 2, op, ": dtable is ", dtable.describe(), ", expected 2 dims [V, H]");
+  const int64_t V = dtable.size(0), H = dtable.size(1), T = dim_of(op, "ids", ids, 0);
+  const bool f32 = check_grad(op, "dtable", dtable, {V, H});
+  check_tensor(op, "ids", ids, I32, {T});
+  check_tensor(op, "dout", dout, BF16, {T, H});
+  QT_CHECK(T < (int64_t(1) << 31), op, ": T = ", T, " exceeds the sort's int range");
+  const size_t bytes = cuda::embedding_backward_workspace_bytes(T);
+  void* ws = workspace(bytes);
+  cuda::launch_embedding_backward(dtable.data, f32, dout.data, ids.ptr<int32_t>(), T, H, V, ws, bytes, stream_);
+}
+
+void CudaBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+  const char* op = "rmsnorm_forward";
+  const int64_t cols = dim_of(op, "w", w, 0);
+  check_tensor(op, "w", w, BF16, {cols});
+  check_storage(op, "x", x, BF16);
+  const int64_t rows = last_dim_rows(op, x, cols);
+  check_tensor(op, "y", y, BF16, x.shape_vec());
+  check_tensor(op, "rstd", rstd, F32, {rows});
+  cuda::launch_rmsnorm_forward(y.data, rstd.ptr<float>(), x.data, nullptr, w.data, rows, cols, float(eps),
+                               cuda::NormKind::OnePlusW, stream_);
+}
+
+void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                   const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
+  const char* op = "rmsnorm_backward";
+  const int64_t cols = dim_of(op, "w", w, 0);
+  check_tensor(op, "w", w, BF16, {cols});
+  check_storage(op, "x", x, BF16);
+  const int64_t rows = last_dim_rows(op, x, cols);
+  check_tensor(op, "dy", dy, BF16, x.shape_vec());
+  check_tensor(op, "rstd", rstd, F32, {rows});
+  const bool want_dx = check_optional(op, "dx", dx, BF16, x.shape_vec());
+  const bool want_dw = dw.data != nullptr;
+  const bool f32 = want_dw && check_grad(op, "dw", dw, {cols});
+  void* ws = want_dw ? workspace(cuda::rmsnorm_backward_workspace_bytes(rows, cols)) : nullptr;
+  cuda::launch_rmsnorm_backward(want_dx ? dx.data : nullptr, accumulate_dx, nullptr, want_dw ? dw.data : nullptr, f32,
+                                dy.data, x.data, nullptr, w.data, rstd.ptr<float>(), rows, cols,
+                                cuda::NormKind::OnePlusW, ws, stream_);
+}
+
+void CudaBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  check_storage(op, "gate", gate, BF16);
+  check_tensor(op, "up", up, BF16, gate.shape_vec());
+  check_tensor(op, "h", h, BF16, gate.shape_vec());
+  cuda::launch_swiglu_forward(h.data, gate.data, up.data, gate.numel(), stream_);
+}
+
+void CudaBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dh, const Tensor& gate,
+                                  const Tensor& up) {
+  const char* op = "swiglu_backward";
+  check_storage(op, "gate", gate, BF16);
+  const Shape s = gate.shape_vec();
+  check_tensor(op, "up", up, BF16, s);
+  check_tensor(op, "dh", dh, BF16, s);
+  check_tensor(op, "dgate", dgate, BF16, s);
+  check_tensor(op, "dup", dup, BF16, s);
+  cuda::launch_swiglu_backward(dgate.data, dup.data, dh.data, gate.data, up.data, gate.numel(), stream_);
+}
+
+// ---- Gated DeltaNet ----------------------------------------------------------------------------
+
+void CudaBackend::conv1d_silu_forward(const Tensor& y, const Tensor& x, const Tensor& w, const SeqInfo& seqs) {
+  const char* op = "conv1d_silu_forward";
+  int64_t C = 0, K = 0;
+  conv_weight_dims(op, w, &C, &K);
+  check_storage(op, "w", w, BF16);
+  const int64_t T = dim_of(op, "x", x, 0);
+  check_tensor(op, "x", x, BF16, {T, C});
+  check_tensor(op, "y", y, BF16, {T, C});
+  check_seqs(op, seqs, T);
+  cuda::launch_conv1d_silu_forward(y.data, x.data, w.data, seqs.cu_seqlens.ptr<int32_t>(), seqs.num_seqs, T, C,
+                                   int(K), stream_);
+}
+
+void CudaBackend::conv1d_silu_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                       const Tensor& w, const SeqInfo& seqs) {
+  const char* op = "conv1d_silu_backward";
+  int64_t C = 0, K = 0;
+  conv_weight_dims(op, w, &C, &K);
+  check_storage(op, "w", w, BF16);
+  const int64_t T = dim_of(op, "x", x, 0);
+  check_tensor(op, "x", x, BF16, {T, C});
+  check_tensor(op, "dy", dy, BF16, {T, C});
+  check_tensor(op, "dx", dx, BF16, {T, C});
+  const bool want_dw = dw.data != nullptr;
+  const bool f32 = want_dw && check_grad(op, "dw", dw, {C, K});
+  check_seqs(op, seqs, T);
+  void* ws = workspace(cuda::conv1d_silu_backward_workspace_bytes(T, C, int(K)));
+  cuda::launch_conv1d_silu_backward(dx.data, want_dw ? dw.data : nullptr, f32, dy.data, x.data, w.data,
+                                    seqs.cu_seqlens.ptr<int32_t>(), seqs.num_seqs, T, C, int(K), ws, stream_);
+}
+
+void CudaBackend::gdn_gates_forward(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
+                                    const Tensor& a_log, const Tensor& dt_bias) {
+  const char* op = "gdn_gates_forward";
+  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
+  check_tensor(op, "a_log", a_log, BF16, {H});
+  check_tensor(op, "dt_bias", dt_bias, BF16, {H});
+  check_tensor(op, "b", b, BF16, {T, H});
+  check_tensor(op, "a", a, BF16, {T, H});
+  check_tensor(op, "beta", beta, F32, {T, H});
+  check_tensor(op, "g", g, F32, {T, H});
+  cuda::launch_gdn_gates_forward(beta.ptr<float>(), g.ptr<float>(), b.data, a.data, a_log.data, dt_bias.data, T, H,
+                                 stream_);
+}
+
+void CudaBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, const Tensor& da_log,
+                                     const Tensor& ddt_bias, const Tensor& dbeta, const Tensor& dg, const Tensor& b,
+                                     const Tensor& a, const Tensor& a_log, const Tensor& dt_bias) {
+  const char* op = "gdn_gates_backward";
+  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
+  check_tensor(op, "a_log", a_log, BF16, {H});
+  check_tensor(op, "dt_bias", dt_bias, BF16, {H});
+  check_tensor(op, "b", b, BF16, {T, H});
+  check_tensor(op, "a", a, BF16, {T, H});
+  check_tensor(op, "dbeta", dbeta, F32, {T, H});
+  check_tensor(op, "dg", dg, F32, {T, H});
+  check_tensor(op, "db", db, BF16, {T, H});
+  check_tensor(op, "da", da, BF16, {T, H});
+  const bool want_alog = da_log.data != nullptr, want_dt = ddt_bias.data != nullptr;
+  const bool alog_f32 = want_alog && check_grad(op, "da_log", da_log, {H});
+  const bool dt_f32 = want_dt && check_grad(op, "ddt_bias", ddt_bias, {H});
+  void* ws = workspace(cuda::gdn_gates_backward_workspace_bytes(T, H));
+  cuda::launch_gdn_gates_backward(db.data, da.data, want_alog ? da_log.data : nullptr, alog_f32,
+                                  want_dt ? ddt_bias.data : nullptr, dt_f32, dbeta.ptr<float>(), dg.ptr<float>(),
+                                  b.data, a.data, a_log.data, dt_bias.data, T, H, ws, stream_);
+}
+
+namespace {
+cuda::GdnArgs gdn_args(const GdnDims& d, const SeqInfo& s) {
+  cuda::GdnArgs a{};
+  a.cu_seqlens = s.cu_seqlens.ptr<int32_t>();
+  a.num_seqs = s.num_seqs;
+  a.max_seqlen = s.max_seqlen;
+  a.total_tokens = s.total_tokens;
+  a.num_k_heads = int(d.num_k_heads);
+  a.num_v_heads = int(d.num_v_heads);
+  a.k_head_dim = int(d.k_head_dim);
+  a.v_head_dim = int(d.v_head_dim);
+  return a;
+}
+cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s) {
+  cuda::AttnArgs a{};
+  a.cu_seqlens = s.cu_seqlens.ptr<int32_t>();
+  a.num_seqs = s.num_seqs;
+  a.max_seqlen = s.max_seqlen;
+  a.total_tokens = s.total_tokens;
+  a.num_q_heads = int(d.num_q_heads);
+  a.num_kv_heads = int(d.num_kv_heads);
+  a.head_dim = int(d.head_dim);
+  a.scale = float(1.0 / std::sqrt(double(d.head_dim)));
+  return a;
+}
+}  // namespace
+
+void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                              const GdnDims& dims, const SeqInfo& seqs) {
+  const char* op = "gdn_forward";
+  check_gdn_dims(op, dims);
+  const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
+  check_tensor(op, "qkv", qkv, BF16, {T, dims.conv_dim()});
+  check_tensor(op, "g", g, F32, {T, Hv});
+  check_tensor(op, "beta", beta, F32, {T, Hv});
+  check_tensor(op, "o", o, BF16, {T, Hv, dims.v_head_dim});
+  check_seqs(op, seqs, T);
+  if (T == 0) return;
+  const cuda::GdnArgs args = gdn_args(dims, seqs);
+  void* ws = workspace(cuda::gdn_workspace_bytes(args));
+  cuda::gdn_forward(o.data, qkv.data, g.ptr<float>(), beta.ptr<float>(), args, ws, stream_);
+  QT_LAUNCH_CHECK("gdn_forward");
+}
+
+void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
+                               const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
+                               const SeqInfo& seqs) {
+  const char* op = "gdn_backward";
+  check_gdn_dims(op, dims);
+  const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
+  check_tensor(op, "qkv", qkv, BF16, {T, dims.conv_dim()});
+  check_tensor(op, "g", g, F32, {T, Hv});
+  check_tensor(op, "beta", beta, F32, {T, Hv});
+  check_tensor(op, "d_o", d_o, BF16, {T, Hv, dims.v_head_dim});
+  check_tensor(op, "dqkv", dqkv, BF16, {T, dims.conv_dim()});
+  check_tensor(op, "dg", dg, F32, {T, Hv});
+  check_tensor(op, "dbeta", dbeta, F32, {T, Hv});
+  check_seqs(op, seqs, T);
+  if (T == 0) return;
+  const cuda::GdnArgs args = gdn_args(dims, seqs);
+  void* ws = workspace(cuda::gdn_workspace_bytes(args));
+  cuda::gdn_backward(dqkv.data, dg.ptr<float>(), dbeta.ptr<float>(), d_o.data, qkv.data, g.ptr<float>(),
+                     beta.ptr<float>(), args, ws, stream_);
+  QT_LAUNCH_CHECK("gdn_backward");
+}
+
+void CudaBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,
+                                        const Tensor& w, double eps) {
+  const char* op = "gated_rmsnorm_forward";
+  const int64_t cols = dim_of(op, "w", w, 0);
+  check_tensor(op, "w", w, BF16, {cols});
+  check_storage(op, "x", x, BF16);
+  const int64_t rows = last_dim_rows(op, x, cols);
+  check_tensor(op, "z", z, BF16, x.shape_vec());
+  check_tensor(op, "y", y, BF16, x.shape_vec());
+  check_tensor(op, "rstd", rstd, F32, {rows});
+  cuda::launch_rmsnorm_forward(y.data, rstd.ptr<float>(), x.data, z.data, w.data, rows, cols, float(eps),
+                               cuda::NormKind::Gated, stream_);
+}
+
+void CudaBackend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                         const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& rstd) {
+  const char* op = "gated_rmsnorm_backward";
+  const int64_t cols = dim_of(op, "w", w, 0);
+  check_tensor(op, "w", w, BF16, {cols});
+  check_storage(op, "x", x, BF16);
+  const int64_t rows = last_dim_rows(op, x, cols);
+  const Shape s = x.shape_vec();
+  check_tensor(op, "z", z, BF16, s);
+  check_tensor(op, "dy", dy, BF16, s);
+  check_tensor(op, "rstd", rstd, F32, {rows});
+  check_tensor(op, "dx", dx, BF16, s);
+  check_tensor(op, "dz", dz, BF16, s);
+  const bool want_dw = dw.data != nullptr;
+  const bool f32 = want_dw && check_grad(op, "dw", dw, {cols});
+  void* ws = want_dw ? workspace(cuda::rmsnorm_backward_workspace_bytes(rows, cols)) : nullptr;
+  cuda::launch_rmsnorm_backward(dx.data, false, dz.data, want_dw ? dw.data : nullptr, f32, dy.data, x.data, z.data,
+                                w.data, rstd.ptr<float>(), rows, cols, cuda::NormKind::Gated, ws, stream_);
+}
+
+// ---- gated full attention ----------------------------------------------------------------------
+
+void CudaBackend::attn_prep_forward(const Tensor& q, const Tensor& k, const Tensor& gate, const Tensor& q_rstd,
+                                    const Tensor& k_rstd, const Tensor& qg, const Tensor& kr, const Tensor& q_norm_w,
+                                    const Tensor& k_norm_w, const Tensor& positions, const AttnDims& dims,
+                                    double eps) {
+  const char* op = "attn_prep_forward";
+  check_attn_dims(op, dims);
+  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
+  const int64_t T = dim_of(op, "qg", qg, 0);
+  check_tensor(op, "qg", qg, BF16, {T, Hq * 2 * D});
+  check_tensor(op, "kr", kr, BF16, {T, Hkv * D});
+  check_tensor(op, "q_norm_w", q_norm_w, BF16, {D});
+  check_tensor(op, "k_norm_w", k_norm_w, BF16, {D});
+  check_tensor(op, "positions", positions, I32, {T});
+  check_tensor(op, "q", q, BF16, {T, Hq, D});
+  check_tensor(op, "k", k, BF16, {T, Hkv, D});
+  check_tensor(op, "gate", gate, BF16, {T, Hq * D});
+  check_tensor(op, "q_rstd", q_rstd, F32, {T * Hq});
+  check_tensor(op, "k_rstd", k_rstd, F32, {T * Hkv});
+  cuda::launch_attn_prep_forward(q.data, k.data, gate.data, q_rstd.ptr<float>(), k_rstd.ptr<float>(), qg.data,
+                                 kr.data, q_norm_w.data, k_norm_w.data, positions.ptr<int32_t>(), T, int(Hq),
+                                 int(Hkv), int(D), int(dims.rotary_dim), dims.rope_theta, float(eps), stream_);
+}
+
+void CudaBackend::attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const Tensor& dq_norm_w,
+                                     const Tensor& dk_norm_w, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dgate, const Tensor& qg, const Tensor& kr,
+                                     const Tensor& q_norm_w, const Tensor& k_norm_w, const Tensor& q_rstd,
+                                     const Tensor& k_rstd, const Tensor& positions, const AttnDims& dims) {
+  const char* op = "attn_prep_backward";
+  check_attn_dims(op, dims);
+  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
+  const int64_t T = dim_of(op, "qg", qg, 0);
+  check_tensor(op, "qg", qg, BF16, {T, Hq * 2 * D});
+  check_tensor(op, "kr", kr, BF16, {T, Hkv * D});
+  check_tensor(op, "q_norm_w", q_norm_w, BF16, {D});
+  check_tensor(op, "k_norm_w", k_norm_w, BF16, {D});
+  check_tensor(op, "q_rstd", q_rstd, F32, {T * Hq});
+  check_tensor(op, "k_rstd", k_rstd, F32, {T * Hkv});
+  check_tensor(op, "positions", positions, I32, {T});
+  check_tensor(op, "dq", dq, BF16, {T, Hq, D});
+  check_tensor(op, "dk", dk, BF16, {T, Hkv, D});
+  check_tensor(op, "dgate", dgate, BF16, {T, Hq * D});
+  check_tensor(op, "dqg", dqg, BF16, {T, Hq * 2 * D});
+  check_tensor(op, "dkr", dkr, BF16, {T, Hkv * D});
+  const bool want_q = dq_norm_w.data != nullptr, want_k = dk_norm_w.data != nullptr;
+  const bool q_f32 = want_q && check_grad(op, "dq_norm_w", dq_norm_w, {D});
+  const bool k_f32 = want_k && check_grad(op, "dk_norm_w", dk_norm_w, {D});
+  void* ws = workspace(cuda::attn_prep_backward_workspace_bytes(T, int(D)));
+  cuda::launch_attn_prep_backward(dqg.data, dkr.data, want_q ? dq_norm_w.data : nullptr, q_f32,
+                                  want_k ? dk_norm_w.data : nullptr, k_f32, dq.data, dk.data, dgate.data, qg.data,
+                                  kr.data, q_norm_w.data, k_norm_w.data, q_rstd.ptr<float>(), k_rstd.ptr<float>(),
+                                  positions.ptr<int32_t>(), T, int(Hq), int(Hkv), int(D), int(dims.rotary_dim),
+                                  dims.rope_theta, ws, stream_);
+}
+
+void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const AttnDims& dims, const SeqInfo& seqs) {
+  const char* op = "attention_forward";
+  check_attn_dims(op, dims);
+  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
+  QT_CHECK(D == 64 || D == 128 || D == 256, op, ": head_dim ", D, " is not supported by the CUDA kernel (64, 128, 256)");
+  const int64_t T = dim_of(op, "q", q, 0);
+  check_tensor(op, "q", q, BF16, {T, Hq, D});
+  check_tensor(op, "k", k, BF16, {T, Hkv, D});
+  check_tensor(op, "v", v, BF16, {T, Hkv, D});
+  check_tensor(op, "o", o, BF16, {T, Hq, D});
+  check_tensor(op, "lse", lse, F32, {Hq, T});
+  check_seqs(op, seqs, T);
+  if (T == 0) return;
+  const cuda::AttnArgs args = attn_args(dims, seqs);
+  void* ws = workspace(cuda::attention_workspace_bytes(args));
+  cuda::attention_forward(o.data, lse.ptr<float>(), q.data, k.data, v.data, args, ws, stream_);
+  QT_LAUNCH_CHECK("attention_forward");
+}
+
+void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& d_o,
+                                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                     const Tensor& lse, const AttnDims& dims, const SeqInfo& seqs) {
+  const char* op = "attention_backward";
+  check_attn_dims(op, dims);
+  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
+  QT_CHECK(D == 64 || D == 128 || D == 256, op, ": head_dim ", D, " is not supported by the CUDA kernel (64, 128, 256)");
+  const int64_t T = dim_of(op, "q", q, 0);
+  check_tensor(op, "q", q, BF16, {T, Hq, D});
+  check_tensor(op, "k", k, BF16, {T, Hkv, D});
+  check_tensor(op, "v", v, BF16, {T, Hkv, D});
+  check_tensor(op, "o", o, BF16, {T, Hq, D});
+  check_tensor(op, "d_o", d_o, BF16, {T, Hq, D});
+  check_tensor(op, "lse", lse, F32, {Hq, T});
+  check_tensor(op, "dq", dq, BF16, {T, Hq, D});
+  check_tensor(op, "dk", dk, BF16, {T, Hkv, D});
+  check_tensor(op, "dv", dv, BF16, {T, Hkv, D});
+  check_seqs(op, seqs, T);
+  if (T == 0) return;
+  const cuda::AttnArgs args = attn_args(dims, seqs);
+  void* ws = workspace(cuda::attention_workspace_bytes(args));
+  cuda::attention_backward(dq.data, dk.data, dv.data, d_o.data, q.data, k.data, v.data, o.data, lse.ptr<float>(),
+                           args, ws, stream_);
+  QT_LAUNCH_CHECK("attention_backward");
+}
+
+void CudaBackend::attn_gate_forward(const Tensor& y, const Tensor& o, const Tensor& gate) {
+  const char* op = "attn_gate_forward";
+  check_storage(op, "o", o, BF16);
+  check_tensor(op, "gate", gate, BF16, o.shape_vec());
+  check_tensor(op, "y", y, BF16, o.shape_vec());
+  cuda::launch_attn_gate_forward(y.data, o.data, gate.data, o.numel(), stream_);
+}
+
+void CudaBackend::attn_gate_backward(const Tensor& d_o, const Tensor& dgate, const Tensor& dy, const Tensor& o,
+                                     const Tensor& gate) {
+  const char* op = "attn_gate_backward";
+  check_storage(op, "o", o, BF16);
+  const Shape s = o.shape_vec();
+  check_tensor(op, "gate", gate, BF16, s);
+  check_tensor(op, "dy", dy, BF16, s);
+  check_tensor(op, "d_o", d_o, BF16, s);
+  check_tensor(op, "dgate", dgate, BF16, s);
+  cuda::launch_attn_gate_backward(d_o.data, dgate.data, dy.data, o.data, gate.data, o.numel(), stream_);
+}
+
+// ---- fused lm_head + cross-entropy -------------------------------------------------------------
+
+int64_t CudaBackend::cross_entropy_chunk_rows(int64_t V, int64_t T) const {
+  int64_t rows = ce_chunk_rows_;
+  if (rows <= 0) {
+    const int64_t budget = int64_t(960) << 20;  // fp32 logits of one chunk
+    rows = std::max<int64_t>(128, budget / (4 * std::max<int64_t>(V, 1)) / 128 * 128);
+  }
+  return std::max<int64_t>(1, std::min(rows, T));
+}
+
+size_t CudaBackend::cross_entropy_workspace_bytes(int64_t V, int64_t T) const {
+  const int64_t n = cross_entropy_chunk_rows(V, T);
+  const size_t logits = (size_t(n) * size_t(V) * 4 + kAlign - 1) / kAlign * kAlign;
+  return logits + (size_t(T) * 4 + kAlign - 1) / kAlign * kAlign;
+}
+
+double CudaBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
+                                         const Tensor& hidden, const Tensor& w, const Tensor& targets,
+                                         double grad_scale) {
+  const char* op = "linear_cross_entropy";
+  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [V, H]");
+  const int64_t V = w.size(0), H = w.size(1), T = dim_of(op, "hidden", hidden, 0);
+  check_tensor(op, "w", w, BF16, {V, H});
+  check_tensor(op, "hidden", hidden, BF16, {T, H});
+  check_tensor(op, "targets", targets, I32, {T});
+  const bool want_dh = check_optional(op, "dhidden", dhidden, BF16, {T, H});
+  const bool want_dw = dw.data != nullptr;
+  const bool dw_f32 = want_dw && check_grad(op, "dw", dw, {V, H});
+  const bool want_tl = check_optional(op, "token_loss", token_loss, F32, {T});
+  if (T == 0) return 0.0;
+  const bool want_grad = want_dh || want_dw;
+  const int64_t n_chunk = cross_entropy_chunk_rows(V, T);
+  const size_t logits_bytes = (size_t(n_chunk) * size_t(V) * 4 + kAlign - 1) / kAlign * kAlign;
+  char* ws = static_cast<char*>(workspace(cross_entropy_workspace_bytes(V, T)));
+  float* logits = reinterpret_cast<float*>(ws);
+  float* row_loss = want_tl ? token_loss.ptr<float>() : reinterpret_cast<float*>(ws + logits_bytes);
+  const auto* h = static_cast<const char*>(hidden.data);
+  const auto* tg = targets.ptr<int32_t>();
+  for (int64_t c0 = 0; c0 < T; c0 += n_chunk) {
+    const int64_t n = std::min(n_chunk, T - c0);
+    const void* h_c = h + size_t(c0 * H) * 2;
+    gemm(false, true, n, V, H, h_c, H, w.data, H, logits, V, true, 0.0f);  // logits[n,V] fp32
+    cuda::launch_cross_entropy_chunk(logits, row_loss + c0, tg + c0, n, V, float(grad_scale), want_grad, stream_);
+    // The bf16 gradient dl[n,V] now lies in place with a row stride of 2V elements.
+    if (want_dh)
+      gemm(false, false, n, H, V, logits, 2 * V, w.data, H, static_cast<char*>(dhidden.data) + size_t(c0 * H) * 2, H,
+           false, 0.0f);
+    if (want_dw) gemm(true, false, V, H, n, logits, 2 * V, h_c, H, dw.data, H, dw_f32, 1.0f);
+  }
+  cuda::launch_sum_to_double(d_scalar_, row_loss, T, stream_);
+  double total = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&total, d_scalar_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  return total;
+}
+
+}  // namespace qt

@@ -1,0 +1,81 @@
+// Device helpers shared by the backend's kernel files (internal to src/ops/cuda).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace qt::cuda::dev {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 to_bf(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+__device__ __forceinline__ float silu_gradf_(float x) {
+  const float s = sigmoidf_(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// VEC consecutive bf16 elements starting at element i*VEC: VEC == 8 is one 16-byte access (the
+// caller guarantees alignment), VEC == 1 a scalar one.
+template <int VEC>
+__device__ __forceinline__ void load_vec(float (&out)[VEC], const bf16* p, int64_t i) {
+  if constexpr (VEC == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p + i * 8);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  } else {
+    static_assert(VEC == 1, "VEC must be 1 or 8");
+    out[0] = to_f(p[i]);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(bf16* p, int64_t i, const float (&v)[VEC]) {
+  if constexpr (VEC == 8) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(p + i * 8) = raw;
+  } else {
+    p[i] = to_bf(v[0]);
+  }
+}
+
+// Adds v into an accumulator element stored as bf16 or f32.
+__device__ __forceinline__ void acc_store(void* out, bool out_f32, int64_t i, float v) {
+  if (out_f32) {
+    float* o = static_cast<float*>(out) + i;
+    *o = *o + v;
+  } else {
+    bf16* o = static_cast<bf16*>(out) + i;
+    *o = to_bf(to_f(*o) + v);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+}  // namespace qt::cuda::dev
+
+namespace qt::cuda {
+// True when every pointer is 16-byte aligned (vectorized 8 x bf16 access is legal).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Grid size for a grid-stride loop over n items with `threads` per block.
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t g = ceil_div(n, threads);
+  return static_cast<unsigned>(g < 1 ? 1 : (g > 65536 ? 65536 : g));
+}
+}  // namespace qt::cuda

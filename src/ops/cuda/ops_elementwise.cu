@@ -1,0 +1,669 @@
+// CudaBackend kernels: add, embedding, SwiGLU, attention output gate, GDN gates, causal conv1d +
+// SiLU (varlen), column reductions of fp32 partials, the cross-entropy chunk kernel.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/ops_device.cuh"
+#include "ops/cuda/ops_launch.h"
+
+namespace qt::cuda {
+namespace {
+
+using dev::bf16;
+using dev::load_vec;
+using dev::store_vec;
+using dev::to_bf;
+using dev::to_f;
+
+constexpr int kThreads = 256;
+
+// ---- pointwise ---------------------------------------------------------------------------------
+
+template <int VEC>
+__global__ void add_kernel(bf16* out, const bf16* a, const bf16* b, int64_t nvec) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float x[VEC], y[VEC];
+    load_vec<VEC>(x, a, i);
+    load_vec<VEC>(y, b, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) x[k] += y[k];
+    store_vec<VEC>(out, i, x);
+  }
+}
+
+template <int VEC>
+__global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t nvec) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float g[VEC], u[VEC];
+    load_vec<VEC>(g, gate, i);
+    load_vec<VEC>(u, up, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) g[k] = dev::siluf_(g[k]) * u[k];
+    store_vec<VEC>(h, i, g);
+  }
+}
+
+template <int VEC>
+__global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up,
+                                  int64_t nvec) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float d[VEC], g[VEC], u[VEC], dg[VEC], du[VEC];
+    load_vec<VEC>(d, dh, i);
+    load_vec<VEC>(g, gate, i);
+    load_vec<VEC>(u, up, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      dg[k] = d[k] * u[k] * dev::silu_gradf_(g[k]);
+      du[k] = d[k] * dev::siluf_(g[k]);
+    }
+    store_vec<VEC>(dgate, i, dg);
+    store_vec<VEC>(dup, i, du);
+  }
+}
+
+template <int VEC>
+__global__ void attn_gate_fwd_kernel(bf16* y, const bf16* o, const bf16* gate, int64_t nvec) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float a[VEC], g[VEC];
+    load_vec<VEC>(a, o, i);
+    load_vec<VEC>(g, gate, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) a[k] = a[k] * dev::sigmoidf_(g[k]);
+    store_vec<VEC>(y, i, a);
+  }
+}
+
+// d_o may alias dy: every element is read before it is written, by the same thread.
+template <int VEC>
+__global__ void attn_gate_bwd_kernel(bf16* d_o, bf16* dgate, const bf16* dy, const bf16* o, const bf16* gate,
+                                     int64_t nvec) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float d[VEC], a[VEC], g[VEC], r_o[VEC], r_g[VEC];
+    load_vec<VEC>(d, dy, i);
+    load_vec<VEC>(a, o, i);
+    load_vec<VEC>(g, gate, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float sg = dev::sigmoidf_(g[k]);
+      r_o[k] = d[k] * sg;
+      r_g[k] = d[k] * a[k] * sg * (1.0f - sg);
+    }
+    store_vec<VEC>(d_o, i, r_o);
+    store_vec<VEC>(dgate, i, r_g);
+  }
+}
+
+}  // namespace
+
+#define QT_POINTWISE_LAUNCH(kernel, name, n, ptrs, ...)                                        \
+  do {                                                                                         \
+    if ((n) <= 0) return;                                                                      \
+    if ((n) % 8 == 0 && (ptrs)) {                                                   \
+      kernel<8><<<grid_for((n) / 8, kThreads), kThreads, 0, s>>>(__VA_ARGS__, (n) / 8);        \
+    } else {                                                                                   \
+      kernel<1><<<grid_for((n), kThreads), kThreads, 0, s>>>(__VA_ARGS__, (n));                \
+    }                                                                                          \
+    QT_LAUNCH_CHECK(name);                                                                     \
+  } while (0)
+
+void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s) {
+  QT_POINTWISE_LAUNCH(add_kernel, "add", n, (aligned16(out) && aligned16(a) && aligned16(b)), static_cast<bf16*>(out), static_cast<const bf16*>(a),
+                      static_cast<const bf16*>(b));
+}
+
+void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s) {
+  QT_POINTWISE_LAUNCH(swiglu_fwd_kernel, "swiglu_forward", n, (aligned16(h) && aligned16(gate) && aligned16(up)), static_cast<bf16*>(h),
+                      static_cast<const bf16*>(gate), static_cast<const bf16*>(up));
+}
+
+void launch_swiglu_backward(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
+                            cudaStream_t s) {
+  QT_POINTWISE_LAUNCH(swiglu_bwd_kernel, "swiglu_backward", n, (aligned16(dgate) && aligned16(dup) && aligned16(dh) && aligned16(gate) && aligned16(up)),
+                      static_cast<bf16*>(dgate), static_cast<bf16*>(dup), static_cast<const bf16*>(dh),
+                      static_cast<const bf16*>(gate), static_cast<const bf16*>(up));
+}
+
+void launch_attn_gate_forward(void* y, const void* o, const void* gate, int64_t n, cudaStream_t s) {
+  QT_POINTWISE_LAUNCH(attn_gate_fwd_kernel, "attn_gate_forward", n, (aligned16(y) && aligned16(o) && aligned16(gate)), static_cast<bf16*>(y),
+                      static_cast<const bf16*>(o), static_cast<const bf16*>(gate));
+}
+
+void launch_attn_gate_backward(void* d_o, void* dgate, const void* dy, const void* o, const void* gate, int64_t n,
+                               cudaStream_t s) {
+  QT_POINTWISE_LAUNCH(attn_gate_bwd_kernel, "attn_gate_backward", n, (aligned16(d_o) && aligned16(dgate) && aligned16(dy) && aligned16(o) && aligned16(gate)),
+                      static_cast<bf16*>(d_o), static_cast<bf16*>(dgate), static_cast<const bf16*>(dy),
+                      static_cast<const bf16*>(o), static_cast<const bf16*>(gate));
+}
+#undef QT_POINTWISE_LAUNCH
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+namespace {
+
+// One thread per VEC columns of one token row. Out-of-range ids produce a zero row (the entry
+// cannot check device ids without a sync; the CPU reference rejects them).
+template <int VEC>
+__global__ void embedding_fwd_kernel(bf16* out, const bf16* table, const int32_t* ids, int64_t T, int64_t hvec,
+                                     int64_t V) {
+  const int64_t total = T * hvec;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / hvec, c = i % hvec;
+    const int32_t id = ids[t];
+    float v[VEC];
+    if (id >= 0 && id < V) {
+      load_vec<VEC>(v, table + int64_t(id) * hvec * VEC, c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = 0.0f;
+    }
+    store_vec<VEC>(out + t * hvec * VEC, c, v);
+  }
+}
+
+__global__ void iota_kernel(int32_t* v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    v[i] = static_cast<int32_t>(i);
+}
+
+// Block i handles sorted position i when it starts a run of equal ids: sums the run's dout rows in
+// token order (fp32) and adds the sum once into dtable.
+__global__ void embedding_bwd_kernel(void* dtable, bool dtable_f32, const bf16* dout, const uint32_t* keys,
+                                     const int32_t* tokens, int64_t T, int64_t H, int64_t V) {
+  const int64_t i = blockIdx.x;
+  const uint32_t key = keys[i];
+  if ((i > 0 && keys[i - 1] == key) || key >= static_cast<uint64_t>(V)) return;
+  int64_t end = i + 1;
+  while (end < T && keys[end] == key) ++end;
+  for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = i; j < end; ++j) acc += to_f(dout[int64_t(tokens[j]) * H + c]);
+    dev::acc_store(dtable, dtable_f32, int64_t(key) * H + c, acc);
+  }
+}
+
+size_t sort_temp_bytes(int64_t T) {
+  size_t bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                             static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), static_cast<int>(T)));
+  return bytes;
+}
+
+size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+
+}  // namespace
+
+void launch_embedding_forward(void* out, const void* table, const int32_t* ids, int64_t T, int64_t H, int64_t V,
+                              cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  if (H % 8 == 0 && aligned16(out) && aligned16(table)) {
+    embedding_fwd_kernel<8><<<grid_for(T * H / 8, kThreads), kThreads, 0, s>>>(
+        static_cast<bf16*>(out), static_cast<const bf16*>(table), ids, T, H / 8, V);
+  } else {
+    embedding_fwd_kernel<1><<<grid_for(T * H, kThreads), kThreads, 0, s>>>(
+        static_cast<bf16*>(out), static_cast<const bf16*>(table), ids, T, H, V);
+  }
+  QT_LAUNCH_CHECK("embedding_forward");
+}
+
+size_t embedding_backward_workspace_bytes(int64_t T) {
+  if (T <= 0) return 0;
+  return 3 * align256(sizeof(int32_t) * size_t(T)) + align256(sort_temp_bytes(T));
+}
+
+void launch_embedding_backward(void* dtable, bool dtable_f32, const void* dout, const int32_t* ids, int64_t T,
+                               int64_t H, int64_t V, void* ws, size_t ws_bytes, cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  char* p = static_cast<char*>(ws);
+  const size_t n4 = align256(sizeof(int32_t) * size_t(T));
+  uint32_t* keys_out = reinterpret_cast<uint32_t*>(p);
+  int32_t* tok_in = reinterpret_cast<int32_t*>(p + n4);
+  int32_t* tok_out = reinterpret_cast<int32_t*>(p + 2 * n4);
+  void* temp = p + 3 * n4;
+  size_t temp_bytes = ws_bytes - 3 * n4;
+  iota_kernel<<<grid_for(T, kThreads), kThreads, 0, s>>>(tok_in, T);
+  QT_LAUNCH_CHECK("embedding_backward (iota)");
+  int end_bit = 1;
+  while (end_bit < 32 && (int64_t(1) << end_bit) < V) ++end_bit;
+  // Stable LSD radix sort: equal ids keep token order, so every run is summed in token order.
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, reinterpret_cast<const uint32_t*>(ids), keys_out,
+                                             tok_in, tok_out, static_cast<int>(T), 0, end_bit, s));
+  embedding_bwd_kernel<<<static_cast<unsigned>(T), 128, 0, s>>>(dtable, dtable_f32, static_cast<const bf16*>(dout),
+                                                                keys_out, tok_out, T, H, V);
+  QT_LAUNCH_CHECK("embedding_backward");
+}
+
+// ---- column reduction --------------------------------------------------------------------------
+
+namespace {
+__global__ void column_reduce_kernel(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld,
+                                     int64_t ncols) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < ncols; c += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < P; ++p) acc += partials[p * ld + c];
+    dev::acc_store(out, out_f32, c, acc);
+  }
+}
+}  // namespace
+
+void launch_column_reduce(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld, int64_t ncols,
+                          cudaStream_t s) {
+  if (ncols <= 0 || out == nullptr) return;
+  column_reduce_kernel<<<grid_for(ncols, kThreads), kThreads, 0, s>>>(out, out_f32, partials, P, ld, ncols);
+  QT_LAUNCH_CHECK("column_reduce");
+}
+
+// ---- GDN gates ---------------------------------------------------------------------------------
+
+namespace {
+constexpr int kGateRows = 64;  // rows per partial-sum tile of the gates backward
+
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void gdn_gates_fwd_kernel(float* beta, float* g, const bf16* b, const bf16* a, const bf16* a_log,
+                                     const bf16* dt_bias, int64_t T, int64_t H) {
+  const int64_t n = T * H;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = i % H;
+    beta[i] = dev::sigmoidf_(to_f(b[i]));
+    g[i] = -expf(to_f(a_log[h])) * softplusf_(to_f(a[i]) + to_f(dt_bias[h]));
+  }
+}
+
+// Block = one tile of kGateRows rows; thread h sums its column over the tile in row order.
+// partials[tile][h] = sum dg * g (-> dA_log), partials[tile][H + h] = sum da (-> d dt_bias).
+__global__ void gdn_gates_bwd_kernel(bf16* db, bf16* da, float* partials, const float* dbeta, const float* dg,
+                                     const bf16* b, const bf16* a, const bf16* a_log, const bf16* dt_bias, int64_t T,
+                                     int64_t H) {
+  const int64_t r0 = int64_t(blockIdx.x) * kGateRows, r1 = min(T, r0 + kGateRows);
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const float decay_rate = expf(to_f(a_log[h]));
+    const float bias = to_f(dt_bias[h]);
+    float sum_g = 0.0f, sum_d = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r * H + h;
+      const float bt = dev::sigmoidf_(to_f(b[i]));
+      db[i] = to_bf(dbeta[i] * bt * (1.0f - bt));
+      const float u = to_f(a[i]) + bias;
+      const float gv = -decay_rate * softplusf_(u);
+      const float d = dg[i] * (-decay_rate) * (u > 20.0f ? 1.0f : dev::sigmoidf_(u));
+      da[i] = to_bf(d);
+      sum_g += dg[i] * gv;
+      sum_d += d;
+    }
+    partials[int64_t(blockIdx.x) * 2 * H + h] = sum_g;
+    partials[int64_t(blockIdx.x) * 2 * H + H + h] = sum_d;
+  }
+}
+}  // namespace
+
+void launch_gdn_gates_forward(float* beta, float* g, const void* b, const void* a, const void* a_log,
+                              const void* dt_bias, int64_t T, int64_t H, cudaStream_t s) {
+  if (T * H <= 0) return;
+  gdn_gates_fwd_kernel<<<grid_for(T * H, kThreads), kThreads, 0, s>>>(
+      beta, g, static_cast<const bf16*>(b), static_cast<const bf16*>(a), static_cast<const bf16*>(a_log),
+      static_cast<const bf16*>(dt_bias), T, H);
+  QT_LAUNCH_CHECK("gdn_gates_forward");
+}
+
+size_t gdn_gates_backward_workspace_bytes(int64_t T, int64_t H) {
+  return sizeof(float) * size_t(ceil_div(std::max<int64_t>(T, 1), kGateRows)) * size_t(2 * H);
+}
+
+void launch_gdn_gates_backward(void* db, void* da, void* da_log, bool da_log_f32, void* ddt_bias, bool ddt_bias_f32,
+                               const float* dbeta, const float* dg, const void* b, const void* a, const void* a_log,
+                               const void* dt_bias, int64_t T, int64_t H, void* ws, cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  const int64_t tiles = ceil_div(T, kGateRows);
+  float* partials = static_cast<float*>(ws);
+  gdn_gates_bwd_kernel<<<static_cast<unsigned>(tiles), 128, 0, s>>>(
+      static_cast<bf16*>(db), static_cast<bf16*>(da), partials, dbeta, dg, static_cast<const bf16*>(b),
+      static_cast<const bf16*>(a), static_cast<const bf16*>(a_log), static_cast<const bf16*>(dt_bias), T, H);
+  QT_LAUNCH_CHECK("gdn_gates_backward");
+  launch_column_reduce(da_log, da_log_f32, partials, tiles, 2 * H, H, s);
+  launch_column_reduce(ddt_bias, ddt_bias_f32, partials + H, tiles, 2 * H, H, s);
+}
+
+// ---- causal conv1d + SiLU, varlen --------------------------------------------------------------
+// Thread = VEC channels x one tile of kConvTile tokens, walking time with a sliding window of the
+// last K-1 inputs held in registers. The window is zeroed at every sample start, so no tap ever
+// reads another sample (also for 1- and 2-token samples and empty ones).
+
+namespace {
+constexpr int kConvTile = 64;
+constexpr int kConvThreads = 128;
+
+// The sample containing token t: largest s < num_seqs with cu[s] <= t.
+__device__ __forceinline__ int find_seq(const int32_t* cu, int num_seqs, int64_t t) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <int VEC, int K>
+__global__ void conv1d_fwd_kernel(bf16* y, const bf16* x, const bf16* w, const int32_t* cu, int num_seqs, int64_t T,
+                                  int64_t C) {
+  const int64_t cg = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t cvec = C / VEC;
+  if (cg >= cvec) return;
+  const int64_t t0 = int64_t(blockIdx.y) * kConvTile;
+  const int64_t t1 = min(T, t0 + kConvTile);
+  float wr[VEC][K];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v)
+#pragma unroll
+    for (int j = 0; j < K; ++j) wr[v][j] = to_f(w[(cg * VEC + v) * K + j]);
+  int seq = find_seq(cu, num_seqs, t0);
+  int64_t start = cu[seq], next = cu[seq + 1];
+  float win[K][VEC];  // win[j] = x[t - (K-1) + j] for j < K-1 (masked); win[K-1] = current token
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) {
+    const int64_t src = t0 - (K - 1) + j;
+    if (src >= start) {
+      load_vec<VEC>(win[j], x + src * C, cg);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
+    }
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t >= next) {  // a new sample begins at t (skipping empty ones): forget the history
+      while (t >= next) {
+        ++seq;
+        start = next;
+        next = cu[seq + 1];
+      }
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
+    }
+    load_vec<VEC>(win[K - 1], x + t * C, cg);
+    float out[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < K; ++j) acc += wr[v][j] * win[j][v];
+      out[v] = dev::siluf_(acc);
+    }
+    store_vec<VEC>(y + t * C, cg, out);
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) win[j][v] = win[j + 1][v];
+  }
+}
+
+// Backward: walks t over [t0, t1 + K - 1) computing dc[t] = dy silu'(pre) (0 past T); once dc of
+// tau + K - 1 is known, dx[tau] = sum_j dc[tau + K-1-j] w[j] over taps in tau's sample. dw partials
+// (fp32, per tile) sum dc[t] x[t - K+1 + j] over the tile's tokens.
+template <int VEC, int K>
+__global__ void conv1d_bwd_kernel(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w,
+                                  const int32_t* cu, int num_seqs, int64_t T, int64_t C) {
+  const int64_t cg = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t cvec = C / VEC;
+  if (cg >= cvec) return;
+  const int64_t t0 = int64_t(blockIdx.y) * kConvTile;
+  const int64_t t1 = min(T, t0 + kConvTile);
+  float wr[VEC][K], dwacc[VEC][K];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v)
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      wr[v][j] = to_f(w[(cg * VEC + v) * K + j]);
+      dwacc[v][j] = 0.0f;
+    }
+  int seq = find_seq(cu, num_seqs, t0);
+  int64_t start = cu[seq], next = cu[seq + 1];
+  float win[K][VEC];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) {
+    const int64_t src = t0 - (K - 1) + j;
+    if (src >= start) {
+      load_vec<VEC>(win[j], x + src * C, cg);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
+    }
+  }
+  float dcr[K][VEC];  // dcr[K-1] = dc[t], dcr[K-1-m] = dc[t-m]
+  int segr[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    segr[j] = -1;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) dcr[j][v] = 0.0f;
+  }
+  const int64_t t_end = t1 + (K - 1);
+  for (int64_t t = t0; t < t_end; ++t) {
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) {
+      segr[j] = segr[j + 1];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) dcr[j][v] = dcr[j + 1][v];
+    }
+    if (t < T) {
+      if (t >= next) {
+        while (t >= next) {
+          ++seq;
+          start = next;
+          next = cu[seq + 1];
+        }
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
+      }
+      load_vec<VEC>(win[K - 1], x + t * C, cg);
+      float g[VEC];
+      load_vec<VEC>(g, dy + t * C, cg);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) acc += wr[v][j] * win[j][v];
+        dcr[K - 1][v] = g[v] * dev::silu_gradf_(acc);
+      }
+      segr[K - 1] = seq;
+      if (t < t1) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v)
+#pragma unroll
+          for (int j = 0; j < K; ++j) dwacc[v][j] += dcr[K - 1][v] * win[j][v];
+      }
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) win[j][v] = win[j + 1][v];
+    } else {
+      segr[K - 1] = -2;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) dcr[K - 1][v] = 0.0f;
+    }
+    const int64_t tau = t - (K - 1);
+    if (tau >= t0) {  // tau < t1 holds since t < t1 + K - 1
+      float out[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < K; ++j)  // dc[tau + K-1-j] = dcr[K-1-j]
+          if (segr[K - 1 - j] == segr[0]) acc += dcr[K - 1 - j][v] * wr[v][j];
+        out[v] = acc;
+      }
+      store_vec<VEC>(dx + tau * C, cg, out);
+    }
+  }
+  float* part = partials + int64_t(blockIdx.y) * C * K;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v)
+#pragma unroll
+    for (int j = 0; j < K; ++j) part[(cg * VEC + v) * K + j] = dwacc[v][j];
+}
+
+}  // namespace
+
+void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int32_t* cu, int num_seqs, int64_t T,
+                                int64_t C, int K, cudaStream_t s) {
+  if (T <= 0 || C <= 0) return;
+  if (K != 4) QT_FAIL("conv1d_silu_forward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
+  const bool vec = C % 8 == 0 && aligned16(y) && aligned16(x);
+  const int64_t cvec = vec ? C / 8 : C;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cvec, kConvThreads)), static_cast<unsigned>(ceil_div(T, kConvTile)));
+  if (vec)
+    conv1d_fwd_kernel<8, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
+                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+  else
+    conv1d_fwd_kernel<1, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
+                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+  QT_LAUNCH_CHECK("conv1d_silu_forward");
+}
+
+size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K) {
+  return sizeof(float) * size_t(ceil_div(std::max<int64_t>(T, 1), kConvTile)) * size_t(C) * size_t(K);
+}
+
+void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
+                                 const int32_t* cu, int num_seqs, int64_t T, int64_t C, int K, void* ws,
+                                 cudaStream_t s) {
+  if (T <= 0 || C <= 0) return;
+  if (K != 4) QT_FAIL("conv1d_silu_backward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
+  const bool vec = C % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x);
+  const int64_t cvec = vec ? C / 8 : C;
+  const int64_t tiles = ceil_div(T, kConvTile);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cvec, kConvThreads)), static_cast<unsigned>(tiles));
+  float* partials = static_cast<float*>(ws);
+  if (vec)
+    conv1d_bwd_kernel<8, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(dx), partials,
+                                                          static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+  else
+    conv1d_bwd_kernel<1, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(dx), partials,
+                                                          static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+  QT_LAUNCH_CHECK("conv1d_silu_backward");
+  launch_column_reduce(dw, dw_f32, partials, tiles, C * K, C * K, s);
+}
+
+// ---- cross-entropy chunk -----------------------------------------------------------------------
+
+namespace {
+constexpr int kCeThreads = 512;
+constexpr int kCeUnroll = 8;  // elements per thread per in-place rewrite step
+
+__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+__global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits, float* row_loss,
+                                                                   const int32_t* targets, int64_t V,
+                                                                   float grad_scale, bool want_grad) {
+  __shared__ float sm_m[kCeThreads / 32], sm_s[kCeThreads / 32];
+  __shared__ float sh_lse;
+  const int64_t r = blockIdx.x;
+  float* row = logits + r * V;
+  const int32_t tgt = targets[r];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tgt < 0 || tgt >= V) {  // ignored (-100) row: no loss, zero gradient
+    if (tid == 0) row_loss[r] = 0.0f;
+    if (want_grad) {
+      bf16* out = reinterpret_cast<bf16*>(row);
+      for (int64_t v = tid; v < V; v += kCeThreads) out[v] = to_bf(0.0f);
+    }
+    return;
+  }
+  // Pass 1: online max / sum of exp.
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t v = tid; v < V; v += kCeThreads) {
+    const float z = row[v];
+    if (z > m) {
+      s = s * expf(m - z) + 1.0f;
+      m = z;
+    } else {
+      s += expf(z - m);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge_max_sum(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_s[warp] = s;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float M = sm_m[0], S = sm_s[0];
+    for (int w = 1; w < kCeThreads / 32; ++w) merge_max_sum(M, S, sm_m[w], sm_s[w]);
+    const float lse = M + logf(S);
+    sh_lse = lse;
+    row_loss[r] = lse - row[tgt];
+  }
+  __syncthreads();
+  if (!want_grad) return;
+  const float lse = sh_lse;
+  // Pass 2: bf16 gradient written over the first half of the fp32 row. Step k reads elements
+  // [k*N, (k+1)*N) (N = threads * unroll) before a barrier and then writes their bf16 values,
+  // whose bytes lie inside fp32 elements < (k+1)*N/2: all already read.
+  bf16* out = reinterpret_cast<bf16*>(row);
+  constexpr int64_t kStep = int64_t(kCeThreads) * kCeUnroll;
+  for (int64_t base = 0; base < V; base += kStep) {
+    float p[kCeUnroll];
+#pragma unroll
+    for (int u = 0; u < kCeUnroll; ++u) {
+      const int64_t v = base + int64_t(u) * kCeThreads + tid;
+      p[u] = v < V ? row[v] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kCeUnroll; ++u) {
+      const int64_t v = base + int64_t(u) * kCeThreads + tid;
+      if (v < V) {
+        float d = grad_scale * expf(p[u] - lse);
+        if (v == tgt) d -= grad_scale;
+        out[v] = to_bf(d);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void sum_to_double_kernel(double* out, const float* x, int64_t n) {
+  __shared__ double sm[1024];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += static_cast<double>(x[i]);
+  sm[threadIdx.x] = acc;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sm[threadIdx.x] += sm[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = sm[0];
+}
+}  // namespace
+
+void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* targets, int64_t n, int64_t V,
+                                float grad_scale, bool want_grad, cudaStream_t s) {
+  if (n <= 0) return;
+  cross_entropy_kernel<<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, grad_scale,
+                                                                      want_grad);
+  QT_LAUNCH_CHECK("linear_cross_entropy (softmax chunk)");
+}
+
+void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s) {
+  sum_to_double_kernel<<<1, 1024, 0, s>>>(out, x, n);
+  QT_LAUNCH_CHECK("linear_cross_entropy (loss sum)");
+}
+
+}  // namespace qt::cuda

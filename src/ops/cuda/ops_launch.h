@@ -1,0 +1,74 @@
+// Launchers of CudaBackend's own kernels (everything but the GDN and attention mixers, which are
+// in kernels.h). Plain device pointers, bf16 as void*, dims, caller-owned scratch, a stream; they
+// validate nothing (CudaBackend's entry points do) and never allocate. "acc" outputs are added
+// into; weight-gradient outputs may be bf16 or f32 (the *_f32 flag), reduced in fp32 either way.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace qt::cuda {
+
+// ---- ops_elementwise.cu ----
+void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s);
+// Ids outside [0, V) give zero rows (device ids are not checked on the host).
+void launch_embedding_forward(void* out, const void* table, const int32_t* ids, int64_t T, int64_t H, int64_t V,
+                              cudaStream_t s);
+// Deterministic: a stable radix sort of (id, token) pairs, then one fp32 sum per distinct id in token
+// order, added once into dtable.
+size_t embedding_backward_workspace_bytes(int64_t T);
+void launch_embedding_backward(void* dtable, bool dtable_f32, const void* dout, const int32_t* ids, int64_t T,
+                               int64_t H, int64_t V, void* ws, size_t ws_bytes, cudaStream_t s);
+void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s);
+void launch_swiglu_backward(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
+                            cudaStream_t s);
+void launch_attn_gate_forward(void* y, const void* o, const void* gate, int64_t n, cudaStream_t s);
+void launch_attn_gate_backward(void* d_o, void* dgate, const void* dy, const void* o, const void* gate, int64_t n,
+                               cudaStream_t s);
+void launch_gdn_gates_forward(float* beta, float* g, const void* b, const void* a, const void* a_log,
+                              const void* dt_bias, int64_t T, int64_t H, cudaStream_t s);
+size_t gdn_gates_backward_workspace_bytes(int64_t T, int64_t H);
+void launch_gdn_gates_backward(void* db, void* da, void* da_log, bool da_log_f32, void* ddt_bias, bool ddt_bias_f32,
+                               const float* dbeta, const float* dg, const void* b, const void* a, const void* a_log,
+                               const void* dt_bias, int64_t T, int64_t H, void* ws, cudaStream_t s);
+// Causal depthwise conv + SiLU, channel-last, varlen (cu_seqlens on the device), kernel width K <= 8.
+void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int32_t* cu, int num_seqs, int64_t T,
+                                int64_t C, int K, cudaStream_t s);
+size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K);
+void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
+                                 const int32_t* cu, int num_seqs, int64_t T, int64_t C, int K, void* ws,
+                                 cudaStream_t s);
+// out[c] (+)= sum_{p < P} partials[p * ld + c] for c < ncols, p in order (fp32), then stored.
+void launch_column_reduce(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld, int64_t ncols,
+                          cudaStream_t s);
+// Cross-entropy on one chunk of fp32 logits [n, V] (row stride V floats). Writes row_loss[n]
+// (lse - logit[target], 0 for target -100); with want_grad it overwrites each row's first 2V bytes
+// with the bf16 gradient grad_scale * (softmax - onehot), so the gradient is a bf16 [n, V] matrix
+// of leading dimension 2V (elements) in place.
+void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* targets, int64_t n, int64_t V,
+                                float grad_scale, bool want_grad, cudaStream_t s);
+// *out = sum of x[0, n) in double, one fixed reduction order.
+void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s);
+
+// ---- ops_norm.cu ----
+enum class NormKind { OnePlusW, Gated };  // y = x rstd (1 + w)  |  y = w x rstd silu(z)
+void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
+                            int64_t cols, float eps, NormKind kind, cudaStream_t s);
+size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols);
+// dx (= or += per accumulate_dx; may be null for OnePlusW), dz (Gated only, overwritten), dw acc (may be null).
+void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, bool dw_f32, const void* dy,
+                             const void* x, const void* z, const void* w, const float* rstd, int64_t rows,
+                             int64_t cols, NormKind kind, void* ws, cudaStream_t s);
+void launch_attn_prep_forward(void* q, void* k, void* gate, float* q_rstd, float* k_rstd, const void* qg,
+                              const void* kr, const void* q_norm_w, const void* k_norm_w, const int32_t* positions,
+                              int64_t T, int Hq, int Hkv, int D, int rotary_dim, double theta, float eps,
+                              cudaStream_t s);
+size_t attn_prep_backward_workspace_bytes(int64_t T, int D);
+void launch_attn_prep_backward(void* dqg, void* dkr, void* dq_norm_w, bool dqw_f32, void* dk_norm_w, bool dkw_f32,
+                               const void* dq, const void* dk, const void* dgate, const void* qg, const void* kr,
+                               const void* q_norm_w, const void* k_norm_w, const float* q_rstd, const float* k_rstd,
+                               const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rotary_dim,
+                               double theta, void* ws, cudaStream_t s);
+
+}  // namespace qt::cuda

@@ -1,0 +1,363 @@
+// CudaBackend kernels: (1+w) RMSNorm and gated RMSNorm (forward/backward), q/k RMSNorm + partial
+// rotate-half RoPE (attn_prep forward/backward). One warp per row; weight gradients are reduced
+// deterministically: per-warp fp32 rows in shared memory, summed in warp order into one partial
+// row per block, then the partial rows are summed in block order (launch_column_reduce).
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/ops_device.cuh"
+#include "ops/cuda/ops_launch.h"
+
+namespace qt::cuda {
+namespace {
+
+using dev::bf16;
+using dev::load_vec;
+using dev::store_vec;
+using dev::to_bf;
+using dev::to_f;
+
+constexpr int kFwdWarps = 8;
+constexpr int kBwdWarps = 4;
+constexpr int64_t kMaxPartialBlocks = 1024;
+constexpr int64_t kRowsPerBwdBlock = 16;
+
+int64_t bwd_blocks(int64_t rows) { return std::min<int64_t>(kMaxPartialBlocks, ceil_div(rows, kRowsPerBwdBlock)); }
+
+template <int VEC, NormKind KIND>
+__global__ void rmsnorm_fwd_kernel(bf16* y, float* rstd, const bf16* x, const bf16* z, const bf16* w, int64_t rows,
+                                   int64_t cols, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kFwdWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t cvec = cols / VEC;
+  const bf16* xr = x + row * cols;
+  float ss = 0.0f;
+  for (int64_t i = lane; i < cvec; i += 32) {
+    float v[VEC];
+    load_vec<VEC>(v, xr, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) ss += v[k] * v[k];
+  }
+  ss = dev::warp_sum(ss);
+  const float rs = 1.0f / sqrtf(ss / float(cols) + eps);
+  if (lane == 0) rstd[row] = rs;
+  for (int64_t i = lane; i < cvec; i += 32) {
+    float v[VEC], wv[VEC], out[VEC];
+    load_vec<VEC>(v, xr, i);
+    load_vec<VEC>(wv, w, i);
+    if constexpr (KIND == NormKind::OnePlusW) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out[k] = v[k] * rs * (1.0f + wv[k]);
+    } else {
+      float zv[VEC];
+      load_vec<VEC>(zv, z + row * cols, i);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out[k] = wv[k] * (v[k] * rs) * dev::siluf_(zv[k]);
+    }
+    store_vec<VEC>(y + row * cols, i, out);
+  }
+}
+
+// Block b handles rows [b*R, (b+1)*R); warp w of the block takes rows w, w + kBwdWarps, ...
+// smem: kBwdWarps rows of `cols` floats (the per-warp dw partials), only when partials != null.
+template <int VEC, NormKind KIND>
+__global__ void rmsnorm_bwd_kernel(bf16* dx, bool accumulate_dx, bf16* dz, float* partials, const bf16* dy,
+                                   const bf16* x, const bf16* z, const bf16* w, const float* rstd, int64_t rows,
+                                   int64_t cols, int64_t rows_per_block) {
+  extern __shared__ float sm_dw[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t cvec = cols / VEC;
+  float* my_dw = sm_dw + int64_t(warp) * cols;
+  if (partials != nullptr)
+    for (int64_t c = lane; c < cols; c += 32) my_dw[c] = 0.0f;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = min(rows, r0 + rows_per_block);
+  for (int64_t row = r0 + warp; row < r1; row += kBwdWarps) {
+    const bf16* xr = x + row * cols;
+    const bf16* dyr = dy + row * cols;
+    const float rs = rstd[row];
+    float dot = 0.0f;
+    for (int64_t i = lane; i < cvec; i += 32) {
+      float xv[VEC], dv[VEC], wv[VEC];
+      load_vec<VEC>(xv, xr, i);
+      load_vec<VEC>(dv, dyr, i);
+      load_vec<VEC>(wv, w, i);
+      if constexpr (KIND == NormKind::OnePlusW) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) dot += (xv[k] * rs) * (dv[k] * (1.0f + wv[k]));
+      } else {
+        float zv[VEC];
+        load_vec<VEC>(zv, z + row * cols, i);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) dot += (xv[k] * rs) * (dv[k] * wv[k] * dev::siluf_(zv[k]));
+      }
+    }
+    const float mean = dev::warp_sum(dot) / float(cols);
+    for (int64_t i = lane; i < cvec; i += 32) {
+      float xv[VEC], dv[VEC], wv[VEC], dxv[VEC];
+      load_vec<VEC>(xv, xr, i);
+      load_vec<VEC>(dv, dyr, i);
+      load_vec<VEC>(wv, w, i);
+      if constexpr (KIND == NormKind::OnePlusW) {
+        float old[VEC];
+        if (dx != nullptr && accumulate_dx) load_vec<VEC>(old, dx + row * cols, i);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float n = xv[k] * rs;
+          dxv[k] = rs * (dv[k] * (1.0f + wv[k]) - n * mean);
+          if (dx != nullptr && accumulate_dx) dxv[k] += old[k];
+          if (partials != nullptr) my_dw[i * VEC + k] += dv[k] * n;
+        }
+      } else {
+        float zv[VEC], dzv[VEC];
+        load_vec<VEC>(zv, z + row * cols, i);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float n = xv[k] * rs;
+          const float sz = dev::siluf_(zv[k]);
+          dxv[k] = rs * (dv[k] * wv[k] * sz - n * mean);
+          dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
+          if (partials != nullptr) my_dw[i * VEC + k] += dv[k] * n * sz;
+        }
+        store_vec<VEC>(dz + row * cols, i, dzv);
+      }
+      if (dx != nullptr) store_vec<VEC>(dx + row * cols, i, dxv);
+    }
+  }
+  if (partials == nullptr) return;
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBwdWarps; ++k) acc += sm_dw[int64_t(k) * cols + c];
+    partials[int64_t(blockIdx.x) * cols + c] = acc;
+  }
+}
+
+template <int VEC, NormKind KIND>
+void rmsnorm_bwd_launch(void* dx, bool accumulate_dx, void* dz, float* partials, const void* dy, const void* x,
+                        const void* z, const void* w, const float* rstd, int64_t rows, int64_t cols, int64_t blocks,
+                        cudaStream_t s) {
+  const size_t smem = partials != nullptr ? sizeof(float) * size_t(kBwdWarps) * size_t(cols) : 0;
+  auto kernel = rmsnorm_bwd_kernel<VEC, KIND>;
+  if (smem > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<static_cast<unsigned>(blocks), kBwdWarps * 32, smem, s>>>(
+      static_cast<bf16*>(dx), accumulate_dx, static_cast<bf16*>(dz), partials, static_cast<const bf16*>(dy),
+      static_cast<const bf16*>(x), static_cast<const bf16*>(z), static_cast<const bf16*>(w), rstd, rows, cols,
+      ceil_div(rows, blocks));
+}
+
+}  // namespace
+
+void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
+                            int64_t cols, float eps, NormKind kind, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  const bool vec = cols % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(w) && (z == nullptr || aligned16(z));
+  const unsigned grid = static_cast<unsigned>(ceil_div(rows, kFwdWarps));
+  const auto* xb = static_cast<const bf16*>(x);
+  const auto* zb = static_cast<const bf16*>(z);
+  const auto* wb = static_cast<const bf16*>(w);
+  auto* yb = static_cast<bf16*>(y);
+  if (kind == NormKind::OnePlusW) {
+    if (vec) rmsnorm_fwd_kernel<8, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
+    else rmsnorm_fwd_kernel<1, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
+  } else {
+    if (vec) rmsnorm_fwd_kernel<8, NormKind::Gated><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
+    else rmsnorm_fwd_kernel<1, NormKind::Gated><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
+  }
+  QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_forward" : "gated_rmsnorm_forward");
+}
+
+size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols) {
+  return sizeof(float) * size_t(bwd_blocks(std::max<int64_t>(rows, 1))) * size_t(cols);
+}
+
+void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, bool dw_f32, const void* dy,
+                             const void* x, const void* z, const void* w, const float* rstd, int64_t rows,
+                             int64_t cols, NormKind kind, void* ws, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  QT_CHECK(dw == nullptr || cols <= 12288, "rmsnorm_backward: cols ", cols, " exceeds the CUDA kernel's 12288");
+  const bool vec = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) &&
+                   (dx == nullptr || aligned16(dx)) && (z == nullptr || aligned16(z)) && (dz == nullptr || aligned16(dz));
+  const int64_t blocks = bwd_blocks(rows);
+  float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
+  if (kind == NormKind::OnePlusW) {
+    if (vec) rmsnorm_bwd_launch<8, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
+    else rmsnorm_bwd_launch<1, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
+  } else {
+    if (vec) rmsnorm_bwd_launch<8, NormKind::Gated>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
+    else rmsnorm_bwd_launch<1, NormKind::Gated>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
+  }
+  QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_backward" : "gated_rmsnorm_backward");
+  if (dw != nullptr) launch_column_reduce(dw, dw_f32, partials, blocks, cols, cols, s);
+}
+
+// ---- attn_prep: q/k (1+w) RMSNorm + partial rotate-half RoPE -----------------------------------
+
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+// cos/sin of position * theta^(-2j/rot), computed in double like the CPU reference.
+__device__ __forceinline__ void rope_cs(float& c, float& s, int32_t pos, int j, int rot, double theta) {
+  const double inv_freq = pow(theta, -2.0 * double(j) / double(rot));
+  double sd, cd;
+  sincos(double(pos) * inv_freq, &sd, &cd);
+  c = float(cd);
+  s = float(sd);
+}
+
+// Warp per (token, head); heads [0, Hq) are query heads (from qg, also copying the gate half),
+// [Hq, Hq + Hkv) key heads (from kr).
+__global__ void attn_prep_fwd_kernel(bf16* q, bf16* k, bf16* gate, float* q_rstd, float* k_rstd, const bf16* qg,
+                                     const bf16* kr, const bf16* qw, const bf16* kw, const int32_t* positions,
+                                     int64_t T, int Hq, int Hkv, int D, int rot, double theta, float eps) {
+  __shared__ float sm[kFwdWarps][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t item = int64_t(blockIdx.x) * kFwdWarps + warp;
+  const int H = Hq + Hkv;
+  if (item >= T * H) return;
+  const int64_t t = item / H;
+  const int hh = int(item % H);
+  const bool is_q = hh < Hq;
+  const bf16* src = is_q ? qg + (t * Hq + hh) * 2 * D : kr + (t * Hkv + (hh - Hq)) * D;
+  const bf16* w = is_q ? qw : kw;
+  bf16* dst = is_q ? q + (t * Hq + hh) * D : k + (t * Hkv + (hh - Hq)) * D;
+  float* n = sm[warp];
+  float ss = 0.0f;
+  for (int d = lane; d < D; d += 32) {
+    const float v = to_f(src[d]);
+    n[d] = v;
+    ss += v * v;
+  }
+  ss = dev::warp_sum(ss);
+  const float rs = 1.0f / sqrtf(ss / float(D) + eps);
+  for (int d = lane; d < D; d += 32) n[d] = n[d] * rs * (1.0f + to_f(w[d]));
+  __syncwarp();
+  const int half = rot / 2;
+  const int32_t pos = positions[t];
+  for (int d = lane; d < D; d += 32) {
+    float out = n[d];
+    if (d < half) {
+      float c, s;
+      rope_cs(c, s, pos, d, rot, theta);
+      out = n[d] * c - n[d + half] * s;
+    } else if (d < rot) {
+      float c, s;
+      rope_cs(c, s, pos, d - half, rot, theta);
+      out = n[d] * c + n[d - half] * s;
+    }
+    dst[d] = to_bf(out);
+    if (is_q) gate[(t * Hq + hh) * D + d] = src[D + d];
+  }
+  if (lane == 0) {
+    if (is_q) q_rstd[t * Hq + hh] = rs;
+    else k_rstd[t * Hkv + (hh - Hq)] = rs;
+  }
+}
+
+// Block = kBwdWarps warps over a range of tokens; warp handles whole tokens (all heads). smem per
+// warp: du[D] and the dw partial row [2D] (query weight, then key weight).
+__global__ void attn_prep_bwd_kernel(bf16* dqg, bf16* dkr, float* partials, const bf16* dq, const bf16* dk,
+                                     const bf16* dgate, const bf16* qg, const bf16* kr, const bf16* qw,
+                                     const bf16* kw, const float* q_rstd, const float* k_rstd,
+                                     const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rot,
+                                     double theta, int64_t tokens_per_block) {
+  __shared__ float sm_du[kBwdWarps][kMaxHeadDim];
+  __shared__ float sm_dw[kBwdWarps][2 * kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* du = sm_du[warp];
+  float* dwp = sm_dw[warp];
+  for (int d = lane; d < 2 * D; d += 32) dwp[d] = 0.0f;
+  const int half = rot / 2;
+  const int64_t t0 = int64_t(blockIdx.x) * tokens_per_block, t1 = min(T, t0 + tokens_per_block);
+  for (int64_t t = t0 + warp; t < t1; t += kBwdWarps) {
+    const int32_t pos = positions[t];
+    for (int hh = 0; hh < Hq + Hkv; ++hh) {
+      const bool is_q = hh < Hq;
+      const bf16* dy = is_q ? dq + (t * Hq + hh) * D : dk + (t * Hkv + (hh - Hq)) * D;
+      const bf16* x = is_q ? qg + (t * Hq + hh) * 2 * D : kr + (t * Hkv + (hh - Hq)) * D;
+      bf16* dx = is_q ? dqg + (t * Hq + hh) * 2 * D : dkr + (t * Hkv + (hh - Hq)) * D;
+      const bf16* w = is_q ? qw : kw;
+      const float rs = is_q ? q_rstd[t * Hq + hh] : k_rstd[t * Hkv + (hh - Hq)];
+      float* dwrow = dwp + (is_q ? 0 : D);
+      __syncwarp();
+      for (int d = lane; d < D; d += 32) {  // rotate dy by -angle
+        float v = to_f(dy[d]);
+        if (d < half) {
+          float c, s;
+          rope_cs(c, s, pos, d, rot, theta);
+          v = to_f(dy[d]) * c + to_f(dy[d + half]) * s;
+        } else if (d < rot) {
+          float c, s;
+          rope_cs(c, s, pos, d - half, rot, theta);
+          v = to_f(dy[d]) * c - to_f(dy[d - half]) * s;
+        }
+        du[d] = v;
+      }
+      __syncwarp();
+      float dot = 0.0f;
+      for (int d = lane; d < D; d += 32) dot += (to_f(x[d]) * rs) * (du[d] * (1.0f + to_f(w[d])));
+      const float mean = dev::warp_sum(dot) / float(D);
+      for (int d = lane; d < D; d += 32) {
+        const float n = to_f(x[d]) * rs;
+        dx[d] = to_bf(rs * (du[d] * (1.0f + to_f(w[d])) - n * mean));
+        dwrow[d] += du[d] * n;
+      }
+      if (is_q)
+        for (int d = lane; d < D; d += 32) dx[D + d] = dgate[(t * Hq + hh) * D + d];
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBwdWarps; ++k) acc += sm_dw[k][c];
+    partials[int64_t(blockIdx.x) * 2 * D + c] = acc;
+  }
+}
+
+int64_t prep_bwd_blocks(int64_t T) { return std::min<int64_t>(kMaxPartialBlocks, ceil_div(T, 8)); }
+
+}  // namespace
+
+void launch_attn_prep_forward(void* q, void* k, void* gate, float* q_rstd, float* k_rstd, const void* qg,
+                              const void* kr, const void* q_norm_w, const void* k_norm_w, const int32_t* positions,
+                              int64_t T, int Hq, int Hkv, int D, int rotary_dim, double theta, float eps,
+                              cudaStream_t s) {
+  if (T <= 0) return;
+  QT_CHECK(D <= kMaxHeadDim, "attn_prep_forward: head_dim ", D, " exceeds the CUDA kernel's ", kMaxHeadDim);
+  const int64_t items = T * (Hq + Hkv);
+  attn_prep_fwd_kernel<<<static_cast<unsigned>(ceil_div(items, kFwdWarps)), kFwdWarps * 32, 0, s>>>(
+      static_cast<bf16*>(q), static_cast<bf16*>(k), static_cast<bf16*>(gate), q_rstd, k_rstd,
+      static_cast<const bf16*>(qg), static_cast<const bf16*>(kr), static_cast<const bf16*>(q_norm_w),
+      static_cast<const bf16*>(k_norm_w), positions, T, Hq, Hkv, D, rotary_dim, theta, eps);
+  QT_LAUNCH_CHECK("attn_prep_forward");
+}
+
+size_t attn_prep_backward_workspace_bytes(int64_t T, int D) {
+  return sizeof(float) * size_t(prep_bwd_blocks(std::max<int64_t>(T, 1))) * size_t(2 * D);
+}
+
+void launch_attn_prep_backward(void* dqg, void* dkr, void* dq_norm_w, bool dqw_f32, void* dk_norm_w, bool dkw_f32,
+                               const void* dq, const void* dk, const void* dgate, const void* qg, const void* kr,
+                               const void* q_norm_w, const void* k_norm_w, const float* q_rstd, const float* k_rstd,
+                               const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rotary_dim,
+                               double theta, void* ws, cudaStream_t s) {
+  if (T <= 0) return;
+  QT_CHECK(D <= kMaxHeadDim, "attn_prep_backward: head_dim ", D, " exceeds the CUDA kernel's ", kMaxHeadDim);
+  const int64_t blocks = prep_bwd_blocks(T);
+  float* partials = static_cast<float*>(ws);
+  attn_prep_bwd_kernel<<<static_cast<unsigned>(blocks), kBwdWarps * 32, 0, s>>>(
+      static_cast<bf16*>(dqg), static_cast<bf16*>(dkr), partials, static_cast<const bf16*>(dq),
+      static_cast<const bf16*>(dk), static_cast<const bf16*>(dgate), static_cast<const bf16*>(qg),
+      static_cast<const bf16*>(kr), static_cast<const bf16*>(q_norm_w), static_cast<const bf16*>(k_norm_w), q_rstd,
+      k_rstd, positions, T, Hq, Hkv, D, rotary_dim, theta, ceil_div(T, blocks));
+  QT_LAUNCH_CHECK("attn_prep_backward");
+  launch_column_reduce(dq_norm_w, dqw_f32, partials, blocks, 2 * D, D, s);
+  launch_column_reduce(dk_norm_w, dkw_f32, partials + D, blocks, 2 * D, D, s);
+}
+
+}  // namespace qt::cuda

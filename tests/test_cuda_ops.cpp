@@ -1,0 +1,588 @@
+// CudaBackend vs the fp32 CpuBackend reference on the same random inputs (bf16-rounded values fed
+// to both; the CPU gets f32 copies). Every GPU output has a sentinel guard region after it (must be
+// untouched), NaN/inf fail, and the tolerance is derived from the output precision:
+//
+//   max|gpu - ref| <= k * max|bf16(ref) - ref| + atol,   atol = 2^-10 * max|ref| + 1e-6
+//
+// ref is the fp32 CPU result, bf16(ref) its rounding to the GPU's storage type (flash-attention's
+// rule: the GPU may be at most k times worse than just storing the exact answer in bf16). k = 2 for
+// ops whose only bf16 rounding is the output's (one rounding, plus a possible tie flip and fp32
+// reordering); k = 4 where the GPU path rounds an intermediate to bf16 by design (the cross-entropy
+// gradient feeding its GEMMs, the tensor-core mixers). atol is a quarter bf16 ulp of the output's
+// scale, for outputs whose exact values are near zero (where the bf16 rounding error vanishes but
+// fp32 reordering does not). Every test GTEST_SKIPs when no CUDA device exists.
+// AdamW is checked bit-exact against train/optimizer.cpp.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/cuda_backend.h"
+#include "train/optimizer.h"
+
+namespace qt {
+namespace {
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define QT_REQUIRE_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
+
+constexpr int64_t kGuard = 64;            // elements after every GPU output
+constexpr uint16_t kSentinelBf16 = 0x4b1d;
+constexpr uint32_t kSentinelF32 = 0x4b1d4b1du;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9e3779b97f4a7c15ull + 1) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) / float(1ull << 24); }
+  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
+};
+
+float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// One logical tensor on both backends: `gpu` (bf16 or f32, followed by a guard region for
+// outputs) and `cpu` (f32, or i32 for index tensors).
+struct Pair {
+  Tensor gpu, cpu;
+  Tensor gpu_full;  // gpu plus its guard
+  bool output = false;
+};
+
+class OpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!has_gpu()) return;
+    g_ = std::make_unique<CudaBackend>();
+    c_ = std::make_unique<CpuBackend>();
+  }
+
+  // Random input in [lo, hi), rounded to bf16 (also for f32 GPU tensors: both sides identical).
+  Pair input(const Shape& s, float lo = -1.0f, float hi = 1.0f, DType gd = DType::BF16) {
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (auto& x : v) x = round_bf16(rng_.uniform(lo, hi));
+    return from_values(s, v, gd);
+  }
+  Pair from_values(const Shape& s, const std::vector<float>& v, DType gd = DType::BF16) {
+    Pair p;
+    p.gpu = g_->alloc(gd, s);
+    p.cpu = c_->alloc(DType::F32, s);
+    upload(p.gpu, v);
+    std::memcpy(p.cpu.data, v.data(), v.size() * 4);
+    return p;
+  }
+  Pair ints(const Shape& s, const std::vector<int32_t>& v) {
+    Pair p;
+    p.gpu = g_->alloc(DType::I32, s);
+    p.cpu = c_->alloc(DType::I32, s);
+    g_->copy_from_host(p.gpu, v.data());
+    std::memcpy(p.cpu.data, v.data(), v.size() * 4);
+    return p;
+  }
+  // Output with a guard region; acc outputs start from the same random values on both sides.
+  Pair output(const Shape& s, DType gd = DType::BF16, bool random_init = false) {
+    Pair p;
+    p.output = true;
+    const int64_t n = shape_numel(s);
+    p.gpu_full = g_->alloc(gd, {n + kGuard});
+    p.gpu = Tensor(p.gpu_full.data, gd, s, p.gpu_full.device);
+    p.cpu = c_->alloc(DType::F32, s);
+    if (gd == DType::BF16) {
+      std::vector<uint16_t> h(static_cast<size_t>(n + kGuard), kSentinelBf16);
+      g_->copy_from_host(p.gpu_full, h.data());
+    } else {
+      std::vector<uint32_t> h(static_cast<size_t>(n + kGuard), kSentinelF32);
+      g_->copy_from_host(p.gpu_full, h.data());
+    }
+    if (random_init) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& x : v) x = round_bf16(rng_.uniform(-1.0f, 1.0f));
+      upload(p.gpu, v);
+      std::memcpy(p.cpu.data, v.data(), v.size() * 4);
+    }
+    return p;
+  }
+  void upload(const Tensor& t, const std::vector<float>& v) {
+    if (t.dtype == DType::BF16) {
+      std::vector<bf16> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_bf16(v[i]);
+      g_->copy_from_host(t, h.data());
+    } else {
+      g_->copy_from_host(t, v.data());
+    }
+  }
+  std::vector<float> download(const Tensor& t) {
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    if (t.dtype == DType::BF16) {
+      std::vector<bf16> h(out.size());
+      g_->copy_to_host(h.data(), t);
+      for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_float(h[i]);
+    } else {
+      g_->copy_to_host(out.data(), t);
+    }
+    return out;
+  }
+
+  // Compares an output against the CPU reference with the precision-derived tolerance.
+  void expect_close(const char* what, const Pair& p, double k = 2.0) {
+    SCOPED_TRACE(what);
+    // Guard region untouched.
+    if (p.output) {
+      const size_t n = static_cast<size_t>(p.gpu.numel()), es = dtype_size(p.gpu.dtype);
+      std::vector<uint8_t> raw((n + kGuard) * es);
+      g_->copy_to_host(raw.data(), p.gpu_full);
+      for (int64_t i = 0; i < kGuard; ++i) {
+        if (es == 2) {
+          uint16_t b;
+          std::memcpy(&b, raw.data() + (n + i) * 2, 2);
+          ASSERT_EQ(b, kSentinelBf16) << what << ": guard element " << i << " after the output was overwritten";
+        } else {
+          uint32_t b;
+          std::memcpy(&b, raw.data() + (n + i) * 4, 4);
+          ASSERT_EQ(b, kSentinelF32) << what << ": guard element " << i << " after the output was overwritten";
+        }
+      }
+    }
+    const std::vector<float> got = download(p.gpu);
+    const float* ref = p.cpu.ptr<float>();
+    double err = 0, err_bf16 = 0, ref_max = 0;
+    int64_t worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "] = " << got[i];
+      ASSERT_TRUE(std::isfinite(ref[i])) << what << " reference[" << i << "] = " << ref[i];
+      const double e = std::fabs(double(got[i]) - ref[i]);
+      if (e > err) {
+        err = e;
+        worst = int64_t(i);
+      }
+      err_bf16 = std::max(err_bf16, std::fabs(double(round_bf16(ref[i])) - ref[i]));
+      ref_max = std::max(ref_max, std::fabs(double(ref[i])));
+    }
+    const double atol = ref_max / 1024.0 + 1e-6;
+    const double tol = k * err_bf16 + atol;
+    EXPECT_LE(err, tol) << what << ": max error " << err << " at " << worst << " (gpu " << got[size_t(worst)]
+                        << ", ref " << ref[worst] << "); bf16 rounding error of the reference " << err_bf16
+                        << ", k " << k << ", atol " << atol;
+  }
+
+  // Sample lengths: many short samples (1- and 2-token ones included), then one long sample.
+  std::vector<int32_t> varlen_cu(int64_t T) {
+    const int pattern[] = {1, 2, 1, 3, 2, 1, 5, 2, 4, 1, 2, 7, 3};
+    std::vector<int32_t> cu{0};
+    int64_t at = 0;
+    for (int len : pattern) {
+      if (at + len >= T) break;
+      if (T < 40 && at > T / 2) break;
+      at += len;
+      cu.push_back(int32_t(at));
+    }
+    cu.push_back(int32_t(T));  // the long remainder
+    return cu;
+  }
+  struct Seqs {
+    Pair cu;
+    SeqInfo gpu, cpu;
+  };
+  Seqs seqs(int64_t T) {
+    Seqs s;
+    const std::vector<int32_t> cu = varlen_cu(T);
+    const int n = int(cu.size()) - 1;
+    s.cu = ints({n + 1}, cu);
+    int longest = 0;
+    for (int i = 0; i < n; ++i) longest = std::max(longest, cu[i + 1] - cu[i]);
+    s.gpu = SeqInfo{s.cu.gpu, n, longest, int(T)};
+    s.cpu = SeqInfo{s.cu.cpu, n, longest, int(T)};
+    return s;
+  }
+
+  Rng rng_{12345};
+  std::unique_ptr<CudaBackend> g_;
+  std::unique_ptr<CpuBackend> c_;
+};
+
+const int64_t kTokens[] = {1, 7, 133, 1021};
+
+// ---- dense ---------------------------------------------------------------------------------------
+
+TEST_F(OpsTest, Linear) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 200}, {200, 96}, {7, 13}}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " N " + std::to_string(N) + " K " + std::to_string(K));
+      Pair x = input({T, K}), w = input({N, K}), y = output({T, N});
+      g_->linear_forward(y.gpu, x.gpu, w.gpu);
+      c_->linear_forward(y.cpu, x.cpu, w.cpu);
+      expect_close("y", y);
+      for (bool acc : {false, true}) {
+        Pair dy = input({T, N}), dx = output({T, K}, DType::BF16, acc), dw = output({N, K}, DType::BF16, true);
+        Pair dw32 = output({N, K}, DType::F32, true);
+        g_->linear_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, acc);
+        c_->linear_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, acc);
+        expect_close(acc ? "dx (acc)" : "dx", dx);
+        expect_close("dw bf16", dw);
+        g_->linear_backward(Tensor(), dw32.gpu, dy.gpu, x.gpu, w.gpu, false);
+        c_->linear_backward(Tensor(), dw32.cpu, dy.cpu, x.cpu, w.cpu, false);
+        expect_close("dw f32", dw32);
+      }
+    }
+  }
+}
+
+TEST_F(OpsTest, Embedding) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : {int64_t(1), int64_t(133), int64_t(1021)}) {
+    for (int64_t H : {int64_t(96), int64_t(200), int64_t(7)}) {
+      const int64_t V = 50;
+      std::vector<int32_t> id(static_cast<size_t>(T));
+      for (auto& i : id) i = int32_t(rng_.below(rng_.below(2) ? 3 : V));  // many repeats
+      Pair ids = ints({T}, id), table = input({V, H}), out = output({T, H});
+      g_->embedding_forward(out.gpu, table.gpu, ids.gpu);
+      c_->embedding_forward(out.cpu, table.cpu, ids.cpu);
+      expect_close("out", out);
+      Pair dout = input({T, H}), dt = output({V, H}, DType::BF16, true);
+      g_->embedding_backward(dt.gpu, dout.gpu, ids.gpu);
+      c_->embedding_backward(dt.cpu, dout.cpu, ids.cpu);
+      expect_close("dtable", dt);
+      // Deterministic: a second run from the same start is bit-identical.
+      Pair d1 = output({V, H}, DType::F32), d2 = output({V, H}, DType::F32);
+      g_->zero(d1.gpu);
+      g_->zero(d2.gpu);
+      g_->embedding_backward(d1.gpu, dout.gpu, ids.gpu);
+      g_->embedding_backward(d2.gpu, dout.gpu, ids.gpu);
+      EXPECT_EQ(download(d1.gpu), download(d2.gpu));
+    }
+  }
+}
+
+TEST_F(OpsTest, AddSwiGluAttnGate) {
+  QT_REQUIRE_GPU();
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(133 * 200), int64_t(1021 * 96 + 3)}) {
+    Pair a = input({n}, -4, 4), b = input({n}, -4, 4), out = output({n});
+    g_->add(out.gpu, a.gpu, b.gpu);
+    c_->add(out.cpu, a.cpu, b.cpu);
+    expect_close("add", out);
+    Pair h = output({n});
+    g_->swiglu_forward(h.gpu, a.gpu, b.gpu);
+    c_->swiglu_forward(h.cpu, a.cpu, b.cpu);
+    expect_close("swiglu h", h);
+    Pair dh = input({n}), dg = output({n}), du = output({n});
+    g_->swiglu_backward(dg.gpu, du.gpu, dh.gpu, a.gpu, b.gpu);
+    c_->swiglu_backward(dg.cpu, du.cpu, dh.cpu, a.cpu, b.cpu);
+    expect_close("swiglu dgate", dg);
+    expect_close("swiglu dup", du);
+    Pair y = output({n});
+    g_->attn_gate_forward(y.gpu, a.gpu, b.gpu);
+    c_->attn_gate_forward(y.cpu, a.cpu, b.cpu);
+    expect_close("attn_gate y", y);
+    Pair d_o = output({n}), dgate = output({n});
+    g_->attn_gate_backward(d_o.gpu, dgate.gpu, dh.gpu, a.gpu, b.gpu);
+    c_->attn_gate_backward(d_o.cpu, dgate.cpu, dh.cpu, a.cpu, b.cpu);
+    expect_close("attn_gate d_o", d_o);
+    expect_close("attn_gate dgate", dgate);
+  }
+}
+
+TEST_F(OpsTest, RmsNorm) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (int64_t H : {int64_t(96), int64_t(200), int64_t(7), int64_t(2048)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
+      Pair x = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5), y = output({T, H}), rstd = output({T}, DType::F32);
+      g_->rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6);
+      c_->rmsnorm_forward(y.cpu, rstd.cpu, x.cpu, w.cpu, 1e-6);
+      expect_close("y", y);
+      expect_close("rstd", rstd);
+      for (bool acc : {false, true}) {
+        Pair dy = input({T, H}), dx = output({T, H}, DType::BF16, acc), dw = output({H}, DType::BF16, true);
+        g_->rmsnorm_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, rstd.gpu, acc);
+        c_->rmsnorm_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, rstd.cpu, acc);
+        expect_close(acc ? "dx (acc)" : "dx", dx);
+        expect_close("dw", dw);
+      }
+    }
+  }
+}
+
+TEST_F(OpsTest, GatedRmsNorm) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (int64_t dv : {int64_t(32), int64_t(128), int64_t(20)}) {
+      const int64_t Hv = 4;
+      Pair x = input({T, Hv, dv}, -3, 3), z = input({T, Hv, dv}, -4, 4), w = input({dv}, 0.5, 1.5);
+      Pair y = output({T, Hv, dv}), rstd = output({T * Hv}, DType::F32);
+      g_->gated_rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, z.gpu, w.gpu, 1e-6);
+      c_->gated_rmsnorm_forward(y.cpu, rstd.cpu, x.cpu, z.cpu, w.cpu, 1e-6);
+      expect_close("y", y);
+      expect_close("rstd", rstd);
+      Pair dy = input({T, Hv, dv}), dx = output({T, Hv, dv}), dz = output({T, Hv, dv}), dw = output({dv}, DType::F32, true);
+      g_->gated_rmsnorm_backward(dx.gpu, dz.gpu, dw.gpu, dy.gpu, x.gpu, z.gpu, w.gpu, rstd.gpu);
+      c_->gated_rmsnorm_backward(dx.cpu, dz.cpu, dw.cpu, dy.cpu, x.cpu, z.cpu, w.cpu, rstd.cpu);
+      expect_close("dx", dx);
+      expect_close("dz", dz);
+      expect_close("dw", dw);
+    }
+  }
+}
+
+TEST_F(OpsTest, GdnGates) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (int64_t H : {int64_t(4), int64_t(16)}) {
+      Pair b = input({T, H}, -5, 5), a = input({T, H}, -6, 6), alog = input({H}, -1, 1.5), dtb = input({H}, -2, 2);
+      Pair beta = output({T, H}, DType::F32), g = output({T, H}, DType::F32);
+      g_->gdn_gates_forward(beta.gpu, g.gpu, b.gpu, a.gpu, alog.gpu, dtb.gpu);
+      c_->gdn_gates_forward(beta.cpu, g.cpu, b.cpu, a.cpu, alog.cpu, dtb.cpu);
+      expect_close("beta", beta);
+      expect_close("g", g);
+      Pair dbeta = input({T, H}, -1, 1, DType::F32), dg = input({T, H}, -1, 1, DType::F32);
+      Pair db = output({T, H}), da = output({T, H}), dalog = output({H}, DType::BF16, true),
+           ddt = output({H}, DType::F32, true);
+      g_->gdn_gates_backward(db.gpu, da.gpu, dalog.gpu, ddt.gpu, dbeta.gpu, dg.gpu, b.gpu, a.gpu, alog.gpu, dtb.gpu);
+      c_->gdn_gates_backward(db.cpu, da.cpu, dalog.cpu, ddt.cpu, dbeta.cpu, dg.cpu, b.cpu, a.cpu, alog.cpu, dtb.cpu);
+      expect_close("db", db);
+      expect_close("da", da);
+      expect_close("dA_log", dalog);
+      expect_close("ddt_bias", ddt);
+    }
+  }
+}
+
+TEST_F(OpsTest, Conv1dVarlen) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (int64_t C : {int64_t(96), int64_t(200), int64_t(36), int64_t(13)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " C " + std::to_string(C));
+      Seqs s = seqs(T);
+      Pair x = input({T, C}, -2, 2), w = input({C, 4}, -1, 1), y = output({T, C});
+      g_->conv1d_silu_forward(y.gpu, x.gpu, w.gpu, s.gpu);
+      c_->conv1d_silu_forward(y.cpu, x.cpu, w.cpu, s.cpu);
+      expect_close("y", y);
+      Pair dy = input({T, C}), dx = output({T, C}), dw = output({C, 4}, DType::BF16, true);
+      g_->conv1d_silu_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, s.gpu);
+      c_->conv1d_silu_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, s.cpu);
+      expect_close("dx", dx);
+      expect_close("dw", dw);
+    }
+  }
+}
+
+TEST_F(OpsTest, AttnPrep) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : {int64_t(1), int64_t(7), int64_t(133)}) {
+    for (int64_t D : {int64_t(64), int64_t(256)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " D " + std::to_string(D));
+      const AttnDims dims{4, 2, D, D / 4, 1e7};
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      const std::vector<int32_t> cu = varlen_cu(T);
+      for (size_t i = 0; i + 1 < cu.size(); ++i)
+        for (int32_t t = cu[i]; t < cu[i + 1]; ++t) pos[size_t(t)] = t - cu[i] + (i == cu.size() - 2 ? 3000 : 0);
+      Pair positions = ints({T}, pos);
+      Pair qg = input({T, 4 * 2 * D}, -3, 3), kr = input({T, 2 * D}, -3, 3), qw = input({D}, -0.5, 0.5),
+           kw = input({D}, -0.5, 0.5);
+      Pair q = output({T, 4, D}), k = output({T, 2, D}), gate = output({T, 4 * D}), qr = output({T * 4}, DType::F32),
+           kr_rstd = output({T * 2}, DType::F32);
+      g_->attn_prep_forward(q.gpu, k.gpu, gate.gpu, qr.gpu, kr_rstd.gpu, qg.gpu, kr.gpu, qw.gpu, kw.gpu,
+                            positions.gpu, dims, 1e-6);
+      c_->attn_prep_forward(q.cpu, k.cpu, gate.cpu, qr.cpu, kr_rstd.cpu, qg.cpu, kr.cpu, qw.cpu, kw.cpu,
+                            positions.cpu, dims, 1e-6);
+      expect_close("q", q);
+      expect_close("k", k);
+      expect_close("gate", gate);
+      expect_close("q_rstd", qr);
+      expect_close("k_rstd", kr_rstd);
+      Pair dq = input({T, 4, D}), dk = input({T, 2, D}), dgate = input({T, 4 * D});
+      Pair dqg = output({T, 4 * 2 * D}), dkr = output({T, 2 * D}), dqw = output({D}, DType::BF16, true),
+           dkw = output({D}, DType::F32, true);
+      g_->attn_prep_backward(dqg.gpu, dkr.gpu, dqw.gpu, dkw.gpu, dq.gpu, dk.gpu, dgate.gpu, qg.gpu, kr.gpu, qw.gpu,
+                             kw.gpu, qr.gpu, kr_rstd.gpu, positions.gpu, dims);
+      c_->attn_prep_backward(dqg.cpu, dkr.cpu, dqw.cpu, dkw.cpu, dq.cpu, dk.cpu, dgate.cpu, qg.cpu, kr.cpu, qw.cpu,
+                             kw.cpu, qr.cpu, kr_rstd.cpu, positions.cpu, dims);
+      expect_close("dqg", dqg);
+      expect_close("dkr", dkr);
+      expect_close("dq_norm_w", dqw);
+      expect_close("dk_norm_w", dkw);
+    }
+  }
+}
+
+TEST_F(OpsTest, LinearCrossEntropy) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : {int64_t(1), int64_t(133), int64_t(300)}) {
+    for (int64_t V : {int64_t(1000), int64_t(1001)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " V " + std::to_string(V));
+      const int64_t H = 96;
+      std::vector<int32_t> tg(static_cast<size_t>(T));
+      for (auto& t : tg) t = rng_.below(5) == 0 ? -100 : int32_t(rng_.below(V));
+      Pair targets = ints({T}, tg), hidden = input({T, H}, -2, 2), w = input({V, H}, -0.5, 0.5);
+      Pair dh = output({T, H}), dw = output({V, H}, DType::BF16, true), tl = output({T}, DType::F32);
+      g_->set_cross_entropy_chunk_rows(64);
+      c_->set_cross_entropy_chunk_rows(64);
+      const double lg = g_->linear_cross_entropy(dh.gpu, dw.gpu, tl.gpu, hidden.gpu, w.gpu, targets.gpu, 0.37);
+      const double lc = c_->linear_cross_entropy(dh.cpu, dw.cpu, tl.cpu, hidden.cpu, w.cpu, targets.cpu, 0.37);
+      EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc) + 1e-3);
+      expect_close("token_loss", tl);
+      expect_close("dhidden", dh, 4.0);
+      expect_close("dw", dw, 4.0);
+      // Loss only (no gradients, no token_loss).
+      const double l2 = g_->linear_cross_entropy(Tensor(), Tensor(), Tensor(), hidden.gpu, w.gpu, targets.gpu, 1.0);
+      EXPECT_NEAR(l2, lc, 1e-4 * std::fabs(lc) + 1e-3);
+    }
+  }
+}
+
+// ---- mixers (the other engineers' kernels, through CudaBackend's entries) ------------------------
+
+TEST_F(OpsTest, GdnEntries) {
+  QT_REQUIRE_GPU();
+  const GdnDims dims{2, 4, 16, 32};
+  for (int64_t T : {int64_t(1), int64_t(7), int64_t(133)}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    Seqs s = seqs(T);
+    Pair qkv = input({T, dims.conv_dim()}, -1, 1), g = input({T, 4}, -1, -0.01f, DType::F32),
+         beta = input({T, 4}, 0.05f, 0.95f, DType::F32);
+    Pair o = output({T, 4, 32});
+    g_->gdn_forward(o.gpu, qkv.gpu, g.gpu, beta.gpu, dims, s.gpu);
+    c_->gdn_forward(o.cpu, qkv.cpu, g.cpu, beta.cpu, dims, s.cpu);
+    expect_close("o", o, 4.0);
+    Pair d_o = input({T, 4, 32}), dqkv = output({T, dims.conv_dim()}), dg = output({T, 4}, DType::F32),
+         dbeta = output({T, 4}, DType::F32);
+    g_->gdn_backward(dqkv.gpu, dg.gpu, dbeta.gpu, d_o.gpu, qkv.gpu, g.gpu, beta.gpu, dims, s.gpu);
+    c_->gdn_backward(dqkv.cpu, dg.cpu, dbeta.cpu, d_o.cpu, qkv.cpu, g.cpu, beta.cpu, dims, s.cpu);
+    expect_close("dqkv", dqkv, 4.0);
+    expect_close("dg", dg, 4.0);
+    expect_close("dbeta", dbeta, 4.0);
+  }
+}
+
+TEST_F(OpsTest, AttentionEntries) {
+  QT_REQUIRE_GPU();
+  for (int64_t D : {int64_t(64), int64_t(256)}) {
+    for (int64_t T : {int64_t(1), int64_t(7), int64_t(133)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " D " + std::to_string(D));
+      const AttnDims dims{4, 2, D, D / 4, 1e7};
+      Seqs s = seqs(T);
+      Pair q = input({T, 4, D}, -1, 1), k = input({T, 2, D}, -1, 1), v = input({T, 2, D}, -1, 1);
+      Pair o = output({T, 4, D}), lse = output({4, T}, DType::F32);
+      g_->attention_forward(o.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, dims, s.gpu);
+      c_->attention_forward(o.cpu, lse.cpu, q.cpu, k.cpu, v.cpu, dims, s.cpu);
+      expect_close("o", o, 4.0);
+      expect_close("lse", lse, 4.0);
+      // Backward from the CPU's o (rounded to bf16 on both sides) so only the backward is tested.
+      std::vector<float> ov(o.cpu.ptr<float>(), o.cpu.ptr<float>() + o.cpu.numel());
+      for (auto& x : ov) x = round_bf16(x);
+      Pair o_in = from_values({T, 4, D}, ov);
+      Pair d_o = input({T, 4, D}), dq = output({T, 4, D}), dk = output({T, 2, D}), dv = output({T, 2, D});
+      g_->attention_backward(dq.gpu, dk.gpu, dv.gpu, d_o.gpu, q.gpu, k.gpu, v.gpu, o_in.gpu, lse.gpu, dims, s.gpu);
+      c_->attention_backward(dq.cpu, dk.cpu, dv.cpu, d_o.cpu, q.cpu, k.cpu, v.cpu, o_in.cpu, lse.cpu, dims, s.cpu);
+      expect_close("dq", dq, 4.0);
+      expect_close("dk", dk, 4.0);
+      expect_close("dv", dv, 4.0);
+    }
+  }
+}
+
+// ---- AdamW: bit-exact with train/optimizer.cpp ----------------------------------------------------
+
+TEST_F(OpsTest, AdamWBitExact) {
+  QT_REQUIRE_GPU();
+  const std::vector<int64_t> sizes{1, 1000, 70001, 65536, 7};
+  const std::vector<bool> decay{true, false, true, true, false};
+  AdamWConfig cfg;
+  cfg.lr = 3e-4;
+  cfg.weight_decay = 0.1;
+  struct Host {
+    std::vector<float> master, m, v, g;
+  };
+  std::vector<Host> host(sizes.size());
+  std::vector<cuda::AdamWTensor> dev;
+  std::vector<Tensor> dm, dmm, dvv, dg, dp;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    Host& h = host[i];
+    h.master.resize(size_t(n));
+    h.m.assign(size_t(n), 0.0f);
+    h.v.assign(size_t(n), 0.0f);
+    for (auto& x : h.master) x = rng_.uniform(-1, 1);
+    dm.push_back(g_->alloc(DType::F32, {n}));
+    dmm.push_back(g_->alloc(DType::F32, {n}));
+    dvv.push_back(g_->alloc(DType::F32, {n}));
+    dg.push_back(g_->alloc(DType::BF16, {n}));
+    dp.push_back(g_->alloc(DType::BF16, {n}));
+    g_->copy_from_host(dm.back(), h.master.data());
+    dev.push_back({dm.back().ptr<float>(), dmm.back().ptr<float>(), dvv.back().ptr<float>(), dg.back().data,
+                   dp.back().data, n, decay[i]});
+  }
+  g_->synchronize();
+  cuda::AdamWMultiTensor opt(dev);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const float gscale = step == 2 ? 50.0f : 0.01f;  // step 2 clips
+    std::vector<const float*> gp;
+    std::vector<int64_t> gs;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Host& h = host[i];
+      h.g.resize(size_t(sizes[i]));
+      for (auto& x : h.g) x = round_bf16(rng_.uniform(-gscale, gscale));
+      upload(dg[i], h.g);
+      gp.push_back(h.g.data());
+      gs.push_back(sizes[i]);
+    }
+    const double max_norm = 1.0;
+    opt.grad_norm(max_norm, g_->stream());
+    const double lr = cfg.lr * (1.0 - 0.1 * double(step));
+    opt.update(lr, cfg.weight_decay, cfg, step, g_->stream());
+    double nc[2];
+    cudaMemcpyAsync(nc, opt.norm_clip(), sizeof(nc), cudaMemcpyDeviceToHost, g_->stream());
+    g_->synchronize();
+    const double norm_cpu = global_grad_norm(gp, gs);
+    EXPECT_NEAR(nc[0], norm_cpu, 1e-12 * norm_cpu) << "step " << step;
+    const double clip = clip_factor(nc[0], max_norm);
+    EXPECT_EQ(clip, nc[1]) << "step " << step;
+    if (step == 2) {
+      EXPECT_LT(clip, 1.0);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Host& h = host[i];
+      std::vector<float> g = h.g;
+      if (clip != 1.0)
+        for (float& x : g) x = static_cast<float>(x * clip);
+      adamw_update(h.master.data(), g.data(), h.m.data(), h.v.data(), sizes[i], lr,
+                   decay[i] ? cfg.weight_decay : 0.0, cfg, step);
+      const std::vector<float> master = download(dm[i]), m = download(dmm[i]), v = download(dvv[i]),
+                               p = download(dp[i]);
+      ASSERT_EQ(0, std::memcmp(master.data(), h.master.data(), master.size() * 4)) << "master, tensor " << i;
+      ASSERT_EQ(0, std::memcmp(m.data(), h.m.data(), m.size() * 4)) << "m, tensor " << i;
+      ASSERT_EQ(0, std::memcmp(v.data(), h.v.data(), v.size() * 4)) << "v, tensor " << i;
+      for (size_t j = 0; j < p.size(); ++j) ASSERT_EQ(p[j], round_bf16(h.master[j])) << "param " << i << "[" << j << "]";
+    }
+  }
+}
+
+TEST_F(OpsTest, ErrorsNameOpAndTensor) {
+  QT_REQUIRE_GPU();
+  Tensor x = g_->alloc(DType::BF16, {4, 8}), w = g_->alloc(DType::BF16, {6, 9}), y = g_->alloc(DType::BF16, {4, 6});
+  try {
+    g_->linear_forward(y, x, w);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_forward: x is"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace qt
