@@ -12,6 +12,7 @@
 #include "ops/cpu/cpu_backend.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "profile/profiler.h"
 #include "train/trainer.h"
 
 namespace qt::cli {
@@ -102,7 +103,14 @@ void add_train_commands(CLI::App& app) {
     auto sets = std::make_shared<std::vector<std::string>>();
     cmd->add_option("--config", *config, "YAML config")->required();
     cmd->add_option("--set", *sets, "override: section.key=value (repeatable)");
-    cmd->callback([=] { train_run(train_config_load(*config, *sets)); });
+    auto profile_steps = std::make_shared<std::string>();
+    cmd->add_option("--profile-steps", *profile_steps,
+                    "A:B: profile steps A..B (op/layer tables, output_dir/profile_trace.json)");
+    cmd->callback([=] {
+      TrainConfig c = train_config_load(*config, *sets);
+      if (!profile_steps->empty()) profile::parse_step_range(*profile_steps, c.profile_first, c.profile_last);
+      train_run(c);
+    });
   }
   {
     auto* cmd = app.add_subcommand("generate", "Generate text with a model (greedy by default)");

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   qt::cli::add_loss_command(app);
   qt::cli::add_train_commands(app);
   qt::cli::add_data_commands(app);
+  qt::cli::add_profile_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

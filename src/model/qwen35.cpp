@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "profile/profiled_backend.h"
 
 namespace qt {
 namespace {
@@ -71,7 +72,7 @@ struct Qwen35Model::LayerActs {
 };
 
 Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens)
-    : cfg_(cfg), be_(be), max_tokens_(max_tokens), specs_(param_table(cfg)) {
+    : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), specs_(param_table(cfg)) {
   QT_CHECK(max_tokens > 0, "max_tokens must be positive");
   const DType at = be.activation_dtype();
   role_index_.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), std::vector<int>(kNumRoles, -1));
@@ -214,9 +215,11 @@ void Qwen35Model::forward_layers(int64_t T) {
   const GdnDims gd{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
   const AttnDims ad{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
   const int64_t Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  profile::Scope phase(prof_, "forward");
   be_.embedding_forward(rows(acts_[0].x, T), p(ParamRole::EmbedTokens, -1), rows(ids_, T));
   for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
+    profile::Scope layer(prof_, "layer", l, layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T);
     be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
     Tensor mix_out = rows(A.h, T);  // mixer output, turned into h = x + mixer in place
@@ -274,8 +277,10 @@ void Qwen35Model::backward_layers(int64_t T) {
   const int64_t dv = c.linear_value_head_dim, C = c.conv_dim(), VD = c.value_dim();
   const Tensor dr = rows(d_res_, T);   // gradient of the residual stream, updated in place
   const Tensor dn = rows(d_norm_out_, T);
+  profile::Scope phase(prof_, "backward");
   for (int l = static_cast<int>(c.num_hidden_layers) - 1; l >= 0; --l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
+    profile::Scope layer(prof_, "layer", l, layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);
     // MLP: next = h + down(silu(gate(hn)) * up(hn))
     const Tensor dact = slab(d_a_, {T, I}), dgate = slab(d_b_, {T, I}), dup = slab(d_c_, {T, I});
@@ -346,7 +351,10 @@ LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_sc
   const Tensor dn = backward ? rows(d_norm_out_, T) : none();
   const Tensor tl = token_loss != nullptr ? rows(token_loss_, T) : none();
   LossResult r;
-  r.loss_sum = be_.linear_cross_entropy(dn, dhead, tl, rows(final_out_, T), head, rows(targets_, T), grad_scale);
+  {
+    profile::Scope loss(prof_, "loss");
+    r.loss_sum = be_.linear_cross_entropy(dn, dhead, tl, rows(final_out_, T), head, rows(targets_, T), grad_scale);
+  }
   r.num_trained = row.num_trained();
   if (token_loss != nullptr) {
     token_loss->resize(static_cast<size_t>(T));

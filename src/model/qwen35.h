@@ -12,6 +12,9 @@
 #include "ops/backend.h"
 
 namespace qt {
+namespace profile {
+class Profiler;
+}
 
 // One packed row on the host. targets[t] is the label the position t predicts (already shifted;
 // -100 = not trained); positions restart at 0 for every sample; cu_seqlens = sample boundaries.
@@ -72,6 +75,7 @@ class Qwen35Model {
 
   ModelConfig cfg_;
   Backend& be_;
+  profile::Profiler* prof_;  // non-null when be_ is a ProfiledBackend: layer/phase scopes
   int64_t max_tokens_;
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> params_, grads_;

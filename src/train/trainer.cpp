@@ -21,6 +21,8 @@
 #include "io/mapped_file.h"
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
+#include "profile/profile_run.h"
+#include "profile/profiled_backend.h"
 #include "text/tokenizer.h"
 #include "train/model_optimizer.h"
 
@@ -81,6 +83,7 @@ struct Run {
   const TrainConfig& cfg;
   HfModelDir src;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<ProfiledBackend> profiled;  // wraps backend when steps are profiled
   std::unique_ptr<Qwen35Model> model;
   std::unique_ptr<ModelOptimizer> optimizer;
 
@@ -227,7 +230,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
   LrScheduleConfig sched = cfg.schedule;
   sched.total_steps = total_steps;
 
-  run.model = std::make_unique<Qwen35Model>(mc, *run.backend, pack.tokens_per_batch);
+  if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
+  run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch);
   run.model->load(run.src);
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
   const auto& table = run.model->specs();
@@ -296,6 +300,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
   TrainSummary summary;
   const auto t0 = clock::now();
   int64_t tokens_done = 0;
+  profile::StepWindow profile_window(run.profiled.get(), cfg.profile_first, cfg.profile_last,
+                                     (fs::path(cfg.output_dir) / "profile_trace.json").string());
   for (int64_t step = start_step; step <= total_steps; ++step) {
     std::vector<Batch> batches;
     for (int64_t a = 0; a < accum; ++a) {
@@ -315,6 +321,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
     }
     // Every row's gradient is scaled by 1 / (trained tokens of the whole step), so the
     // accumulated gradient is that of the step's mean loss.
+    profile_window.begin(step);
     run.model->zero_grads();
     double loss_sum = 0;
     for (const Batch& b : batches) loss_sum += run.model->step(to_row(b), true, 1.0 / double(trained)).loss_sum;
@@ -322,6 +329,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
     QT_CHECK(std::isfinite(loss), "step ", step, ": loss is ", loss, " (diverged; lower train.lr?)");
     const double lr = cfg.adamw.lr * lr_multiplier(sched, step);
     const double norm = run.optimizer->step(lr, cfg.max_grad_norm, step);
+    profile_window.end(step);
     tokens_done += tokens;
     const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
     const double tps = double(tokens_done) / std::max(elapsed, 1e-9);
@@ -351,6 +359,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
       return summary;
     }
   }
+  profile_window.finish();
   summary.tokens_per_second = double(tokens_done) / std::max(std::chrono::duration<double>(clock::now() - t0).count(), 1e-9);
   if (eval.num_samples() > 0) {
     summary.eval_loss = run.eval_loss(eval, pack);

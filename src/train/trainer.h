@@ -62,6 +62,10 @@ struct TrainConfig {
   // Checkpoint directory to resume from (its optimizer.safetensors and trainer_state.json), or
   // "auto" for the newest checkpoint-N under output_dir; empty = start fresh.
   std::string resume;
+  // Steps first..last (1-based, inclusive) run on a ProfiledBackend: the op/layer tables are printed
+  // after step `last` and the trace goes to output_dir/profile_trace.json. 0 = off. Set by
+  // `train --profile-steps A:B`.
+  int64_t profile_first = 0, profile_last = 0;
 };
 
 TrainConfig train_config_load(const std::string& path, const std::vector<std::string>& overrides);

@@ -1,0 +1,65 @@
+// What `qwentune profile` and bench/bench_profiler_overhead run: synthetic chat-like packed rows
+// and a training step with the trainer's arithmetic (forward + backward, global-norm clipping,
+// AdamW on fp32 host master weights, parameters uploaded again).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <memory>
+
+#include "model/qwen35.h"
+#include "train/model_optimizer.h"
+
+namespace qt {
+class ProfiledBackend;
+}
+
+namespace qt::profile {
+
+// `count` packed rows of exactly tokens_per_row tokens, seeded. Samples mimic chat data: a length
+// mix of short (32-256 tokens, 55%), medium (256-1024, 30%) and long (1024-4096, 15%) turns, cut
+// to the row; the first 20-60% of each sample (the prompt) is not trained; ids uniform in
+// [0, vocab).
+std::vector<PackedRow> synthetic_chat_rows(int64_t vocab, int64_t tokens_per_row, int64_t count, uint64_t seed);
+
+// Fills every parameter with transformers' initialization (model/init.h).
+void init_model_random(Qwen35Model& model, uint64_t seed);
+
+// One optimizer step per packed row, as the trainer does it (ModelOptimizer: host AdamW on the
+// CPU backend, the fused device AdamW on CUDA).
+class TrainStepRunner {
+ public:
+  explicit TrainStepRunner(Qwen35Model& model, AdamWConfig adamw = {}, double max_grad_norm = 1.0);
+  // Returns the mean loss of the row. With a profiler attached, the optimizer runs in an
+  // "optimizer" scope.
+  double step(const PackedRow& row);
+
+ private:
+  Qwen35Model& model_;
+  AdamWConfig adamw_;
+  double max_grad_norm_;
+  int64_t step_ = 0;
+  std::unique_ptr<ModelOptimizer> optimizer_;
+};
+
+// `train --profile-steps A:B`: profiles steps first..last of a run (1-based, inclusive), then prints
+// the tables to stdout and writes the Chrome trace. A null backend (no profiling asked) makes every
+// call a no-op.
+class StepWindow {
+ public:
+  StepWindow(ProfiledBackend* backend, int64_t first, int64_t last, std::string trace_path, int top = 20);
+  void begin(int64_t step);  // call before the step's first op
+  void end(int64_t step);    // after its optimizer update; reports after step `last`
+  void finish();             // the run ended before `last`: reports the steps profiled so far
+
+ private:
+  void report();
+  ProfiledBackend* backend_;
+  int64_t first_, last_;
+  std::string trace_path_;
+  int top_;
+  bool reported_ = false;
+};
+
+}  // namespace qt::profile
