@@ -10,6 +10,7 @@ void add_init_model_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_loss_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_data_commands(CLI::App& app);  // data-stats, prepare
 void add_profile_command(CLI::App& app);
 

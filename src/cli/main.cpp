@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   qt::cli::add_tokenize_command(app);
   qt::cli::add_loss_command(app);
   qt::cli::add_train_commands(app);
+  qt::cli::add_bench_command(app);
   qt::cli::add_data_commands(app);
   qt::cli::add_profile_command(app);
   try {

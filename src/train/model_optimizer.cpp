@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "profile/profiled_backend.h"
 #ifdef QT_HAVE_CUDA
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/cuda_backend.h"
@@ -130,7 +131,9 @@ class DeviceOptimizer final : public ModelOptimizer {
 
 std::unique_ptr<ModelOptimizer> ModelOptimizer::create(Qwen35Model& model, const AdamWConfig& cfg) {
 #ifdef QT_HAVE_CUDA
-  if (auto* cuda_be = dynamic_cast<CudaBackend*>(&model.backend())) return std::make_unique<DeviceOptimizer>(model, *cuda_be, cfg);
+  // The profiler may wrap the backend: look through it.
+  if (auto* cuda_be = dynamic_cast<CudaBackend*>(&profile::unwrap_backend(model.backend())))
+    return std::make_unique<DeviceOptimizer>(model, *cuda_be, cfg);
 #endif
   return std::make_unique<HostOptimizer>(model, cfg);
 }
