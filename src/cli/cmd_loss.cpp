@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "io/hf_checkpoint.h"
 #include "model/qwen35.h"
+#include "ops/backend_factory.h"
 #include "ops/cpu/cpu_backend.h"
 #include "text/tokenizer.h"
 
@@ -71,8 +72,6 @@ std::vector<Sample> read_tokenized_jsonl(const std::string& path, int64_t vocab)
 
 void run_loss(const std::string& model_dir, const std::string& data, const std::string& backend_name,
               const std::string& grads_out, int64_t tokens_per_batch) {
-  QT_CHECK(backend_name == "cpu", "--backend ", backend_name,
-           ": only the cpu backend is available in this build (the CUDA backend is not implemented yet)");
   HfModelDir dir = hf_load(model_dir);
   const std::vector<Sample> samples = read_tokenized_jsonl(data, dir.config.vocab_size);
   // Rows in file order: a sample starts a new row when it would overflow the current one.
@@ -89,8 +88,8 @@ void run_loss(const std::string& model_dir, const std::string& data, const std::
   int64_t trained = 0;
   for (const auto& r : rows) trained += r.num_trained();
   QT_CHECK(trained > 0, data, ": no trained tokens (every label is -100 or every sample has one token)");
-  CpuBackend be;
-  Qwen35Model model(dir.config, be, longest);
+  auto be = make_backend(backend_name == "auto" ? default_backend_name() : backend_name);
+  Qwen35Model model(dir.config, *be, longest);
   model.load(dir);
   model.zero_grads();
   double loss_sum = 0;
@@ -100,6 +99,7 @@ void run_loss(const std::string& model_dir, const std::string& data, const std::
   j["trained_tokens"] = trained;
   j["samples"] = samples.size();
   j["batches"] = rows.size();
+  j["backend"] = be->name();
   if (!grads_out.empty()) {
     std::vector<std::vector<float>> grads;
     std::vector<TensorWriteSpec> specs;
@@ -167,7 +167,7 @@ void add_loss_command(CLI::App& app) {
   auto tpb = std::make_shared<int64_t>(8192);
   cmd->add_option("--model", *model, "HF model directory")->required();
   cmd->add_option("--data", *data, "JSONL file, one sample per line")->required();
-  cmd->add_option("--backend", *backend, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--backend", *backend, "cpu, cuda or auto")->capture_default_str();
   cmd->add_option("--grads", *grads, "write fp32 gradients to this .safetensors file");
   cmd->add_option("--tokens-per-batch", *tpb, "tokens per packed row")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->callback([=] {
