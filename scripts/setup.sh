@@ -9,12 +9,17 @@ packages=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libsimdjson-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev
   libsnappy-dev libzstd-dev zlib1g-dev
-  nodejs npm
 )
+# Packages that only need to provide a command (any install of it will do: e.g. Node.js from
+# NodeSource ships npm inside its nodejs package, and Debian's npm would conflict with it).
+declare -A by_command=([nodejs]=node [npm]=npm)
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+for p in "${!by_command[@]}"; do
+  command -v "${by_command[$p]}" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"

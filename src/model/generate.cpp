@@ -6,22 +6,20 @@
 #include <random>
 
 #include "core/error.h"
+#include "model/decoder.h"
 
 namespace qt {
 
 std::vector<int32_t> generate(Qwen35Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& opts) {
   QT_CHECK(!prompt.empty(), "generate: empty prompt");
   const int64_t V = model.config().vocab_size;
-  QT_CHECK(static_cast<int64_t>(prompt.size()) + opts.max_new_tokens <= model.max_tokens(), "generate: prompt (",
-           prompt.size(), " tokens) + max_new_tokens (", opts.max_new_tokens, ") exceeds the model's planned ",
-           model.max_tokens(), " tokens");
   std::mt19937_64 rng(opts.seed);
-  std::vector<int32_t> seq = prompt, out;
+  IncrementalDecoder dec(model);
+  const std::vector<float>* logits = nullptr;
+  for (int32_t t : prompt) logits = &dec.step(t);
+  std::vector<int32_t> out;
   for (int64_t n = 0; n < opts.max_new_tokens; ++n) {
-    PackedRow row;
-    row.append_sample(seq, std::vector<int32_t>(seq.size(), -100));
-    const std::vector<float> logits = model.logits(row);
-    const float* last = logits.data() + (static_cast<int64_t>(seq.size()) - 1) * V;
+    const float* last = logits->data();
     int32_t next = 0;
     if (opts.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(last, last + V) - last);
@@ -37,8 +35,8 @@ std::vector<int32_t> generate(Qwen35Model& model, const std::vector<int32_t>& pr
       next = idx[static_cast<size_t>(dist(rng))];
     }
     out.push_back(next);
-    seq.push_back(next);
     if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), next) != opts.stop_ids.end()) break;
+    if (n + 1 < opts.max_new_tokens) logits = &dec.step(next);
   }
   return out;
 }

@@ -1,6 +1,5 @@
-// Text generation with a Qwen35Model: greedy or temperature/top-k sampling until a stop token.
-// Each new token re-runs the forward pass over the whole sequence (exact, O(n^2)); incremental
-// decoding with a KV cache and recurrent GDN state is not implemented yet.
+// Text generation with a Qwen35Model's weights: greedy or temperature/top-k sampling until a stop
+// token, decoding incrementally (KV cache + recurrent GDN state, model/decoder.h) on the CPU.
 #pragma once
 #include <cstdint>
 #include <vector>
