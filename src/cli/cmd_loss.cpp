@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -16,64 +17,52 @@
 #include "core/log.h"
 #include "io/hf_checkpoint.h"
 #include "model/qwen35.h"
+#include "data/data_job.h"
+#include "data/readers.h"
 #include "ops/backend_factory.h"
 #include "ops/cpu/cpu_backend.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace qt::cli {
 namespace {
 
-struct Sample {
+struct TokenSample {
   std::vector<int32_t> ids, labels;
 };
 
-std::vector<Sample> read_tokenized_jsonl(const std::string& path, int64_t vocab) {
-  std::ifstream in(path);
-  QT_CHECK(in.good(), path, ": cannot open");
-  std::vector<Sample> out;
-  std::string line;
-  int64_t lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      QT_FAIL(path, ":", lineno, ": malformed JSON: ", e.what());
-    }
-    QT_CHECK(j.is_object() && j.contains("input_ids") && j["input_ids"].is_array(), path, ":", lineno,
-             ": expected an object with an 'input_ids' array");
-    Sample s;
-    for (const auto& v : j["input_ids"]) {
-      QT_CHECK(v.is_number_integer(), path, ":", lineno, ": input_ids must be integers");
-      const int64_t id = v.get<int64_t>();
-      QT_CHECK(id >= 0 && id < vocab, path, ":", lineno, ": token id ", id, " is outside the vocabulary [0, ", vocab, ")");
-      s.ids.push_back(static_cast<int32_t>(id));
-    }
-    QT_CHECK(!s.ids.empty(), path, ":", lineno, ": empty input_ids");
-    if (j.contains("labels") && !j["labels"].is_null()) {
-      QT_CHECK(j["labels"].is_array() && j["labels"].size() == s.ids.size(), path, ":", lineno,
-               ": labels must be an array as long as input_ids (", s.ids.size(), ")");
-      for (const auto& v : j["labels"]) {
-        QT_CHECK(v.is_number_integer(), path, ":", lineno, ": labels must be integers");
-        const int64_t l = v.get<int64_t>();
-        QT_CHECK(l == -100 || (l >= 0 && l < vocab), path, ":", lineno, ": label ", l, " is outside the vocabulary");
-        s.labels.push_back(static_cast<int32_t>(l));
-      }
+// Every line of the file: pre-tokenized {"input_ids", "labels"?} or a chat conversation (any
+// schema the data pipeline reads), rendered with the model's tokenizer and chat template.
+std::vector<TokenSample> read_loss_samples(const std::string& path, const std::string& model_dir, int64_t vocab,
+                                           const ChatTemplateOptions& chat) {
+  ReadOptions ro;
+  ro.vocab_size = vocab;
+  std::vector<TokenSample> out;
+  std::unique_ptr<Tokenizer> tok;
+  for (Sample& s : read_samples(path, ro)) {
+    TokenSample t;
+    if (s.pretokenized) {
+      t.ids = std::move(s.input_ids);
+      t.labels = s.labels.empty() ? t.ids : std::move(s.labels);
     } else {
-      s.labels = s.ids;
+      if (!tok) tok = std::make_unique<Tokenizer>(Tokenizer::load(resolve_tokenizer(model_dir)));
+      TokenizedChat c = chat_tokenize(s.messages, chat, *tok);
+      for (int32_t id : c.input_ids)
+        QT_CHECK(id < vocab, s.location(), ": token id ", id, " from the tokenizer is outside the model's vocabulary");
+      t.ids = std::move(c.input_ids);
+      t.labels = std::move(c.labels);
     }
-    out.push_back(std::move(s));
+    QT_CHECK(!t.ids.empty(), s.location(), ": empty sample");
+    out.push_back(std::move(t));
   }
   QT_CHECK(!out.empty(), path, ": no samples");
   return out;
 }
 
 void run_loss(const std::string& model_dir, const std::string& data, const std::string& backend_name,
-              const std::string& grads_out, int64_t tokens_per_batch) {
+              const std::string& grads_out, int64_t tokens_per_batch, const ChatTemplateOptions& chat) {
   HfModelDir dir = hf_load(model_dir);
-  const std::vector<Sample> samples = read_tokenized_jsonl(data, dir.config.vocab_size);
+  const std::vector<TokenSample> samples = read_loss_samples(data, model_dir, dir.config.vocab_size, chat);
   // Rows in file order: a sample starts a new row when it would overflow the current one.
   std::vector<PackedRow> rows(1);
   int64_t longest = 0;
@@ -165,16 +154,23 @@ void add_loss_command(CLI::App& app) {
   auto backend = std::make_shared<std::string>("cpu");
   auto grads = std::make_shared<std::string>();
   auto tpb = std::make_shared<int64_t>(8192);
+  auto thinking = std::make_shared<std::string>("on");
+  auto train_on = std::make_shared<std::string>("assistant");
   cmd->add_option("--model", *model, "HF model directory")->required();
   cmd->add_option("--data", *data, "JSONL file, one sample per line")->required();
   cmd->add_option("--backend", *backend, "cpu, cuda or auto")->capture_default_str();
   cmd->add_option("--grads", *grads, "write fp32 gradients to this .safetensors file");
   cmd->add_option("--tokens-per-batch", *tpb, "tokens per packed row")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--thinking", *thinking, "chat samples: on|off")->capture_default_str();
+  cmd->add_option("--train-on", *train_on, "chat samples: assistant|last_assistant|all")->capture_default_str();
   cmd->callback([=] {
     if (!grads->empty())
       QT_CHECK(std::filesystem::path(*grads).extension() == ".safetensors", "--grads ", *grads,
                ": the file name must end in .safetensors");
-    run_loss(*model, *data, *backend, *grads, *tpb);
+    ChatTemplateOptions chat;
+    chat.thinking = thinking_mode_from_name(*thinking);
+    chat.train_on = train_on_from_name(*train_on);
+    run_loss(*model, *data, *backend, *grads, *tpb, chat);
   });
 }
 
