@@ -55,6 +55,10 @@ TEST(Trainer, LossFallsAndCheckpointIsAnHfDirectory) {
   const auto metrics = read_metrics(dir.file("run/metrics.jsonl"));
   ASSERT_GE(metrics.size(), 12u);
   EXPECT_TRUE(metrics[2].contains("eval_loss"));  // eval_every: 3
+  bool tb_events = false;
+  for (const auto& de : std::filesystem::directory_iterator(dir.file("run/tb")))
+    tb_events |= de.path().filename().string().rfind("events.out.tfevents.", 0) == 0 && de.file_size() > 100;
+  EXPECT_TRUE(tb_events) << "no TensorBoard event file with scalars in run/tb";
 }
 
 TEST(Trainer, ResumeContinuesExactlyAsTheUninterruptedRun) {

@@ -25,6 +25,7 @@
 #include "profile/profiled_backend.h"
 #include "text/tokenizer.h"
 #include "train/model_optimizer.h"
+#include "train/tensorboard.h"
 
 namespace qt {
 namespace fs = std::filesystem;
@@ -298,6 +299,9 @@ TrainSummary train_run(const TrainConfig& cfg) {
 
   Loader loader(train, pack, start_pos, cfg.epochs, 4);
   TrainSummary summary;
+  TensorBoardWriter tb((fs::path(cfg.output_dir) / "tb").string());
+  const bool on_gpu = std::string(run.backend->name()) == "cuda";
+  const int64_t nparams = param_count(mc);
   const auto t0 = clock::now();
   int64_t tokens_done = 0;
   profile::StepWindow profile_window(run.profiled.get(), cfg.profile_first, cfg.profile_last,
@@ -342,11 +346,23 @@ TrainSummary train_run(const TrainConfig& cfg) {
                                   {"elapsed_s", elapsed}};
     const bool do_eval = eval.num_samples() > 0 && cfg.eval_every > 0 && step % cfg.eval_every == 0;
     if (do_eval) rec["eval_loss"] = summary.eval_loss = run.eval_loss(eval, pack);
+    // MFU against the H200's measured bf16 matmul rate, on the GPU only (6 x params x tokens/s).
+    const double mfu = on_gpu ? 6.0 * double(nparams) * tps / 790e12 : 0.0;
+    if (on_gpu) rec["mfu"] = mfu;
     metrics << rec.dump() << "\n";
     metrics.flush();
+    tb.scalar("train/loss", loss, step);
+    tb.scalar("train/lr", lr, step);
+    tb.scalar("train/grad_norm", norm, step);
+    tb.scalar("perf/tokens_per_s", tps, step);
+    if (on_gpu) tb.scalar("perf/mfu", mfu, step);
+    if (do_eval) tb.scalar("eval/loss", summary.eval_loss, step);
+    tb.flush();
     if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
-      std::printf("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s\n", (long long)step,
-                  (long long)total_steps, loss, lr, norm, tps, format_duration(eta).c_str(),
+      char gpu[64] = "";
+      if (on_gpu) std::snprintf(gpu, sizeof gpu, " | MFU %.1f%%", 100 * mfu);
+      std::printf("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s%s | ETA %s%s\n", (long long)step,
+                  (long long)total_steps, loss, lr, norm, tps, gpu, format_duration(eta).c_str(),
                   do_eval ? (" | eval " + std::to_string(summary.eval_loss)).c_str() : "");
       std::fflush(stdout);
     }
