@@ -139,6 +139,10 @@ int main(int argc, char** argv) {
       be.rmsnorm_forward(y, rstd, x, w, 1e-6);
       be.rmsnorm_backward(dx, dw, y, x, w, rstd, false);
     }, iters);
+    const double fms = time_ms(be, [&] { be.rmsnorm_forward(y, rstd, x, w, 1e-6); }, iters);
+    const double bms = time_ms(be, [&] { be.rmsnorm_backward(dx, dw, y, x, w, rstd, false); }, iters);
+    std::printf("  rmsnorm  fwd %.1f us (%.2f TB/s), bwd+dw %.1f us (%.2f TB/s)\n", fms * 1e3,
+                4.0 * T * H / (fms * 1e-3) / 1e12, bms * 1e3, 6.0 * T * H / (bms * 1e-3) / 1e12);
     const double bytes = 10.0 * double(T) * double(H) + 8.0 * double(T);  // fwd x,y; bwd x,dy,dx (bf16)
     rows.push_back({"rmsnorm_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
                     "copy_tbs " + std::to_string(copy_tbs)});
@@ -161,6 +165,10 @@ int main(int argc, char** argv) {
       be.conv1d_silu_forward(y, x, w, seqs);
       be.conv1d_silu_backward(dx, dw, y, x, w, seqs);
     }, iters);
+    const double fms = time_ms(be, [&] { be.conv1d_silu_forward(y, x, w, seqs); }, iters);
+    const double bms = time_ms(be, [&] { be.conv1d_silu_backward(dx, dw, y, x, w, seqs); }, iters);
+    std::printf("  conv1d   fwd %.1f us (%.2f TB/s), bwd+dw %.1f us (%.2f TB/s)\n", fms * 1e3,
+                4.0 * T * C / (fms * 1e-3) / 1e12, bms * 1e3, 6.0 * T * C / (bms * 1e-3) / 1e12);
     const double bytes = 10.0 * double(T) * double(C);  // fwd x,y; bwd x,dy,dx
     rows.push_back({"conv1d_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
                     "copy_tbs " + std::to_string(copy_tbs)});
@@ -185,6 +193,10 @@ int main(int argc, char** argv) {
       opt.grad_norm(1.0, be.stream());
       opt.update(1e-4, 0.1, cfg, ++step, be.stream());
     }, iters);
+    const double nms = time_ms(be, [&] { opt.grad_norm(1.0, be.stream()); }, iters);
+    const double ums = time_ms(be, [&] { opt.update(1e-4, 0.1, cfg, ++step, be.stream()); }, iters);
+    std::printf("  adamw    norm %.1f us (%.2f TB/s), update %.1f us (%.2f TB/s)\n", nms * 1e3,
+                2.0 * per * count / (nms * 1e-3) / 1e12, ums * 1e3, 28.0 * per * count / (ums * 1e-3) / 1e12);
     const double bytes = 30.0 * double(per * count);  // norm: g; update: master, m, v r/w + g + p
     rows.push_back({"adamw_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
                     "copy_tbs " + std::to_string(copy_tbs)});

@@ -20,6 +20,7 @@ struct DevTensor {
   dev::bf16* param;
   int64_t n;
   int decay;  // 1: weight decay float(weight_decay); 0: none (selected, never multiplied)
+  int vec;    // 1: master/m/v 16-byte and grad/param 8-byte aligned (4 elements per access)
 };
 struct ChunkRef {
   int32_t tensor;
@@ -38,7 +39,17 @@ __global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const
   const DevTensor t = ts[cr.tensor];
   const int64_t i0 = int64_t(cr.chunk) * kChunk, i1 = min(t.n, i0 + kChunk);
   double acc = 0.0;
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+  // Same order as one element per step (i = i0 + tid, + kThreads, ...); only the loads are batched.
+  constexpr int kB = 8;
+  int64_t i = i0 + threadIdx.x;
+  for (; i + (kB - 1) * kThreads < i1; i += kB * kThreads) {
+    float g[kB];
+#pragma unroll
+    for (int b = 0; b < kB; ++b) g[b] = dev::to_f(t.grad[i + b * kThreads]);
+#pragma unroll
+    for (int b = 0; b < kB; ++b) acc = __dadd_rn(acc, __dmul_rn(double(g[b]), double(g[b])));
+  }
+  for (; i < i1; i += kThreads) {
     const double g = double(dev::to_f(t.grad[i]));
     acc = __dadd_rn(acc, __dmul_rn(g, g));
   }
@@ -79,19 +90,53 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, co
   const double clip = h.use_device_clip ? norm_clip[1] : h.host_clip;
   const float wd = t.decay ? h.wd : 0.0f;
   const int64_t i0 = int64_t(cr.chunk) * kChunk, i1 = min(t.n, i0 + kChunk);
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
-    float gi = dev::to_f(t.grad[i]);
+  auto step = [&](float gi, float& m_io, float& v_io, float& p_io) {
     if (clip != 1.0) gi = __double2float_rn(__dmul_rn(double(gi), clip));
-    const float m = __fadd_rn(__fmul_rn(h.b1, t.m[i]), __fmul_rn(h.one_minus_b1, gi));
-    const float v = __fadd_rn(__fmul_rn(h.b2, t.v[i]), __fmul_rn(__fmul_rn(h.one_minus_b2, gi), gi));
+    const float m = __fadd_rn(__fmul_rn(h.b1, m_io), __fmul_rn(h.one_minus_b1, gi));
+    const float v = __fadd_rn(__fmul_rn(h.b2, v_io), __fmul_rn(__fmul_rn(h.one_minus_b2, gi), gi));
+    m_io = m;
+    v_io = v;
+    const float mhat = __fdiv_rn(m, h.bc1), vhat = __fdiv_rn(v, h.bc2);
+    const float p = p_io;
+    const float upd = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), h.eps)), __fmul_rn(wd, p));
+    p_io = __fsub_rn(p, __fmul_rn(h.lr, upd));
+  };
+  int64_t i = i0;
+  if (t.vec) {
+    // Four elements per thread per step (float4 / 8-byte accesses); the tail falls to the scalar loop.
+    for (i = i0 + 4 * int64_t(threadIdx.x); i + 4 <= i1; i += 4 * kThreads) {
+      float4 m4 = *reinterpret_cast<const float4*>(t.m + i);
+      float4 v4 = *reinterpret_cast<const float4*>(t.v + i);
+      float4 p4 = *reinterpret_cast<const float4*>(t.master + i);
+      const uint2 graw = *reinterpret_cast<const uint2*>(t.grad + i);
+      const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&graw.x));
+      const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&graw.y));
+      step(g01.x, m4.x, v4.x, p4.x);
+      step(g01.y, m4.y, v4.y, p4.y);
+      step(g23.x, m4.z, v4.z, p4.z);
+      step(g23.y, m4.w, v4.w, p4.w);
+      *reinterpret_cast<float4*>(t.m + i) = m4;
+      *reinterpret_cast<float4*>(t.v + i) = v4;
+      *reinterpret_cast<float4*>(t.master + i) = p4;
+      if (t.param != nullptr) {
+        uint2 praw;
+        *reinterpret_cast<__nv_bfloat162*>(&praw.x) = __halves2bfloat162(dev::to_bf(p4.x), dev::to_bf(p4.y));
+        *reinterpret_cast<__nv_bfloat162*>(&praw.y) = __halves2bfloat162(dev::to_bf(p4.z), dev::to_bf(p4.w));
+        *reinterpret_cast<uint2*>(t.param + i) = praw;
+      }
+    }
+    // Elements past the last full group of four (at most 3 per chunk end), one thread each.
+    i = i0 + ((i1 - i0) / 4) * 4 + threadIdx.x;
+  } else {
+    i = i0 + threadIdx.x;
+  }
+  for (; i < i1; i += kThreads) {
+    float m = t.m[i], v = t.v[i], p = t.master[i];
+    step(dev::to_f(t.grad[i]), m, v, p);
     t.m[i] = m;
     t.v[i] = v;
-    const float mhat = __fdiv_rn(m, h.bc1), vhat = __fdiv_rn(v, h.bc2);
-    const float p = t.master[i];
-    const float upd = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), h.eps)), __fmul_rn(wd, p));
-    const float np = __fsub_rn(p, __fmul_rn(h.lr, upd));
-    t.master[i] = np;
-    if (t.param != nullptr) t.param[i] = dev::to_bf(np);
+    t.master[i] = p;
+    if (t.param != nullptr) t.param[i] = dev::to_bf(p);
   }
 }
 
@@ -105,7 +150,12 @@ AdamWMultiTensor::AdamWMultiTensor(const std::vector<AdamWTensor>& tensors) {
     QT_CHECK(t.n >= 0 && (t.n == 0 || (t.master && t.m && t.v && t.grad)), "AdamWMultiTensor: tensor ", k,
              " is missing a buffer");
     dt.push_back(DevTensor{t.master, t.m, t.v, static_cast<const dev::bf16*>(t.grad), static_cast<dev::bf16*>(t.param),
-                           t.n, t.decay ? 1 : 0});
+                           t.n, t.decay ? 1 : 0,
+                           aligned16(t.master) && aligned16(t.m) && aligned16(t.v) &&
+                                   (reinterpret_cast<uintptr_t>(t.grad) & 7u) == 0 &&
+                                   (reinterpret_cast<uintptr_t>(t.param) & 7u) == 0
+                               ? 1
+                               : 0});
     const int64_t chunks = ceil_div(t.n, kChunk);
     QT_CHECK(chunks < (int64_t(1) << 31), "AdamWMultiTensor: tensor ", k, " is too large");
     for (int64_t c = 0; c < chunks; ++c) map.push_back(ChunkRef{int32_t(k), int32_t(c)});

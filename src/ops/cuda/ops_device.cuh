@@ -50,6 +50,24 @@ __device__ __forceinline__ void store_vec(bf16* p, int64_t i, const float (&v)[V
   }
 }
 
+// 8 bf16 packed in 16 bytes <-> 8 floats.
+__device__ __forceinline__ void unpack8(float (&out)[8], const uint4& raw) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    out[2 * k] = f.x;
+    out[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  return raw;
+}
+
 // Adds v into an accumulator element stored as bf16 or f32.
 __device__ __forceinline__ void acc_store(void* out, bool out_f32, int64_t i, float v) {
   if (out_f32) {

@@ -239,12 +239,35 @@ void launch_embedding_backward(void* dtable, bool dtable_f32, const void* dout, 
 // ---- column reduction --------------------------------------------------------------------------
 
 namespace {
-__global__ void column_reduce_kernel(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld,
-                                     int64_t ncols) {
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < ncols; c += int64_t(gridDim.x) * blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t p = 0; p < P; ++p) acc += partials[p * ld + c];
-    dev::acc_store(out, out_f32, c, acc);
+// Block = 32 columns x kRedGroups row groups: group g sums partial rows g, g + kRedGroups, ... in
+// order, then the groups are added in group order (a fixed order: deterministic).
+constexpr int kRedGroups = 8;
+__global__ void __launch_bounds__(32 * kRedGroups) column_reduce_kernel(void* out, bool out_f32,
+                                                                        const float* __restrict__ partials, int64_t P,
+                                                                        int64_t ld, int64_t ncols) {
+  __shared__ float sm[kRedGroups][32];
+  const int cx = threadIdx.x & 31, g = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * 32 + cx;
+  float acc = 0.0f;
+  if (c < ncols) {
+    int64_t p = g;
+    for (; p + 3 * kRedGroups < P; p += 4 * kRedGroups) {
+      const float a0 = partials[p * ld + c], a1 = partials[(p + kRedGroups) * ld + c],
+                  a2 = partials[(p + 2 * kRedGroups) * ld + c], a3 = partials[(p + 3 * kRedGroups) * ld + c];
+      acc += a0;
+      acc += a1;
+      acc += a2;
+      acc += a3;
+    }
+    for (; p < P; p += kRedGroups) acc += partials[p * ld + c];
+  }
+  sm[g][cx] = acc;
+  __syncthreads();
+  if (g == 0 && c < ncols) {
+    float tot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRedGroups; ++k) tot += sm[k][cx];
+    dev::acc_store(out, out_f32, c, tot);
   }
 }
 }  // namespace
@@ -252,7 +275,8 @@ __global__ void column_reduce_kernel(void* out, bool out_f32, const float* parti
 void launch_column_reduce(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld, int64_t ncols,
                           cudaStream_t s) {
   if (ncols <= 0 || out == nullptr) return;
-  column_reduce_kernel<<<grid_for(ncols, kThreads), kThreads, 0, s>>>(out, out_f32, partials, P, ld, ncols);
+  column_reduce_kernel<<<static_cast<unsigned>(ceil_div(ncols, 32)), 32 * kRedGroups, 0, s>>>(out, out_f32, partials,
+                                                                                              P, ld, ncols);
   QT_LAUNCH_CHECK("column_reduce");
 }
 
@@ -328,13 +352,18 @@ void launch_gdn_gates_backward(void* db, void* da, void* da_log, bool da_log_f32
 }
 
 // ---- causal conv1d + SiLU, varlen --------------------------------------------------------------
-// Thread = VEC channels x one tile of kConvTile tokens, walking time with a sliding window of the
-// last K-1 inputs held in registers. The window is zeroed at every sample start, so no tap ever
-// reads another sample (also for 1- and 2-token samples and empty ones).
+// Warp w of a block = 32 lanes x VEC adjacent channels over one time tile; lane walks time keeping
+// the raw K-1 previous inputs in registers, loads U tokens ahead (U independent vector loads in
+// flight), and masks taps by the token's distance from its sample start (tap at offset m is used
+// iff m <= t - start), so no tap reads another sample, also for 1- and 2-token or empty samples.
+// The backward scatters dc[t] = dy silu'(pre) into dx[t - m] (same mask), holding the K pending dx
+// rows in registers; dw partials are summed over the block's kConvWarps tiles in warp order.
 
 namespace {
-constexpr int kConvTile = 64;
-constexpr int kConvThreads = 128;
+constexpr int kConvWarps = 4;
+constexpr int kConvTileF = 32;  // forward tokens per warp
+constexpr int kConvTileB = 64;  // backward tokens per warp
+constexpr int64_t kConvBlockTokensB = int64_t(kConvWarps) * kConvTileB;
 
 // The sample containing token t: largest s < num_seqs with cu[s] <= t.
 __device__ __forceinline__ int find_seq(const int32_t* cu, int num_seqs, int64_t t) {
@@ -346,14 +375,17 @@ __device__ __forceinline__ int find_seq(const int32_t* cu, int num_seqs, int64_t
   return lo;
 }
 
-template <int VEC, int K>
-__global__ void conv1d_fwd_kernel(bf16* y, const bf16* x, const bf16* w, const int32_t* cu, int num_seqs, int64_t T,
-                                  int64_t C) {
-  const int64_t cg = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t cvec = C / VEC;
-  if (cg >= cvec) return;
-  const int64_t t0 = int64_t(blockIdx.y) * kConvTile;
-  const int64_t t1 = min(T, t0 + kConvTile);
+template <int VEC, int K, int U>
+__global__ void __launch_bounds__(kConvWarps * 32) conv1d_fwd_kernel(bf16* __restrict__ y, const bf16* __restrict__ x,
+                                                                     const bf16* __restrict__ w,
+                                                                     const int32_t* __restrict__ cu, int num_seqs,
+                                                                     int64_t T, int64_t C) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t cg = int64_t(blockIdx.x) * 32 + lane;
+  if (cg >= C / VEC) return;
+  const int64_t t0 = (int64_t(blockIdx.y) * kConvWarps + warp) * kConvTileF;
+  if (t0 >= T) return;
+  const int64_t t1 = min(T, t0 + kConvTileF);
   float wr[VEC][K];
 #pragma unroll
   for (int v = 0; v < VEC; ++v)
@@ -361,151 +393,171 @@ __global__ void conv1d_fwd_kernel(bf16* y, const bf16* x, const bf16* w, const i
     for (int j = 0; j < K; ++j) wr[v][j] = to_f(w[(cg * VEC + v) * K + j]);
   int seq = find_seq(cu, num_seqs, t0);
   int64_t start = cu[seq], next = cu[seq + 1];
-  float win[K][VEC];  // win[j] = x[t - (K-1) + j] for j < K-1 (masked); win[K-1] = current token
+  float hist[K - 1][VEC];  // raw x[t - (K-1) + j], zero before token 0
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) {
     const int64_t src = t0 - (K - 1) + j;
-    if (src >= start) {
-      load_vec<VEC>(win[j], x + src * C, cg);
+    if (src >= 0) {
+      load_vec<VEC>(hist[j], x + src * C, cg);
     } else {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
+      for (int v = 0; v < VEC; ++v) hist[j][v] = 0.0f;
     }
   }
-  for (int64_t t = t0; t < t1; ++t) {
-    if (t >= next) {  // a new sample begins at t (skipping empty ones): forget the history
+  for (int64_t tb = t0; tb < t1; tb += U) {
+    float cur[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (tb + u < t1) load_vec<VEC>(cur[u], x + (tb + u) * C, cg);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t t = tb + u;
+      if (t >= t1) break;
       while (t >= next) {
         ++seq;
         start = next;
         next = cu[seq + 1];
       }
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
-    }
-    load_vec<VEC>(win[K - 1], x + t * C, cg);
-    float out[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < K; ++j) acc += wr[v][j] * win[j][v];
-      out[v] = dev::siluf_(acc);
-    }
-    store_vec<VEC>(y + t * C, cg, out);
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) win[j][v] = win[j + 1][v];
-  }
-}
-
-// Backward: walks t over [t0, t1 + K - 1) computing dc[t] = dy silu'(pre) (0 past T); once dc of
-// tau + K - 1 is known, dx[tau] = sum_j dc[tau + K-1-j] w[j] over taps in tau's sample. dw partials
-// (fp32, per tile) sum dc[t] x[t - K+1 + j] over the tile's tokens.
-template <int VEC, int K>
-__global__ void conv1d_bwd_kernel(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w,
-                                  const int32_t* cu, int num_seqs, int64_t T, int64_t C) {
-  const int64_t cg = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t cvec = C / VEC;
-  if (cg >= cvec) return;
-  const int64_t t0 = int64_t(blockIdx.y) * kConvTile;
-  const int64_t t1 = min(T, t0 + kConvTile);
-  float wr[VEC][K], dwacc[VEC][K];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v)
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-      wr[v][j] = to_f(w[(cg * VEC + v) * K + j]);
-      dwacc[v][j] = 0.0f;
-    }
-  int seq = find_seq(cu, num_seqs, t0);
-  int64_t start = cu[seq], next = cu[seq + 1];
-  float win[K][VEC];
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j) {
-    const int64_t src = t0 - (K - 1) + j;
-    if (src >= start) {
-      load_vec<VEC>(win[j], x + src * C, cg);
-    } else {
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
-    }
-  }
-  float dcr[K][VEC];  // dcr[K-1] = dc[t], dcr[K-1-m] = dc[t-m]
-  int segr[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    segr[j] = -1;
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) dcr[j][v] = 0.0f;
-  }
-  const int64_t t_end = t1 + (K - 1);
-  for (int64_t t = t0; t < t_end; ++t) {
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) {
-      segr[j] = segr[j + 1];
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) dcr[j][v] = dcr[j + 1][v];
-    }
-    if (t < T) {
-      if (t >= next) {
-        while (t >= next) {
-          ++seq;
-          start = next;
-          next = cu[seq + 1];
-        }
-#pragma unroll
-        for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) win[j][v] = 0.0f;
-      }
-      load_vec<VEC>(win[K - 1], x + t * C, cg);
-      float g[VEC];
-      load_vec<VEC>(g, dy + t * C, cg);
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < K; ++j) acc += wr[v][j] * win[j][v];
-        dcr[K - 1][v] = g[v] * dev::silu_gradf_(acc);
-      }
-      segr[K - 1] = seq;
-      if (t < t1) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v)
-#pragma unroll
-          for (int j = 0; j < K; ++j) dwacc[v][j] += dcr[K - 1][v] * win[j][v];
-      }
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) win[j][v] = win[j + 1][v];
-    } else {
-      segr[K - 1] = -2;
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) dcr[K - 1][v] = 0.0f;
-    }
-    const int64_t tau = t - (K - 1);
-    if (tau >= t0) {  // tau < t1 holds since t < t1 + K - 1
+      const int64_t dist = t - start;
       float out[VEC];
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
-        float acc = 0.0f;
+        float acc = wr[v][K - 1] * cur[u][v];
 #pragma unroll
-        for (int j = 0; j < K; ++j)  // dc[tau + K-1-j] = dcr[K-1-j]
-          if (segr[K - 1 - j] == segr[0]) acc += dcr[K - 1 - j][v] * wr[v][j];
-        out[v] = acc;
+        for (int j = 0; j < K - 1; ++j)
+          if (K - 1 - j <= dist) acc += wr[v][j] * hist[j][v];
+        out[v] = dev::siluf_(acc);
       }
-      store_vec<VEC>(dx + tau * C, cg, out);
+      store_vec<VEC>(y + t * C, cg, out);
+#pragma unroll
+      for (int j = 0; j < K - 2; ++j)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) hist[j][v] = hist[j + 1][v];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) hist[K - 2][v] = cur[u][v];
     }
   }
-  float* part = partials + int64_t(blockIdx.y) * C * K;
+}
+
+// Warp tile [t0, t1): computes dc[t] for t in [t0, t1 + K - 1) (zero past T) and, at step t,
+// finishes dx[t - (K-1)] when that is >= t0; dw accumulates dc[t] x-taps for t < t1.
+template <int VEC, int K, int U>
+__global__ void __launch_bounds__(kConvWarps * 32) conv1d_bwd_kernel(bf16* __restrict__ dx, float* __restrict__ partials,
+                                                                     const bf16* __restrict__ dy,
+                                                                     const bf16* __restrict__ x,
+                                                                     const bf16* __restrict__ w,
+                                                                     const int32_t* __restrict__ cu, int num_seqs,
+                                                                     int64_t T, int64_t C) {
+  __shared__ float sm[kConvWarps][VEC * K][33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t cvec = C / VEC;
+  const int64_t cg = int64_t(blockIdx.x) * 32 + lane;
+  const int64_t t0 = (int64_t(blockIdx.y) * kConvWarps + warp) * kConvTileB;
+  const bool active = cg < cvec && t0 < T;
+  float dwacc[VEC][K];
 #pragma unroll
   for (int v = 0; v < VEC; ++v)
 #pragma unroll
-    for (int j = 0; j < K; ++j) part[(cg * VEC + v) * K + j] = dwacc[v][j];
+    for (int j = 0; j < K; ++j) dwacc[v][j] = 0.0f;
+  if (active) {
+    const int64_t t1 = min(T, t0 + kConvTileB);
+    const int64_t t_end = min(T, t1 + (K - 1));  // dc is computed (non-zero) for t < t_end
+    float wr[VEC][K];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+#pragma unroll
+      for (int j = 0; j < K; ++j) wr[v][j] = to_f(w[(cg * VEC + v) * K + j]);
+    int seq = find_seq(cu, num_seqs, t0);
+    int64_t start = cu[seq], next = cu[seq + 1];
+    float hist[K - 1][VEC];
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) {
+      const int64_t src = t0 - (K - 1) + j;
+      if (src >= 0) {
+        load_vec<VEC>(hist[j], x + src * C, cg);
+      } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) hist[j][v] = 0.0f;
+      }
+    }
+    float pend[K][VEC];  // pend[m] accumulates dx[t - m]
+#pragma unroll
+    for (int m = 0; m < K; ++m)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) pend[m][v] = 0.0f;
+    const int64_t t_stop = t1 + (K - 1);
+    for (int64_t tb = t0; tb < t_stop; tb += U) {
+      float cx[U][VEC], cdy[U][VEC];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (tb + u < t_end) {
+          load_vec<VEC>(cx[u], x + (tb + u) * C, cg);
+          load_vec<VEC>(cdy[u], dy + (tb + u) * C, cg);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t t = tb + u;
+        if (t >= t_stop) break;
+#pragma unroll
+        for (int m = K - 1; m > 0; --m)
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) pend[m][v] = pend[m - 1][v];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) pend[0][v] = 0.0f;
+        if (t < t_end) {
+          while (t >= next) {
+            ++seq;
+            start = next;
+            next = cu[seq + 1];
+          }
+          const int64_t dist = t - start;
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            float tap[K];
+#pragma unroll
+            for (int j = 0; j < K - 1; ++j) tap[j] = (K - 1 - j <= dist) ? hist[j][v] : 0.0f;
+            tap[K - 1] = cx[u][v];
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < K; ++j) acc += wr[v][j] * tap[j];
+            const float dc = cdy[u][v] * dev::silu_gradf_(acc);
+            if (t < t1) {
+#pragma unroll
+              for (int j = 0; j < K; ++j) dwacc[v][j] += dc * tap[j];
+            }
+#pragma unroll
+            for (int m = 0; m < K; ++m)
+              if (m <= dist) pend[m][v] += dc * wr[v][K - 1 - m];
+          }
+#pragma unroll
+          for (int j = 0; j < K - 2; ++j)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) hist[j][v] = hist[j + 1][v];
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) hist[K - 2][v] = cx[u][v];
+        }
+        const int64_t tau = t - (K - 1);
+        if (tau >= t0 && tau < t1) store_vec<VEC>(dx + tau * C, cg, pend[K - 1]);
+      }
+    }
+  }
+  if (partials == nullptr) return;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v)
+#pragma unroll
+    for (int j = 0; j < K; ++j) sm[warp][v * K + j][lane] = dwacc[v][j];
+  __syncthreads();
+  // Column (cg, v, j) of the block's partial row: sum over warps in order.
+  float* part = partials + int64_t(blockIdx.y) * C * K;
+  const int64_t base = int64_t(blockIdx.x) * 32 * VEC * K;  // first element of this block's channels
+  for (int e = threadIdx.x; e < 32 * VEC * K; e += kConvWarps * 32) {
+    const int l = e / (VEC * K), r = e % (VEC * K);
+    if (int64_t(blockIdx.x) * 32 + l >= cvec) continue;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kConvWarps; ++k) acc += sm[k][r][l];
+    part[base + e] = acc;
+  }
 }
 
 }  // namespace
@@ -516,18 +568,19 @@ void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int
   if (K != 4) QT_FAIL("conv1d_silu_forward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
   const bool vec = C % 8 == 0 && aligned16(y) && aligned16(x);
   const int64_t cvec = vec ? C / 8 : C;
-  const dim3 grid(static_cast<unsigned>(ceil_div(cvec, kConvThreads)), static_cast<unsigned>(ceil_div(T, kConvTile)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(cvec, 32)),
+                  static_cast<unsigned>(ceil_div(T, int64_t(kConvWarps) * kConvTileF)));
   if (vec)
-    conv1d_fwd_kernel<8, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
-                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+    conv1d_fwd_kernel<8, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
+                                                                 static_cast<const bf16*>(w), cu, num_seqs, T, C);
   else
-    conv1d_fwd_kernel<1, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
-                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+    conv1d_fwd_kernel<1, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
+                                                                 static_cast<const bf16*>(w), cu, num_seqs, T, C);
   QT_LAUNCH_CHECK("conv1d_silu_forward");
 }
 
 size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K) {
-  return sizeof(float) * size_t(ceil_div(std::max<int64_t>(T, 1), kConvTile)) * size_t(C) * size_t(K);
+  return sizeof(float) * size_t(ceil_div(std::max<int64_t>(T, 1), kConvBlockTokensB)) * size_t(C) * size_t(K);
 }
 
 void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
@@ -537,19 +590,19 @@ void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy
   if (K != 4) QT_FAIL("conv1d_silu_backward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
   const bool vec = C % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x);
   const int64_t cvec = vec ? C / 8 : C;
-  const int64_t tiles = ceil_div(T, kConvTile);
-  const dim3 grid(static_cast<unsigned>(ceil_div(cvec, kConvThreads)), static_cast<unsigned>(tiles));
-  float* partials = static_cast<float*>(ws);
+  const int64_t tiles = ceil_div(T, kConvBlockTokensB);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cvec, 32)), static_cast<unsigned>(tiles));
+  float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
   if (vec)
-    conv1d_bwd_kernel<8, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(dx), partials,
-                                                          static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
-                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+    conv1d_bwd_kernel<8, 4, 4><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(dx), partials,
+                                                                 static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+                                                                 static_cast<const bf16*>(w), cu, num_seqs, T, C);
   else
-    conv1d_bwd_kernel<1, 4><<<grid, kConvThreads, 0, s>>>(static_cast<bf16*>(dx), partials,
-                                                          static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
-                                                          static_cast<const bf16*>(w), cu, num_seqs, T, C);
+    conv1d_bwd_kernel<1, 4, 4><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(dx), partials,
+                                                                 static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+                                                                 static_cast<const bf16*>(w), cu, num_seqs, T, C);
   QT_LAUNCH_CHECK("conv1d_silu_backward");
-  launch_column_reduce(dw, dw_f32, partials, tiles, C * K, C * K, s);
+  if (dw != nullptr) launch_column_reduce(dw, dw_f32, partials, tiles, C * K, C * K, s);
 }
 
 // ---- cross-entropy chunk -----------------------------------------------------------------------

@@ -149,6 +149,209 @@ void rmsnorm_bwd_launch(void* dx, bool accumulate_dx, void* dz, float* partials,
       ceil_div(rows, blocks));
 }
 
+
+// ---- fast path: cols % 8 == 0 and cols <= 2048 -------------------------------------------------
+// Warp per row with the row held in registers: lane owns the 16-byte vectors lane + 32 j (j < NV),
+// so x is read once in the forward and x, dy once in the backward. The backward keeps the lane's
+// dw partials in registers over all rows its warp handles (rows w, w + kFastWarps, ... of the
+// block's row range), then the block's warps are summed in warp order into one partial row.
+constexpr int kFastWarps = 4;
+
+template <int NV, NormKind KIND>
+__global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_fwd_fast(bf16* __restrict__ y, float* __restrict__ rstd,
+                                                                     const bf16* __restrict__ x,
+                                                                     const bf16* __restrict__ z,
+                                                                     const bf16* __restrict__ w, int64_t rows,
+                                                                     int64_t cols, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kFastWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t cvec = cols / 8;
+  const uint4* xp = reinterpret_cast<const uint4*>(x + row * cols);
+  uint4 xr[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = lane + 32 * j;
+    xr[j] = i < cvec ? xp[i] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    float v[8];
+    dev::unpack8(v, xr[j]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+  }
+  ss = dev::warp_sum(ss);
+  const float rs = 1.0f / sqrtf(ss / float(cols) + eps);
+  if (lane == 0) rstd[row] = rs;
+  uint4* yp = reinterpret_cast<uint4*>(y + row * cols);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = lane + 32 * j;
+    if (i >= cvec) break;
+    float v[8], wv[8], out[8];
+    dev::unpack8(v, xr[j]);
+    dev::unpack8(wv, reinterpret_cast<const uint4*>(w)[i]);
+    if constexpr (KIND == NormKind::OnePlusW) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) out[k] = v[k] * rs * (1.0f + wv[k]);
+    } else {
+      float zv[8];
+      dev::unpack8(zv, reinterpret_cast<const uint4*>(z + row * cols)[i]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) out[k] = wv[k] * (v[k] * rs) * dev::siluf_(zv[k]);
+    }
+    yp[i] = dev::pack8(out);
+  }
+}
+
+// smem (only with partials): kFastWarps rows of cols floats.
+template <int NV, NormKind KIND>
+__global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
+    bf16* __restrict__ dx, bool accumulate_dx, bf16* __restrict__ dz, float* __restrict__ partials,
+    const bf16* __restrict__ dy, const bf16* __restrict__ x, const bf16* __restrict__ z, const bf16* __restrict__ w,
+    const float* __restrict__ rstd, int64_t rows, int64_t cols, int64_t rows_per_block) {
+  extern __shared__ float sm_dw[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t cvec = cols / 8;
+  const uint4* wp = reinterpret_cast<const uint4*>(w);
+  float dwr[NV][8];
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dwr[j][k] = 0.0f;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = min(rows, r0 + rows_per_block);
+  for (int64_t row = r0 + warp; row < r1; row += kFastWarps) {
+    const uint4* xp = reinterpret_cast<const uint4*>(x + row * cols);
+    const uint4* dyp = reinterpret_cast<const uint4*>(dy + row * cols);
+    const uint4* zp = reinterpret_cast<const uint4*>(z + row * cols);
+    uint4 xr[NV], dr[NV], zr[KIND == NormKind::Gated ? NV : 1];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t i = lane + 32 * j;
+      const bool ok = i < cvec;
+      xr[j] = ok ? xp[i] : make_uint4(0u, 0u, 0u, 0u);
+      dr[j] = ok ? dyp[i] : make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (KIND == NormKind::Gated) zr[j] = ok ? zp[i] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    const float rs = rstd[row];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t i = lane + 32 * j;
+      if (i >= cvec) break;
+      float xv[8], dv[8], wv[8];
+      dev::unpack8(xv, xr[j]);
+      dev::unpack8(dv, dr[j]);
+      dev::unpack8(wv, wp[i]);
+      if constexpr (KIND == NormKind::OnePlusW) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) dot += (xv[k] * rs) * (dv[k] * (1.0f + wv[k]));
+      } else {
+        float zv[8];
+        dev::unpack8(zv, zr[j]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) dot += (xv[k] * rs) * (dv[k] * wv[k] * dev::siluf_(zv[k]));
+      }
+    }
+    const float mean = dev::warp_sum(dot) / float(cols);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t i = lane + 32 * j;
+      if (i >= cvec) break;
+      float xv[8], dv[8], wv[8], dxv[8];
+      dev::unpack8(xv, xr[j]);
+      dev::unpack8(dv, dr[j]);
+      dev::unpack8(wv, wp[i]);
+      if constexpr (KIND == NormKind::OnePlusW) {
+        float old[8];
+        if (dx != nullptr && accumulate_dx) dev::unpack8(old, reinterpret_cast<const uint4*>(dx + row * cols)[i]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float n = xv[k] * rs;
+          dxv[k] = rs * (dv[k] * (1.0f + wv[k]) - n * mean);
+          if (dx != nullptr && accumulate_dx) dxv[k] += old[k];
+          dwr[j][k] += dv[k] * n;
+        }
+      } else {
+        float zv[8], dzv[8];
+        dev::unpack8(zv, zr[j]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float n = xv[k] * rs;
+          const float sz = dev::siluf_(zv[k]);
+          dxv[k] = rs * (dv[k] * wv[k] * sz - n * mean);
+          dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
+          dwr[j][k] += dv[k] * n * sz;
+        }
+        reinterpret_cast<uint4*>(dz + row * cols)[i] = dev::pack8(dzv);
+      }
+      if (dx != nullptr) reinterpret_cast<uint4*>(dx + row * cols)[i] = dev::pack8(dxv);
+    }
+  }
+  if (partials == nullptr) return;
+  float* my = sm_dw + int64_t(warp) * cols;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = lane + 32 * j;
+    if (i >= cvec) break;
+    float4* d = reinterpret_cast<float4*>(my + i * 8);
+    d[0] = make_float4(dwr[j][0], dwr[j][1], dwr[j][2], dwr[j][3]);
+    d[1] = make_float4(dwr[j][4], dwr[j][5], dwr[j][6], dwr[j][7]);
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kFastWarps; ++k) acc += sm_dw[int64_t(k) * cols + c];
+    partials[int64_t(blockIdx.x) * cols + c] = acc;
+  }
+}
+
+// Smallest NV in {1, 2, 4, 8} with 32 NV vectors covering the row; 0: no fast path.
+int fast_nv(int64_t cols) {
+  const int64_t cvec = cols / 8;
+  if (cols % 8 != 0) return 0;
+  for (int nv = 1; nv <= 8; nv *= 2)
+    if (32 * nv >= cvec) return nv;
+  return 0;
+}
+
+template <int NV, NormKind KIND>
+void rmsnorm_fwd_fast_launch(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
+                             int64_t cols, float eps, cudaStream_t s) {
+  rmsnorm_fwd_fast<NV, KIND><<<static_cast<unsigned>(ceil_div(rows, kFastWarps)), kFastWarps * 32, 0, s>>>(
+      static_cast<bf16*>(y), rstd, static_cast<const bf16*>(x), static_cast<const bf16*>(z),
+      static_cast<const bf16*>(w), rows, cols, eps);
+}
+
+template <int NV, NormKind KIND>
+int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* partials, const void* dy, const void* x,
+                             const void* z, const void* w, const float* rstd, int64_t rows, int64_t cols,
+                             cudaStream_t s) {
+  auto kernel = rmsnorm_bwd_fast<NV, KIND>;
+  const size_t smem = partials != nullptr ? sizeof(float) * kFastWarps * size_t(cols) : 0;
+  // Enough blocks for the resident capacity of the device (one wave), at most bwd_blocks(rows)
+  // (the workspace's row count); fewer blocks mean fewer partial rows to reduce.
+  static int capacity = 0;
+  if (capacity == 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFastWarps * 32,
+                                                             sizeof(float) * kFastWarps * 2048));
+    capacity = std::max(1, sms * std::max(1, per_sm));
+  }
+  const int64_t blocks = std::min<int64_t>(bwd_blocks(rows), capacity);
+  kernel<<<static_cast<unsigned>(blocks), kFastWarps * 32, smem, s>>>(
+      static_cast<bf16*>(dx), accumulate_dx, static_cast<bf16*>(dz), partials, static_cast<const bf16*>(dy),
+      static_cast<const bf16*>(x), static_cast<const bf16*>(z), static_cast<const bf16*>(w), rstd, rows, cols,
+      ceil_div(rows, blocks));
+  QT_LAUNCH_CHECK(KIND == NormKind::OnePlusW ? "rmsnorm_backward" : "gated_rmsnorm_backward");
+  return blocks;
+}
+
 }  // namespace
 
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
@@ -160,7 +363,14 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
   const auto* zb = static_cast<const bf16*>(z);
   const auto* wb = static_cast<const bf16*>(w);
   auto* yb = static_cast<bf16*>(y);
-  if (kind == NormKind::OnePlusW) {
+  const int nv = vec ? fast_nv(cols) : 0;
+  if (nv > 0) {
+#define QT_FWD_FAST(NV)                                                                                   \
+  if (kind == NormKind::OnePlusW) rmsnorm_fwd_fast_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s); \
+  else rmsnorm_fwd_fast_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
+    if (nv == 1) { QT_FWD_FAST(1) } else if (nv == 2) { QT_FWD_FAST(2) } else if (nv == 4) { QT_FWD_FAST(4) } else { QT_FWD_FAST(8) }
+#undef QT_FWD_FAST
+  } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_fwd_kernel<8, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
     else rmsnorm_fwd_kernel<1, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
   } else {
@@ -181,9 +391,18 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
   QT_CHECK(dw == nullptr || cols <= 12288, "rmsnorm_backward: cols ", cols, " exceeds the CUDA kernel's 12288");
   const bool vec = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) &&
                    (dx == nullptr || aligned16(dx)) && (z == nullptr || aligned16(z)) && (dz == nullptr || aligned16(dz));
-  const int64_t blocks = bwd_blocks(rows);
+  int64_t blocks = bwd_blocks(rows);
   float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
-  if (kind == NormKind::OnePlusW) {
+  // Gated keeps z in registers too: its fast path stops at NV 4 (1024 columns).
+  const int nv = vec ? fast_nv(cols) : 0;
+  if (nv > 0 && (kind == NormKind::OnePlusW || nv <= 4)) {
+#define QT_BWD_FAST(NV)                                                                                    \
+  blocks = kind == NormKind::OnePlusW                                                                      \
+               ? rmsnorm_bwd_fast_launch<NV, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s) \
+               : rmsnorm_bwd_fast_launch<NV, NormKind::Gated>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s);
+    if (nv == 1) { QT_BWD_FAST(1) } else if (nv == 2) { QT_BWD_FAST(2) } else if (nv == 4) { QT_BWD_FAST(4) } else { QT_BWD_FAST(8) }
+#undef QT_BWD_FAST
+  } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_bwd_launch<8, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
     else rmsnorm_bwd_launch<1, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
   } else {
