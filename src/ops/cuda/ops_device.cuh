@@ -18,8 +18,17 @@ __device__ __forceinline__ float silu_gradf_(float x) {
   return s * (1.0f + x * (1.0f - s));
 }
 
-// VEC consecutive bf16 elements starting at element i*VEC: VEC == 8 is one 16-byte access (the
-// caller guarantees alignment), VEC == 1 a scalar one.
+// Fast-math SiLU and its derivative (ex2 + reciprocal on the SFU, a few ulp off the exact ones;
+// far below bf16 rounding) for the bandwidth-bound kernels whose issue rate matters (conv1d).
+__device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+__device__ __forceinline__ float silu_fast(float x) { return x * sigmoid_fast(x); }
+__device__ __forceinline__ float silu_grad_fast(float x) {
+  const float s = sigmoid_fast(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// VEC consecutive bf16 elements starting at element i*VEC: VEC == 8 is one 16-byte access, VEC == 4
+// one 8-byte access (the caller guarantees alignment), VEC == 1 a scalar one.
 template <int VEC>
 __device__ __forceinline__ void load_vec(float (&out)[VEC], const bf16* p, int64_t i) {
   if constexpr (VEC == 8) {
@@ -31,8 +40,16 @@ __device__ __forceinline__ void load_vec(float (&out)[VEC], const bf16* p, int64
       out[2 * k] = f.x;
       out[2 * k + 1] = f.y;
     }
+  } else if constexpr (VEC == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p + i * 4);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = b.x;
+    out[3] = b.y;
   } else {
-    static_assert(VEC == 1, "VEC must be 1 or 8");
+    static_assert(VEC == 1, "VEC must be 1, 4 or 8");
     out[0] = to_f(p[i]);
   }
 }
@@ -45,6 +62,11 @@ __device__ __forceinline__ void store_vec(bf16* p, int64_t i, const float (&v)[V
 #pragma unroll
     for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
     *reinterpret_cast<uint4*>(p + i * 8) = raw;
+  } else if constexpr (VEC == 4) {
+    uint2 raw;
+    *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(v[0], v[1]);
+    *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(v[2], v[3]);
+    *reinterpret_cast<uint2*>(p + i * 4) = raw;
   } else {
     p[i] = to_bf(v[0]);
   }
@@ -90,6 +112,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 namespace qt::cuda {
 // True when every pointer is 16-byte aligned (vectorized 8 x bf16 access is legal).
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Grid size for a grid-stride loop over n items with `threads` per block.
 inline unsigned grid_for(int64_t n, int threads) {

@@ -241,7 +241,7 @@ void launch_embedding_backward(void* dtable, bool dtable_f32, const void* dout, 
 namespace {
 // Block = 32 columns x kRedGroups row groups: group g sums partial rows g, g + kRedGroups, ... in
 // order, then the groups are added in group order (a fixed order: deterministic).
-constexpr int kRedGroups = 8;
+constexpr int kRedGroups = 16;
 __global__ void __launch_bounds__(32 * kRedGroups) column_reduce_kernel(void* out, bool out_f32,
                                                                         const float* __restrict__ partials, int64_t P,
                                                                         int64_t ld, int64_t ncols) {
@@ -250,14 +250,14 @@ __global__ void __launch_bounds__(32 * kRedGroups) column_reduce_kernel(void* ou
   const int64_t c = int64_t(blockIdx.x) * 32 + cx;
   float acc = 0.0f;
   if (c < ncols) {
+    constexpr int kU = 8;  // loads in flight per thread; the adds stay in row order
     int64_t p = g;
-    for (; p + 3 * kRedGroups < P; p += 4 * kRedGroups) {
-      const float a0 = partials[p * ld + c], a1 = partials[(p + kRedGroups) * ld + c],
-                  a2 = partials[(p + 2 * kRedGroups) * ld + c], a3 = partials[(p + 3 * kRedGroups) * ld + c];
-      acc += a0;
-      acc += a1;
-      acc += a2;
-      acc += a3;
+    for (; p + (kU - 1) * kRedGroups < P; p += kU * kRedGroups) {
+      float a[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) a[u] = partials[(p + u * kRedGroups) * ld + c];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) acc += a[u];
     }
     for (; p < P; p += kRedGroups) acc += partials[p * ld + c];
   }
@@ -352,7 +352,7 @@ void launch_gdn_gates_backward(void* db, void* da, void* da_log, bool da_log_f32
 }
 
 // ---- causal conv1d + SiLU, varlen --------------------------------------------------------------
-// Warp w of a block = 32 lanes x VEC adjacent channels over one time tile; lane walks time keeping
+// Warp w of a block = 32 lanes x VEC (4) adjacent channels over one time tile; lane walks time keeping
 // the raw K-1 previous inputs in registers, loads U tokens ahead (U independent vector loads in
 // flight), and masks taps by the token's distance from its sample start (tap at offset m is used
 // iff m <= t - start), so no tap reads another sample, also for 1- and 2-token or empty samples.
@@ -373,6 +373,50 @@ __device__ __forceinline__ int find_seq(const int32_t* cu, int num_seqs, int64_t
     if (cu[mid] <= t) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// One token of the forward: y = silu(sum_j w[j] tap[j]); MASK drops taps before the sample start
+// (tap j sits K-1-j tokens back; dist = tokens since the sample start). Callers branch on the
+// warp-uniform dist, so interior tokens run without selects.
+template <int VEC, int K, bool MASK>
+__device__ __forceinline__ void conv_fwd_token(float (&out)[VEC], const float (&wr)[VEC][K],
+                                               const float (&hist)[K - 1][VEC], const float (&cur)[VEC],
+                                               int64_t dist) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    float acc = wr[v][K - 1] * cur[v];
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j)
+      if (!MASK || K - 1 - j <= dist) acc += wr[v][j] * hist[j][v];
+    out[v] = dev::silu_fast(acc);
+  }
+}
+
+// One token of the backward: dc = dy silu'(pre); dw += dc taps (when in the tile), and dc w[K-1-m]
+// goes to the pending dx of the token m back (same sample only under MASK).
+template <int VEC, int K, bool MASK>
+__device__ __forceinline__ void conv_bwd_token(float (&dwacc)[VEC][K], float (&pend)[K][VEC],
+                                               const float (&wr)[VEC][K], const float (&hist)[K - 1][VEC],
+                                               const float (&cx)[VEC], const float (&cdy)[VEC], int64_t dist,
+                                               bool in_tile) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    float tap[K];
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) tap[j] = (!MASK || K - 1 - j <= dist) ? hist[j][v] : 0.0f;
+    tap[K - 1] = cx[v];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) acc += wr[v][j] * tap[j];
+    const float dc = cdy[v] * dev::silu_grad_fast(acc);
+    if (in_tile) {
+#pragma unroll
+      for (int j = 0; j < K; ++j) dwacc[v][j] += dc * tap[j];
+    }
+#pragma unroll
+    for (int m = 0; m < K; ++m)
+      if (!MASK || m <= dist) pend[m][v] += dc * wr[v][K - 1 - m];
+  }
 }
 
 template <int VEC, int K, int U>
@@ -420,14 +464,8 @@ __global__ void __launch_bounds__(kConvWarps * 32) conv1d_fwd_kernel(bf16* __res
       }
       const int64_t dist = t - start;
       float out[VEC];
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        float acc = wr[v][K - 1] * cur[u][v];
-#pragma unroll
-        for (int j = 0; j < K - 1; ++j)
-          if (K - 1 - j <= dist) acc += wr[v][j] * hist[j][v];
-        out[v] = dev::siluf_(acc);
-      }
+      if (dist >= K - 1) conv_fwd_token<VEC, K, false>(out, wr, hist, cur[u], dist);
+      else conv_fwd_token<VEC, K, true>(out, wr, hist, cur[u], dist);
       store_vec<VEC>(y + t * C, cg, out);
 #pragma unroll
       for (int j = 0; j < K - 2; ++j)
@@ -511,24 +549,8 @@ __global__ void __launch_bounds__(kConvWarps * 32) conv1d_bwd_kernel(bf16* __res
             next = cu[seq + 1];
           }
           const int64_t dist = t - start;
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            float tap[K];
-#pragma unroll
-            for (int j = 0; j < K - 1; ++j) tap[j] = (K - 1 - j <= dist) ? hist[j][v] : 0.0f;
-            tap[K - 1] = cx[u][v];
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < K; ++j) acc += wr[v][j] * tap[j];
-            const float dc = cdy[u][v] * dev::silu_gradf_(acc);
-            if (t < t1) {
-#pragma unroll
-              for (int j = 0; j < K; ++j) dwacc[v][j] += dc * tap[j];
-            }
-#pragma unroll
-            for (int m = 0; m < K; ++m)
-              if (m <= dist) pend[m][v] += dc * wr[v][K - 1 - m];
-          }
+          if (dist >= K - 1) conv_bwd_token<VEC, K, false>(dwacc, pend, wr, hist, cx[u], cdy[u], dist, t < t1);
+          else conv_bwd_token<VEC, K, true>(dwacc, pend, wr, hist, cx[u], cdy[u], dist, t < t1);
 #pragma unroll
           for (int j = 0; j < K - 2; ++j)
 #pragma unroll
@@ -566,12 +588,13 @@ void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int
                                 int64_t C, int K, cudaStream_t s) {
   if (T <= 0 || C <= 0) return;
   if (K != 4) QT_FAIL("conv1d_silu_forward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
-  const bool vec = C % 8 == 0 && aligned16(y) && aligned16(x);
-  const int64_t cvec = vec ? C / 8 : C;
+  // 4 channels (8 bytes) per lane: half the registers of 8 channels, so twice the warps resident.
+  const bool vec = C % 4 == 0 && aligned8(y) && aligned8(x);
+  const int64_t cvec = vec ? C / 4 : C;
   const dim3 grid(static_cast<unsigned>(ceil_div(cvec, 32)),
                   static_cast<unsigned>(ceil_div(T, int64_t(kConvWarps) * kConvTileF)));
   if (vec)
-    conv1d_fwd_kernel<8, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
+    conv1d_fwd_kernel<4, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
                                                                  static_cast<const bf16*>(w), cu, num_seqs, T, C);
   else
     conv1d_fwd_kernel<1, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(x),
@@ -588,17 +611,17 @@ void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy
                                  cudaStream_t s) {
   if (T <= 0 || C <= 0) return;
   if (K != 4) QT_FAIL("conv1d_silu_backward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
-  const bool vec = C % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x);
-  const int64_t cvec = vec ? C / 8 : C;
+  const bool vec = C % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x);
+  const int64_t cvec = vec ? C / 4 : C;
   const int64_t tiles = ceil_div(T, kConvBlockTokensB);
   const dim3 grid(static_cast<unsigned>(ceil_div(cvec, 32)), static_cast<unsigned>(tiles));
   float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
   if (vec)
-    conv1d_bwd_kernel<8, 4, 4><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(dx), partials,
+    conv1d_bwd_kernel<4, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(dx), partials,
                                                                  static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
                                                                  static_cast<const bf16*>(w), cu, num_seqs, T, C);
   else
-    conv1d_bwd_kernel<1, 4, 4><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(dx), partials,
+    conv1d_bwd_kernel<1, 4, 8><<<grid, kConvWarps * 32, 0, s>>>(static_cast<bf16*>(dx), partials,
                                                                  static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
                                                                  static_cast<const bf16*>(w), cu, num_seqs, T, C);
   QT_LAUNCH_CHECK("conv1d_silu_backward");

@@ -152,8 +152,8 @@ void rmsnorm_bwd_launch(void* dx, bool accumulate_dx, void* dz, float* partials,
 
 // ---- fast path: cols % 8 == 0 and cols <= 2048 -------------------------------------------------
 // Warp per row with the row held in registers: lane owns the 16-byte vectors lane + 32 j (j < NV),
-// so x is read once in the forward and x, dy once in the backward. The backward keeps the lane's
-// dw partials in registers over all rows its warp handles (rows w, w + kFastWarps, ... of the
+// so x is read once in the forward and x, dy once in the backward. The backward keeps the warp's
+// dw partials in shared memory over all rows it handles (rows w, w + kFastWarps, ... of the
 // block's row range), then the block's warps are summed in warp order into one partial row.
 constexpr int kFastWarps = 4;
 
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_fwd_fast(bf16* __rest
   }
 }
 
-// smem (only with partials): kFastWarps rows of cols floats.
+// smem (only with partials): kFastWarps x NV x 256 floats, each warp's dw partials (layout below).
 template <int NV, NormKind KIND>
 __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
     bf16* __restrict__ dx, bool accumulate_dx, bf16* __restrict__ dz, float* __restrict__ partials,
@@ -216,11 +216,13 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t cvec = cols / 8;
   const uint4* wp = reinterpret_cast<const uint4*>(w);
-  float dwr[NV][8];
+  // The warp's dw partials live in shared memory (keeping registers for the row): float4 slot
+  // (2 j + h) * 32 + lane holds columns (lane + 32 j) * 8 + 4 h .. + 3, so a warp's 16-byte
+  // accesses are consecutive (no bank conflicts).
+  float4* my = reinterpret_cast<float4*>(sm_dw) + warp * (NV * 64);
+  if (partials != nullptr)
 #pragma unroll
-  for (int j = 0; j < NV; ++j)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) dwr[j][k] = 0.0f;
+    for (int q = 0; q < 2 * NV; ++q) my[q * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = min(rows, r0 + rows_per_block);
   for (int64_t row = r0 + warp; row < r1; row += kFastWarps) {
     const uint4* xp = reinterpret_cast<const uint4*>(x + row * cols);
@@ -260,7 +262,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
     for (int j = 0; j < NV; ++j) {
       const int64_t i = lane + 32 * j;
       if (i >= cvec) break;
-      float xv[8], dv[8], wv[8], dxv[8];
+      float xv[8], dv[8], wv[8], dxv[8], dwv[8];
       dev::unpack8(xv, xr[j]);
       dev::unpack8(dv, dr[j]);
       dev::unpack8(wv, wp[i]);
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
           const float n = xv[k] * rs;
           dxv[k] = rs * (dv[k] * (1.0f + wv[k]) - n * mean);
           if (dx != nullptr && accumulate_dx) dxv[k] += old[k];
-          dwr[j][k] += dv[k] * n;
+          dwv[k] = dv[k] * n;
         }
       } else {
         float zv[8], dzv[8];
@@ -283,28 +285,29 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
           const float sz = dev::siluf_(zv[k]);
           dxv[k] = rs * (dv[k] * wv[k] * sz - n * mean);
           dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
-          dwr[j][k] += dv[k] * n * sz;
+          dwv[k] = dv[k] * n * sz;
         }
         reinterpret_cast<uint4*>(dz + row * cols)[i] = dev::pack8(dzv);
       }
       if (dx != nullptr) reinterpret_cast<uint4*>(dx + row * cols)[i] = dev::pack8(dxv);
+      if (partials != nullptr) {
+        float4& a = my[(2 * j) * 32 + lane];
+        float4& b = my[(2 * j + 1) * 32 + lane];
+        float4 av = a, bv = b;
+        av.x += dwv[0]; av.y += dwv[1]; av.z += dwv[2]; av.w += dwv[3];
+        bv.x += dwv[4]; bv.y += dwv[5]; bv.z += dwv[6]; bv.w += dwv[7];
+        a = av;
+        b = bv;
+      }
     }
   }
   if (partials == nullptr) return;
-  float* my = sm_dw + int64_t(warp) * cols;
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int64_t i = lane + 32 * j;
-    if (i >= cvec) break;
-    float4* d = reinterpret_cast<float4*>(my + i * 8);
-    d[0] = make_float4(dwr[j][0], dwr[j][1], dwr[j][2], dwr[j][3]);
-    d[1] = make_float4(dwr[j][4], dwr[j][5], dwr[j][6], dwr[j][7]);
-  }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const int64_t i = c / 8, k = c % 8, slot = ((i / 32) * 2 + k / 4) * 32 + (i % 32);
     float acc = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kFastWarps; ++k) acc += sm_dw[int64_t(k) * cols + c];
+    for (int q = 0; q < kFastWarps; ++q) acc += sm_dw[(int64_t(q) * NV * 64 + slot) * 4 + k % 4];
     partials[int64_t(blockIdx.x) * cols + c] = acc;
   }
 }
@@ -331,7 +334,7 @@ int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* p
                              const void* z, const void* w, const float* rstd, int64_t rows, int64_t cols,
                              cudaStream_t s) {
   auto kernel = rmsnorm_bwd_fast<NV, KIND>;
-  const size_t smem = partials != nullptr ? sizeof(float) * kFastWarps * size_t(cols) : 0;
+  const size_t smem = partials != nullptr ? sizeof(float) * kFastWarps * NV * 256 : 0;
   // Enough blocks for the resident capacity of the device (one wave), at most bwd_blocks(rows)
   // (the workspace's row count); fewer blocks mean fewer partial rows to reduce.
   static int capacity = 0;
@@ -340,7 +343,7 @@ int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* p
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFastWarps * 32,
-                                                             sizeof(float) * kFastWarps * 2048));
+                                                             sizeof(float) * kFastWarps * NV * 256));
     capacity = std::max(1, sms * std::max(1, per_sm));
   }
   const int64_t blocks = std::min<int64_t>(bwd_blocks(rows), capacity);
