@@ -3,15 +3,22 @@
 // TFLOP/s by KERNELS.md 1.8 (executed FLOPs per token per value head, C = 64):
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
 // Usage: bench_gdn [iters]   (prints one `key value unit` row per figure)
+// QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops/cuda/kernels.h"
+
+namespace qt::cuda {  // benchmark hooks defined in src/ops/cuda/gdn.cu
+void gdn_stage_timing(bool on);
+void gdn_stage_report(const char* label, int calls);
+}  // namespace qt::cuda
 
 #define BCHECK(x)                                                                        \
   do {                                                                                   \
@@ -119,6 +126,15 @@ int main(int argc, char** argv) {
     std::printf("| gdn_bwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, bwd_per * th / (bwd_ms * 1e-3) / 1e12);
     std::printf("| gdn_fwd_ms_%s | %.3f | ms |\n| gdn_bwd_ms_%s | %.3f | ms |\n", s.name, fwd_ms, s.name, bwd_ms);
     std::printf("# %s: workspace %.1f MiB\n", s.name, ws_bytes / 1048576.0);
+    const char* st = std::getenv("QT_GDN_STAGE_TIMES");
+    if (st && st[0] == '1') {
+      qt::cuda::gdn_stage_timing(true);
+      for (int i = 0; i < iters; ++i) qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr);
+      qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd").c_str(), iters);
+      for (int i = 0; i < iters; ++i) qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr);
+      qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd").c_str(), iters);
+      qt::cuda::gdn_stage_timing(false);
+    }
     BCHECK(cudaFree(qkv));
     BCHECK(cudaFree(dqkv));
     BCHECK(cudaFree(o));

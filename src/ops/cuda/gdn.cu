@@ -20,22 +20,30 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/gdn_mma.cuh"
 
 namespace qt::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using gdn_mma::for_tiles;
+using gdn_mma::for_tiles2;
+using gdn_mma::mma_acc;
 
 constexpr int kC = 64;         // chunk rows
-constexpr int kLdC = kC + 1;   // padded stride of C x C tiles
+constexpr int kLdC = kC + 2;   // padded stride of C x C tiles (2-way bank conflicts at worst)
 constexpr int kThreads = 256;  // per block, every kernel but the chunk table
 constexpr int kParts = kThreads / kC;  // 4 column groups in the row-thread mapping
 constexpr float kL2Eps = 1e-6f;
 
-__device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -54,11 +62,59 @@ struct Carve {
 };
 
 // dst[i][c] (stride ld) = src row i (stride src_ld elements) times scale(i), rows >= len zero.
+// 16-byte vectors: 4 floats or 8 bf16 values.
+template <typename Src>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  static constexpr int n = 4;
+  __device__ static void decode(const uint4& r, float* f) {
+    f[0] = __uint_as_float(r.x);
+    f[1] = __uint_as_float(r.y);
+    f[2] = __uint_as_float(r.z);
+    f[3] = __uint_as_float(r.w);
+  }
+};
+template <>
+struct Vec16<bf16> {
+  static constexpr int n = 8;
+  __device__ static void decode(const uint4& r, float* f) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      f[2 * q] = __uint_as_float(w[q] << 16);
+      f[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+    }
+  }
+};
+
+// Requires 16-byte aligned src rows and ncols % Vec16<Src>::n == 0 (all GDN dims are multiples of
+// 16 and every row offset a multiple of 16 elements). Each thread issues kBatch independent
+// 16-byte loads before it stores anything, so a chunk tile costs about one memory latency.
 template <typename Src, typename Scale>
 __device__ void load_rows(float* dst, int ld, const Src* src, size_t src_ld, int len, int ncols, Scale scale) {
-  for (int idx = threadIdx.x; idx < kC * ncols; idx += blockDim.x) {
-    const int i = idx / ncols, c = idx - i * ncols;
-    dst[i * ld + c] = i < len ? to_f(src[static_cast<size_t>(i) * src_ld + c]) * scale(i) : 0.f;
+  constexpr int n = Vec16<Src>::n, kBatch = 8;
+  const int per_row = ncols / n, total = kC * per_row;
+  for (int base = threadIdx.x; base < total; base += blockDim.x * kBatch) {
+    uint4 r[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * blockDim.x;
+      const int i = idx / per_row, c = (idx - i * per_row) * n;
+      r[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (idx < total && i < len) r[u] = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(i) * src_ld + c);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * blockDim.x;
+      if (idx >= total) break;
+      const int i = idx / per_row, c = (idx - i * per_row) * n;
+      float f[n];
+      Vec16<Src>::decode(r[u], f);
+      const float sc = i < len ? scale(i) : 0.f;
+#pragma unroll
+      for (int q = 0; q < n; ++q) dst[i * ld + c + q] = f[q] * sc;
+    }
   }
 }
 struct One {
@@ -87,17 +143,15 @@ __device__ void load_gates(float* gs, float* bs, const float* g, const float* be
 
 // As[i][j] = b_i (k_i . k_j) exp(G_i - G_j) for j < i, else 0. Lanes walk i (conflict-free
 // with the padded stride; k_j is a broadcast).
-__device__ void build_a(float* As, const float* Ks, int ldk, int K, const float* gs, const float* bs) {
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx & (kC - 1), j = idx >> 6;
-    float a = 0.f;
-    if (j < i) {
-      float dot = 0.f;
-      for (int d = 0; d < K; ++d) dot += Ks[i * ldk + d] * Ks[j * ldk + d];
-      a = bs[i] * dot * expf(gs[i] - gs[j]);
-    }
-    As[i * kLdC + j] = a;
-  }
+__device__ void build_a(float* As, const float* Ks, int ldk, int K, const float* gs, const float* bs, bool split) {
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;  // strictly above the diagonal
+        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Ks[i * ldk + d]; },
+                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+      },
+      [&](int i, int j, float v) { As[i * kLdC + j] = j < i ? bs[i] * v * expf(gs[i] - gs[j]) : 0.f; });
 }
 
 // Ts = (I + As)^-1 (unit lower triangular) by forward substitution, thread c owns column c.
@@ -117,17 +171,15 @@ __device__ void solve_unit_lower(float* Ts, const float* As) {
 }
 
 // Ps[i][j] = (q_i . k_j) exp(G_i - G_j) for j <= i, else 0.
-__device__ void build_p(float* Ps, const float* Qs, const float* Ks, int ldk, int K, const float* gs) {
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx & (kC - 1), j = idx >> 6;
-    float p = 0.f;
-    if (j <= i) {
-      float dot = 0.f;
-      for (int d = 0; d < K; ++d) dot += Qs[i * ldk + d] * Ks[j * ldk + d];
-      p = dot * expf(gs[i] - gs[j]);
-    }
-    Ps[i * kLdC + j] = p;
-  }
+__device__ void build_p(float* Ps, const float* Qs, const float* Ks, int ldk, int K, const float* gs, bool split) {
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Qs[i * ldk + d]; },
+                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+      },
+      [&](int i, int j, float v) { Ps[i * kLdC + j] = j <= i ? v * expf(gs[i] - gs[j]) : 0.f; });
 }
 
 // ---- chunk table -------------------------------------------------------------------------------
@@ -189,29 +241,27 @@ __global__ void gdn_l2norm_kernel(float* qn, float* kn, const bf16* qkv, int T, 
 }
 
 // ---- prep: G, W, U per (chunk, value head) -----------------------------------------------------
-int prep_smem_floats(int K, int V) { return 2 * kC * (K + 1) + 2 * kC * (V + 1) + 2 * kC * kLdC + 3 * kC; }
+int prep_smem_floats(int K, int V) { return kC * (K + 2) + kC * (V + 2) + 2 * kC * kLdC + 3 * kC; }
 
 // Gc [T, Hv] = chunk-local cumsum of g; W [T, Hv, K] = T diag(b e^G) K^; U [T, Hv, V] = T diag(b) V.
 __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W, float* U, const int4* table,
                                                             const int* nchunks, const float* kn, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
-                                                            int K, int V, int conv_dim) {
+                                                            int K, int V, int conv_dim, bool split) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Ks = cv.take(kC * (K + 1));
-  float* Vs = cv.take(kC * (V + 1));
+  float* Ks = cv.take(kC * (K + 2));
+  float* Vs = cv.take(kC * (V + 2));
   float* As = cv.take(kC * kLdC);
   float* Ts = cv.take(kC * kLdC);
-  float* Wsm = cv.take(kC * (K + 1));
-  float* Usm = cv.take(kC * (V + 1));
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
   float* kbs = cv.take(kC);
-  const int ldk = K + 1, ldv = V + 1;
+  const int ldk = K + 2, ldv = V + 2;
 
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
   load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
@@ -223,52 +273,53 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W,
     kbs[i] = bs[i] * expf(gs[i]);
     if (i < len) Gc[static_cast<size_t>(bos + i) * Hv + head] = gs[i];
   }
-  build_a(As, Ks, ldk, K, gs, bs);
+  build_a(As, Ks, ldk, K, gs, bs, split);
   __syncthreads();
   solve_unit_lower(Ts, As);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kC * K; idx += blockDim.x) {
-    const int i = idx & (kC - 1), d = idx >> 6;
-    float acc = 0.f;
-    for (int j = 0; j <= i; ++j) acc += Ts[i * kLdC + j] * kbs[j] * Ks[j * ldk + d];
-    Wsm[i * ldk + d] = acc;
-  }
-  for (int idx = threadIdx.x; idx < kC * V; idx += blockDim.x) {
-    const int i = idx & (kC - 1), e = idx >> 6;
-    float acc = 0.f;
-    for (int j = 0; j <= i; ++j) acc += Ts[i * kLdC + j] * bs[j] * Vs[j * ldv + e];
-    Usm[i * ldv + e] = acc;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < len * K; idx += blockDim.x) {
-    const int i = idx / K, d = idx - i * K;
-    W[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = Wsm[i * ldk + d];
-  }
-  for (int idx = threadIdx.x; idx < len * V; idx += blockDim.x) {
-    const int i = idx / V, e = idx - i * V;
-    U[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = Usm[i * ldv + e];
-  }
+  // T is unit lower triangular (zeros above the diagonal), so row tile m0 needs columns < m0 + 16.
+  auto fT = [&](int i, int j) { return Ts[i * kLdC + j]; };
+  for_tiles<2>(
+      kC, K,
+      [&](auto& acc, int m0, int n0) {
+        mma_acc(acc, m0, n0, 0, m0 + 16, fT, [&](int j, int d) { return kbs[j] * Ks[j * ldk + d]; }, split);
+      },
+      [&](int i, int d, float v) {
+        if (i < len) W[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = v;
+      });
+  for_tiles<2>(
+      kC, V,
+      [&](auto& acc, int m0, int n0) {
+        mma_acc(acc, m0, n0, 0, m0 + 16, fT, [&](int j, int e) { return bs[j] * Vs[j * ldv + e]; }, split);
+      },
+      [&](int i, int e, float v) {
+        if (i < len) U[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = v;
+      });
 }
 
 // ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
-int scan_fwd_smem_floats(int K, int bv) { return K * bv + 2 * kC * (K + 1) + kC * bv + kC; }
+// Row stride of the bv-wide tiles (S, D, dO): bv + 8 keeps the B-fragment reads ([k][n], k on the
+// thread-in-group index) free of bank conflicts.
+__host__ __device__ constexpr int bv_ld(int bv) { return bv + 8; }
+int scan_fwd_smem_floats(int K, int bv) { return K * bv_ld(bv) + 2 * kC * (K + 2) + kC * bv_ld(bv) + kC; }
 
 // h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place).
 __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const float* W, const float* kn,
                                                                 const float* Gc, const int32_t* cu,
                                                                 const int* seq_off, int Hk, int Hv, int K, int V,
-                                                                int bv) {
+                                                                int bv, bool split) {
   const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Ss = cv.take(K * bv);
-  float* Ws = cv.take(kC * (K + 1));
-  float* Kd = cv.take(kC * (K + 1));
-  float* Ds = cv.take(kC * bv);
+  const int lds = bv_ld(bv);
+  float* Ss = cv.take(K * lds);
+  float* Ws = cv.take(kC * (K + 2));
+  float* Kd = cv.take(kC * (K + 2));
+  float* Ds = cv.take(kC * lds);
   float* gs = cv.take(kC);
-  const int ldk = K + 1;
-  for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) Ss[idx] = 0.f;
+  const int ldk = K + 2;
+  for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) Ss[idx] = 0.f;
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
@@ -281,49 +332,61 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
     float* hc = h + (chunk * Hv + head) * static_cast<size_t>(K) * V;
     for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
       const int d = idx / bv, e = idx - d * bv;
-      hc[static_cast<size_t>(d) * V + e0 + e] = Ss[idx];
+      hc[static_cast<size_t>(d) * V + e0 + e] = Ss[d * lds + e];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < L * bv; idx += blockDim.x) {
-      const int i = idx / bv, e = idx - i * bv;
-      float* u = UD + (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
-      float acc = *u;
-      for (int d = 0; d < K; ++d) acc -= Ws[i * ldk + d] * Ss[d * bv + e];
-      *u = acc;
-      Ds[idx] = acc;
-    }
+    // D = U - W S (rows >= L: D = 0, so they drop out of the update below).
+    for_tiles<2>(
+        kC, bv,
+        [&](auto& acc, int m0, int n0) {
+          if (m0 >= L) return;
+          mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Ws[i * ldk + d]; },
+                  [&](int d, int e) { return Ss[d * lds + e]; }, split);
+        },
+        [&](int i, int e, float v) {
+          float x = 0.f;
+          if (i < L) {
+            float* u = UD + (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
+            x = *u - v;
+            *u = x;
+          }
+          Ds[i * lds + e] = x;
+        });
     __syncthreads();
+    // S = e^{G_L} S + (diag(e^{G_L - G}) K)^T D.
     const float decay = expf(gl);
-    for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
-      const int d = idx / bv, e = idx - d * bv;
-      float acc = decay * Ss[idx];
-      for (int i = 0; i < L; ++i) acc += Kd[i * ldk + d] * Ds[i * bv + e];
-      Ss[idx] = acc;
-    }
+    for_tiles<2>(
+        K, bv,
+        [&](auto& acc, int m0, int n0) {
+          mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return Kd[i * ldk + d]; },
+                  [&](int i, int e) { return Ds[i * lds + e]; }, split);
+        },
+        [&](int d, int e, float v) { Ss[d * lds + e] = decay * Ss[d * lds + e] + v; });
   }
 }
 
 // ---- forward output ----------------------------------------------------------------------------
-int out_smem_floats(int K, int V) { return 2 * kC * (K + 1) + kC * (V + 1) + kC * kLdC + kC + kC; }
+// D reuses K's space once P is built (2 CTAs per SM instead of 1 at K = V = 128).
+int out_smem_floats(int K, int V) { return kC * (K + 2) + kC * (std::max(K, V) + 2) + kC * kLdC + kC + kC; }
 
 // O = diag(e^G) Q^ S0 + P D, per (chunk, value head).
 __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* table, const int* nchunks,
                                                               const float* qn, const float* kn, const float* Gc,
                                                               const float* UD, const float* h, int Hk, int Hv,
-                                                              int K, int V) {
+                                                              int K, int V, bool split) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Qs = cv.take(kC * (K + 1));
-  float* Ks = cv.take(kC * (K + 1));
-  float* Ds = cv.take(kC * (V + 1));
+  float* Qs = cv.take(kC * (K + 2));
+  float* Ks = cv.take(kC * (std::max(K, V) + 2));
+  float* Ds = Ks;  // after build_p
   float* Ps = cv.take(kC * kLdC);
   float* gs = cv.take(kC);
   float* eg = cv.take(kC);
-  const int ldk = K + 1, ldv = V + 1;
+  const int ldk = K + 2, ldv = V + 2;
   if (threadIdx.x < kC) {
     const int i = threadIdx.x;
     // Padded rows: G = G at the last valid row (their q, k, D are zero anyway).
@@ -332,78 +395,89 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   }
   load_rows(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
   load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
+  __syncthreads();
+  build_p(Ps, Qs, Ks, ldk, K, gs, split);
+  __syncthreads();
   load_rows(Ds, ldv, UD + (static_cast<size_t>(bos) * Hv + head) * V, static_cast<size_t>(Hv) * V, len, V, One{});
   __syncthreads();
-  build_p(Ps, Qs, Ks, ldk, K, gs);
-  __syncthreads();
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
-  for (int idx = threadIdx.x; idx < kC * V; idx += blockDim.x) {
-    const int i = idx & (kC - 1), e = idx >> 6;
-    if (i >= len) continue;
-    float inter = 0.f;
-    for (int d = 0; d < K; ++d) inter += Qs[i * ldk + d] * S0[static_cast<size_t>(d) * V + e];
-    float intra = 0.f;
-    for (int j = 0; j <= i; ++j) intra += Ps[i * kLdC + j] * Ds[j * ldv + e];
-    o[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = __float2bfloat16(eg[i] * inter + intra);
-  }
+  for_tiles<2>(
+      kC, V,
+      [&](auto& acc, int m0, int n0) {
+        if (m0 >= len) return;
+        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return eg[i] * Qs[i * ldk + d]; },
+                [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+        mma_acc(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ps[i * kLdC + j]; },
+                [&](int j, int e) { return Ds[j * ldv + e]; }, split);
+      },
+      [&](int i, int e, float v) {
+        if (i < len) o[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = __float2bfloat16(v);
+      });
 }
 
 // ---- backward: dD_local = P^T dO ---------------------------------------------------------------
-int dlocal_smem_floats(int K, int V) { return 2 * kC * (K + 1) + kC * (V + 1) + kC * kLdC + kC; }
+int dlocal_smem_floats(int K, int V) { return kC * (K + 2) + kC * (std::max(K, V) + 2) + kC * kLdC + kC; }
 
 __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const int4* table, const int* nchunks,
                                                               const float* qn, const float* kn, const float* Gc,
-                                                              const bf16* d_o, int Hk, int Hv, int K, int V) {
+                                                              const bf16* d_o, int Hk, int Hv, int K, int V,
+                                                              bool split) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Qs = cv.take(kC * (K + 1));
-  float* Ks = cv.take(kC * (K + 1));
-  float* dOs = cv.take(kC * (V + 1));
+  float* Qs = cv.take(kC * (K + 2));
+  float* Ks = cv.take(kC * (std::max(K, V) + 2));
+  float* dOs = Ks;  // after build_p
   float* Ps = cv.take(kC * kLdC);
   float* gs = cv.take(kC);
-  const int ldk = K + 1, ldv = V + 1;
+  const int ldk = K + 2, ldv = V + 2;
   if (threadIdx.x < kC) gs[threadIdx.x] = Gc[static_cast<size_t>(bos + min(static_cast<int>(threadIdx.x), len - 1)) * Hv + head];
   load_rows(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
   load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
+  __syncthreads();
+  build_p(Ps, Qs, Ks, ldk, K, gs, split);
+  __syncthreads();
   load_rows(dOs, ldv, d_o + (static_cast<size_t>(bos) * Hv + head) * V, static_cast<size_t>(Hv) * V, len, V, One{});
   __syncthreads();
-  build_p(Ps, Qs, Ks, ldk, K, gs);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kC * V; idx += blockDim.x) {
-    const int j = idx & (kC - 1), e = idx >> 6;
-    if (j >= len) continue;
-    float acc = 0.f;
-    for (int i = j; i < len; ++i) acc += Ps[i * kLdC + j] * dOs[i * ldv + e];
-    dD[(static_cast<size_t>(bos + j) * Hv + head) * V + e] = acc;
-  }
+  // dD_j = sum_{i >= j} P_ij dO_i (P is lower triangular: row tile m0 needs i >= m0).
+  for_tiles<2>(
+      kC, V,
+      [&](auto& acc, int m0, int n0) {
+        if (m0 >= len) return;
+        mma_acc(acc, m0, n0, m0, kC, [&](int j, int i) { return Ps[i * kLdC + j]; },
+                [&](int i, int e) { return dOs[i * ldv + e]; }, split);
+      },
+      [&](int j, int e, float v) {
+        if (j < len) dD[(static_cast<size_t>(bos + j) * Hv + head) * V + e] = v;
+      });
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
-int scan_bwd_smem_floats(int K, int bv) { return K * bv + 3 * kC * (K + 1) + 2 * kC * bv + kC; }
+int scan_bwd_smem_floats(int K, int bv) { return K * bv_ld(bv) + 3 * kC * (K + 2) + 2 * kC * bv_ld(bv) + kC; }
 
 // dh[chunk] = dL/d(state leaving the chunk); dD += diag(e^{G_L-G}) K^ dS (full dD, in place);
 // dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD.
 __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float* dD, const float* W, const float* qn,
                                                                 const float* kn, const float* Gc, const bf16* d_o,
                                                                 const int32_t* cu, const int* seq_off, int Hk,
-                                                                int Hv, int K, int V, int bv) {
+                                                                int Hv, int K, int V, int bv, bool split) {
   const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* dS = cv.take(K * bv);
-  float* Ws = cv.take(kC * (K + 1));
-  float* Kd = cv.take(kC * (K + 1));
-  float* Qg = cv.take(kC * (K + 1));
-  float* dOs = cv.take(kC * bv);
-  float* Ds = cv.take(kC * bv);
+  const int lds = bv_ld(bv);
+  float* dS = cv.take(K * lds);
+  float* Ws = cv.take(kC * (K + 2));
+  float* Kd = cv.take(kC * (K + 2));
+  float* Qg = cv.take(kC * (K + 2));
+  float* dOs = cv.take(kC * lds);
+  float* Ds = cv.take(kC * lds);
   float* gs = cv.take(kC);
-  const int ldk = K + 1;
-  for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) dS[idx] = 0.f;
+  const int ldk = K + 2;
+  for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) dS[idx] = 0.f;
   for (int ci = n - 1; ci >= 0; --ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
@@ -415,65 +489,79 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float
               [&](int i) { return expf(gl - gs[i]); });
     load_rows(Qg, ldk, qn + (static_cast<size_t>(c0) * Hk + kh) * K, static_cast<size_t>(Hk) * K, L, K,
               [&](int i) { return expf(gs[i]); });
-    load_rows(dOs, bv, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv,
+    load_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv,
               One{});
     float* dhc = dh + (chunk * Hv + head) * static_cast<size_t>(K) * V;
     for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
       const int d = idx / bv, e = idx - d * bv;
-      dhc[static_cast<size_t>(d) * V + e0 + e] = dS[idx];
+      dhc[static_cast<size_t>(d) * V + e0 + e] = dS[d * lds + e];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < L * bv; idx += blockDim.x) {
-      const int i = idx / bv, e = idx - i * bv;
-      float* p = dD + (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
-      float acc = *p;
-      for (int d = 0; d < K; ++d) acc += Kd[i * ldk + d] * dS[d * bv + e];
-      *p = acc;
-      Ds[idx] = acc;
-    }
+    // dD += diag(e^{G_L - G}) K dS (rows >= L: 0).
+    for_tiles<2>(
+        kC, bv,
+        [&](auto& acc, int m0, int n0) {
+          if (m0 >= L) return;
+          mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Kd[i * ldk + d]; },
+                  [&](int d, int e) { return dS[d * lds + e]; }, split);
+        },
+        [&](int i, int e, float v) {
+          float x = 0.f;
+          if (i < L) {
+            float* p = dD + (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
+            x = *p + v;
+            *p = x;
+          }
+          Ds[i * lds + e] = x;
+        });
     __syncthreads();
     const float decay = expf(gl);
-    for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
-      const int d = idx / bv, e = idx - d * bv;
-      float acc = decay * dS[idx];
-      for (int i = 0; i < L; ++i) acc += Qg[i * ldk + d] * dOs[i * bv + e] - Ws[i * ldk + d] * Ds[i * bv + e];
-      dS[idx] = acc;
-    }
+    for_tiles<2>(
+        K, bv,
+        [&](auto& acc, int m0, int n0) {
+          mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return Qg[i * ldk + d]; },
+                  [&](int i, int e) { return dOs[i * lds + e]; }, split);
+          mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return -Ws[i * ldk + d]; },
+                  [&](int i, int e) { return Ds[i * lds + e]; }, split);
+        },
+        [&](int d, int e, float v) { dS[d * lds + e] = decay * dS[d * lds + e] + v; });
   }
 }
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
 int bwd_chunk_smem_floats(int K, int V) {
-  return 3 * kC * (K + 1) + 2 * kC * (V + 1) + 3 * kC * kLdC + 3 * kC + 3 * kParts * kC + kThreads;
+  return 3 * kC * (K + 2) + 2 * kC * (V + 2) + 3 * kC * kLdC + 4 * kC + 3 * kParts * kC + kThreads;
 }
 
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta.
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* qn, const float* kn, const bf16* qkv, const float* g, const float* beta, const float* UD,
-    const float* dD, const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim) {
+    const float* dD, const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim,
+    bool split) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Qs = cv.take(kC * (K + 1));
-  float* Ks = cv.take(kC * (K + 1));
-  float* dWs = cv.take(kC * (K + 1));
-  float* dOs = cv.take(kC * (V + 1));
-  float* Xs = cv.take(kC * (V + 1));  // D, later dD
+  float* Qs = cv.take(kC * (K + 2));
+  float* Ks = cv.take(kC * (K + 2));
+  float* dWs = cv.take(kC * (K + 2));
+  float* dOs = cv.take(kC * (V + 2));
+  float* Xs = cv.take(kC * (V + 2));  // D, later dD
   float* B0 = cv.take(kC * kLdC);     // A, then dP . P, dT, Mx
   float* B1 = cv.take(kC * kLdC);     // T
   float* B2 = cv.take(kC * kLdC);     // Y = dP . Gam, then X1 = dT T^T, then F = Mx . K K^T
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
   float* eg = cv.take(kC);
+  float* ekl = cv.take(kC);
   float* dGp = cv.take(kParts * kC);  // partial dG per (part, row)
   float* dbp = cv.take(kParts * kC);  // partial dbeta
   float* xip = cv.take(kParts * kC);  // partial xi = k_i . (state part of dk_i)
   float* red = cv.take(kThreads);
-  const int ldk = K + 1, ldv = V + 1;
+  const int ldk = K + 2, ldv = V + 2;
   const int tid = threadIdx.x, ri = tid & (kC - 1), part = tid >> 6;
   const size_t qk_ld = static_cast<size_t>(Hk) * K, vh_ld = static_cast<size_t>(Hv) * V;
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
@@ -488,28 +576,38 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_chunk_kernel(
   dbp[tid] = 0.f;
   xip[tid] = 0.f;
   __syncthreads();
-  if (tid < kC) eg[tid] = expf(gs[tid]);
   const float gl = gs[kC - 1], egl = expf(gl);
-  build_a(B0, Ks, ldk, K, gs, bs);
+  if (tid < kC) {
+    eg[tid] = expf(gs[tid]);
+    ekl[tid] = expf(gl - gs[tid]);
+  }
+  build_a(B0, Ks, ldk, K, gs, bs, split);
   __syncthreads();
   solve_unit_lower(B1, B0);
   __syncthreads();
 
   // P1: Y = dP . Gam and dP . P (masked j <= i), dP_ij = dO_i . D_j.
-  for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx & (kC - 1), j = idx >> 6;
-    float y = 0.f, dpp = 0.f;
-    if (j <= i) {
-      float dp = 0.f, qk = 0.f;
-      for (int e = 0; e < V; ++e) dp += dOs[i * ldv + e] * Xs[j * ldv + e];
-      for (int d = 0; d < K; ++d) qk += Qs[i * ldk + d] * Ks[j * ldk + d];
-      const float gam = expf(gs[i] - gs[j]);
-      y = dp * gam;
-      dpp = y * qk;
-    }
-    B2[i * kLdC + j] = y;
-    B0[i * kLdC + j] = dpp;
-  }
+  // Two passes over the same tile map (each element stays on one thread): QK^T into B0, then dP.
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Qs[i * ldk + d]; },
+                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+      },
+      [&](int i, int j, float v) { B0[i * kLdC + j] = v; });
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc(acc, m0, n0, 0, V, [&](int i, int e) { return dOs[i * ldv + e]; },
+                [&](int e, int j) { return Xs[j * ldv + e]; }, split);
+      },
+      [&](int i, int j, float v) {
+        const float y = j <= i ? v * expf(gs[i] - gs[j]) : 0.f;
+        B2[i * kLdC + j] = y;
+        B0[i * kLdC + j] = y * B0[i * kLdC + j];
+      });
   __syncthreads();
   if (tid < kC) {  // dG += rowsum(dP . P) - colsum(dP . P)
     float r = 0.f;
@@ -519,31 +617,44 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_chunk_kernel(
 
   // P2: dq^_i = e^{G_i} S0 dO_i + sum_j Y_ij k_j;  dG_i += q_i . (e^{G_i} S0 dO_i).
   // P3: dk^ partial = e^{G_L - G_i} (D dS_end^T)_i + sum_l Y_li q_l; xi_i = k_i . state part.
+  // The row dot products go through dWs (free until P4) as elementwise products, then are summed
+  // per (part, row) in a fixed order, so the result stays deterministic.
+  for_tiles2<2>(
+      kC, K,
+      [&](auto& a1, auto& a2, int m0, int n0) {
+        mma_acc(a1, m0, n0, 0, V, [&](int i, int e) { return eg[i] * dOs[i * ldv + e]; },
+                [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+        mma_acc(a2, m0, n0, 0, m0 + 16, [&](int i, int j) { return B2[i * kLdC + j]; },
+                [&](int j, int d) { return Ks[j * ldk + d]; }, split);
+      },
+      [&](int i, int d, float a, float yk) {
+        if (i < len) dqn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = a + yk;
+        dWs[i * ldk + d] = Qs[i * ldk + d] * a;
+      });
+  __syncthreads();
   {
-    float dg_acc = 0.f, xi_acc = 0.f;
-    const float ekl = expf(gl - gs[ri]);
-    for (int d = part; d < K; d += kParts) {
-      float a = 0.f, z = 0.f;
-      for (int e = 0; e < V; ++e) {
-        const float s0 = S0[static_cast<size_t>(d) * V + e], se = dSe[static_cast<size_t>(d) * V + e];
-        a += dOs[ri * ldv + e] * s0;
-        z += Xs[ri * ldv + e] * se;
-      }
-      a *= eg[ri];
-      z *= ekl;
-      dg_acc += Qs[ri * ldk + d] * a;
-      xi_acc += Ks[ri * ldk + d] * z;
-      float yq = 0.f, yk = 0.f;
-      for (int j = 0; j <= ri; ++j) yk += B2[ri * kLdC + j] * Ks[j * ldk + d];
-      for (int l = ri; l < kC; ++l) yq += B2[l * kLdC + ri] * Qs[l * ldk + d];
-      if (ri < len) {
-        const size_t row = (static_cast<size_t>(bos + ri) * Hv + head) * K + d;
-        dqn[row] = a + yk;
-        dkn[row] = z + yq;
-      }
-    }
-    dGp[tid] += dg_acc;
-    xip[tid] += xi_acc;
+    float r = 0.f;
+    for (int d = part; d < K; d += kParts) r += dWs[ri * ldk + d];
+    dGp[tid] += r;
+  }
+  __syncthreads();
+  for_tiles2<2>(
+      kC, K,
+      [&](auto& a1, auto& a2, int m0, int n0) {
+        mma_acc(a1, m0, n0, 0, V, [&](int i, int e) { return ekl[i] * Xs[i * ldv + e]; },
+                [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; }, split);
+        mma_acc(a2, m0, n0, m0, kC, [&](int i, int l) { return B2[l * kLdC + i]; },
+                [&](int l, int d) { return Qs[l * ldk + d]; }, split);
+      },
+      [&](int i, int d, float z, float yq) {
+        if (i < len) dkn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = z + yq;
+        dWs[i * ldk + d] = Ks[i * ldk + d] * z;
+      });
+  __syncthreads();
+  {
+    float r = 0.f;
+    for (int d = part; d < K; d += kParts) r += dWs[ri * ldk + d];
+    xip[tid] += r;
   }
   // <S0, dS_end> for the G_L term.
   {
@@ -556,60 +667,59 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_chunk_kernel(
   __syncthreads();
 
   // P4: dW = -dD S0^T.
-  for (int d = part; d < K; d += kParts) {
-    float a = 0.f;
-    for (int e = 0; e < V; ++e) a += Xs[ri * ldv + e] * S0[static_cast<size_t>(d) * V + e];
-    dWs[ri * ldk + d] = -a;
-  }
+  for_tiles<2>(
+      kC, K,
+      [&](auto& acc, int m0, int n0) {
+        mma_acc(acc, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
+                [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+      },
+      [&](int i, int d, float v) { dWs[i * ldk + d] = -v; });
   __syncthreads();
   // P5: dT_ml = b_l (dD_m . v_l + e^{G_l} dW_m . k_l), strictly lower only (all that dA needs).
   {
     const bf16* vrow = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
-    for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-      const int m = idx & (kC - 1), l = idx >> 6;
-      float t = 0.f;
-      if (l < m && l < len) {
-        float a = 0.f, b = 0.f;
-        const bf16* vl = vrow + static_cast<size_t>(l) * conv_dim;
-        for (int e = 0; e < V; ++e) a += Xs[m * ldv + e] * to_f(vl[e]);
-        for (int d = 0; d < K; ++d) b += dWs[m * ldk + d] * Ks[l * ldk + d];
-        t = bs[l] * (a + eg[l] * b);
-      }
-      B0[m * kLdC + l] = t;
-    }
+    for_tiles<2>(
+        kC, kC,
+        [&](auto& acc, int m0, int n0) {
+          if (n0 > m0 + 15) return;
+          mma_acc(acc, m0, n0, 0, V, [&](int m, int e) { return Xs[m * ldv + e]; },
+                  [&](int e, int l) { return l < len ? to_f(vrow[static_cast<size_t>(l) * conv_dim + e]) : 0.f; },
+                  split);
+          mma_acc(acc, m0, n0, 0, K, [&](int m, int d) { return dWs[m * ldk + d]; },
+                  [&](int d, int l) { return eg[l] * Ks[l * ldk + d]; }, split);
+        },
+        [&](int m, int l, float v) { B0[m * kLdC + l] = (l < m && l < len) ? bs[l] * v : 0.f; });
   }
   __syncthreads();
   // P6: X1 = dT T^T.
-  for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-    const int m = idx & (kC - 1), j = idx >> 6;
-    float a = 0.f;
-    for (int l = 0; l <= j; ++l) a += B0[m * kLdC + l] * B1[j * kLdC + l];
-    B2[m * kLdC + j] = a;
-  }
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        // dT is strictly lower (l < m), T^T upper (l <= j): l < min(m0 + 16, n0 + 16).
+        mma_acc(acc, m0, n0, 0, min(m0, n0) + 16, [&](int m, int l) { return B0[m * kLdC + l]; },
+                [&](int l, int j) { return B1[j * kLdC + l]; }, split);
+      },
+      [&](int m, int j, float v) { B2[m * kLdC + j] = v; });
   __syncthreads();
   // P7: Mx_ij = -(T^T X1)_ij Gam_ij for j < i.
-  for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx & (kC - 1), j = idx >> 6;
-    float a = 0.f;
-    if (j < i) {
-      for (int m = i; m < kC; ++m) a += B1[m * kLdC + i] * B2[m * kLdC + j];
-      a = -a * expf(gs[i] - gs[j]);
-    }
-    B0[i * kLdC + j] = a;
-  }
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc(acc, m0, n0, m0, kC, [&](int i, int m) { return B1[m * kLdC + i]; },
+                [&](int m, int j) { return B2[m * kLdC + j]; }, split);
+      },
+      [&](int i, int j, float v) { B0[i * kLdC + j] = j < i ? -v * expf(gs[i] - gs[j]) : 0.f; });
   __syncthreads();
   // P8: F = Mx . (K K^T).
-  for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx & (kC - 1), j = idx >> 6;
-    float f = 0.f;
-    const float mx = B0[i * kLdC + j];
-    if (mx != 0.f) {
-      float kk = 0.f;
-      for (int d = 0; d < K; ++d) kk += Ks[i * ldk + d] * Ks[j * ldk + d];
-      f = mx * kk;
-    }
-    B2[i * kLdC + j] = f;
-  }
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Ks[i * ldk + d]; },
+                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+      },
+      [&](int i, int j, float v) { B2[i * kLdC + j] = B0[i * kLdC + j] * v; });
   __syncthreads();
   // P9: dbeta_i += rowsum(F)_i; dG_i += b_i rowsum(F)_i - sum_l b_l F_li.
   if (tid < kC) {
@@ -621,37 +731,49 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_chunk_kernel(
     dbp[tid] += r;
     dGp[tid] += bs[tid] * r - col;
   }
-  // P10: dk^ += b_i e^{G_i} (T^T dW)_i + b_i sum_j Mx_ij k_j + sum_l Mx_li b_l k_l.
+  // P10: dk^ += b_i e^{G_i} (T^T dW)_i + b_i sum_j Mx_ij k_j + sum_l Mx_li b_l k_l;
+  // s2_i = k_i . (T^T dW)_i via elementwise products in Qs (free since P3).
+  for_tiles2<2>(
+      kC, K,
+      [&](auto& a1, auto& a2, int m0, int n0) {
+        mma_acc(a1, m0, n0, m0, kC, [&](int i, int l) { return B1[l * kLdC + i]; },
+                [&](int l, int d) { return dWs[l * ldk + d]; }, split);
+        mma_acc(a2, m0, n0, 0, m0 + 16, [&](int i, int j) { return bs[i] * B0[i * kLdC + j]; },
+                [&](int j, int d) { return Ks[j * ldk + d]; }, split);
+        mma_acc(a2, m0, n0, m0, kC, [&](int i, int l) { return B0[l * kLdC + i]; },
+                [&](int l, int d) { return bs[l] * Ks[l * ldk + d]; }, split);
+      },
+      [&](int i, int d, float r, float m) {
+        if (i < len) dkn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] += bs[i] * eg[i] * r + m;
+        Qs[i * ldk + d] = Ks[i * ldk + d] * r;
+      });
+  // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i (products in dOs, free since P2).
   {
-    float s2 = 0.f;
-    for (int d = part; d < K; d += kParts) {
-      float r = 0.f, m1 = 0.f, m2 = 0.f;
-      for (int l = ri; l < kC; ++l) r += B1[l * kLdC + ri] * dWs[l * ldk + d];
-      for (int j = 0; j < ri; ++j) m1 += B0[ri * kLdC + j] * Ks[j * ldk + d];
-      for (int l = ri + 1; l < kC; ++l) m2 += B0[l * kLdC + ri] * bs[l] * Ks[l * ldk + d];
-      s2 += Ks[ri * ldk + d] * r;
-      if (ri < len) {
-        const size_t row = (static_cast<size_t>(bos + ri) * Hv + head) * K + d;
-        dkn[row] += bs[ri] * eg[ri] * r + bs[ri] * m1 + m2;
-      }
-    }
-    dbp[tid] += eg[ri] * s2;
-    dGp[tid] += bs[ri] * eg[ri] * s2;
+    const bf16* vbase = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
+    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
+    for_tiles<2>(
+        kC, V,
+        [&](auto& acc, int m0, int n0) {
+          mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return B1[l * kLdC + i]; },
+                  [&](int l, int e) { return Xs[l * ldv + e]; }, split);
+        },
+        [&](int i, int e, float r) {
+          float pr = 0.f;
+          if (i < len) {
+            const size_t off = static_cast<size_t>(i) * conv_dim + e;
+            pr = to_f(vbase[off]) * r;
+            dvbase[off] = __float2bfloat16(bs[i] * r);
+          }
+          dOs[i * ldv + e] = pr;
+        });
   }
-  // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i.
+  __syncthreads();
   {
-    float sv = 0.f;
-    const bf16* vrow = qkv + static_cast<size_t>(bos + ri) * conv_dim + 2 * Hk * K + head * V;
-    bf16* dvrow = dqkv + static_cast<size_t>(bos + ri) * conv_dim + 2 * Hk * K + head * V;
-    for (int e = part; e < V; e += kParts) {
-      float r = 0.f;
-      for (int l = ri; l < kC; ++l) r += B1[l * kLdC + ri] * Xs[l * ldv + e];
-      if (ri < len) {
-        sv += to_f(vrow[e]) * r;
-        dvrow[e] = __float2bfloat16(bs[ri] * r);
-      }
-    }
-    dbp[tid] += sv;
+    float s2 = 0.f, sv = 0.f;
+    for (int d = part; d < K; d += kParts) s2 += Qs[ri * ldk + d];
+    for (int e = part; e < V; e += kParts) sv += dOs[ri * ldv + e];
+    dbp[tid] += eg[ri] * s2 + sv;
+    dGp[tid] += bs[ri] * eg[ri] * s2;
   }
   __syncthreads();
   // Combine partials (fixed order), add the G_L terms to row C-1, reverse cumsum -> dg.
@@ -770,34 +892,108 @@ void set_smem(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-int column_block(int V) { return V % 32 == 0 ? 32 : 16; }
+// dv columns per scan CTA (16, 32 or 64, dividing V); QT_GDN_BV_FWD / QT_GDN_BV_BWD override the
+// default for tuning runs of bench_gdn.
+int column_block(int V, const char* env) {
+  int bv = V % 32 == 0 ? 32 : 16;
+  if (const char* e = std::getenv(env)) {
+    const int want = std::atoi(e);
+    if ((want == 16 || want == 32 || want == 64) && V % want == 0) bv = want;
+  }
+  return bv;
+}
+
+// Precision of the tensor-core products: 3xTF32 (~fp32) by default; QT_GDN_TF32=1 selects plain
+// TF32 (10-bit mantissa operands, fp32 accumulation).
+bool split_products() {
+  static const bool split = [] {
+    const char* e = std::getenv("QT_GDN_TF32");
+    return !(e && e[0] == '1');
+  }();
+  return split;
+}
+
+// Per-kernel device times for bench_gdn (QT_GDN_STAGE_TIMES=1 there): when on, every launch is
+// bracketed by events and synchronized, so use it only for the breakdown, never for the totals.
+struct StageTimes {
+  bool on = false;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  std::vector<std::pair<std::string, double>> ms;
+};
+StageTimes& stage_times() {
+  static StageTimes s;
+  return s;
+}
+void stage_begin(cudaStream_t stream) {
+  StageTimes& s = stage_times();
+  if (!s.on) return;
+  if (!s.e0) {
+    CUDA_CHECK(cudaEventCreate(&s.e0));
+    CUDA_CHECK(cudaEventCreate(&s.e1));
+  }
+  CUDA_CHECK(cudaEventRecord(s.e0, stream));
+}
+void stage_end(const char* name, cudaStream_t stream) {
+  StageTimes& s = stage_times();
+  if (!s.on) return;
+  CUDA_CHECK(cudaEventRecord(s.e1, stream));
+  CUDA_CHECK(cudaEventSynchronize(s.e1));
+  float t = 0.f;
+  CUDA_CHECK(cudaEventElapsedTime(&t, s.e0, s.e1));
+  for (auto& kv : s.ms)
+    if (kv.first == name) {
+      kv.second += t;
+      return;
+    }
+  s.ms.emplace_back(name, t);
+}
 
 // The stages shared by forward and backward: chunk table, L2 norm, prep, forward scan (h, D).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     cudaStream_t stream) {
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
+  stage_begin(stream);
   gdn_chunk_table_kernel<<<1, 1024, 0, stream>>>(w.table, w.nchunks, w.seq_off, a.cu_seqlens, a.num_seqs);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
+  stage_end("gdn_chunk_table_kernel", stream);
   const int warps = T * Hk * 2;
+  stage_begin(stream);
   gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.qn, w.kn, qkv, T, Hk, K, conv_dim);
   QT_LAUNCH_CHECK("gdn_l2norm_kernel");
+  stage_end("gdn_l2norm_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_prep_kernel, prep_bytes);
+  stage_begin(stream);
   gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.W, w.UD, w.table, w.nchunks, w.kn,
-                                                                         qkv, g, beta, Hk, Hv, K, V, conv_dim);
+                                                                         qkv, g, beta, Hk, Hv, K, V, conv_dim, split_products());
   QT_LAUNCH_CHECK("gdn_prep_kernel");
-  const int bv = column_block(V);
+  stage_end("gdn_prep_kernel", stream);
+  const int bv = column_block(V, "QT_GDN_BV_FWD");
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_fwd_kernel, scan_bytes);
+  stage_begin(stream);
   gdn_scan_fwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, scan_bytes, stream>>>(
-      w.h, w.UD, w.W, w.kn, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, bv);
+      w.h, w.UD, w.W, w.kn, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, bv, split_products());
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
+  stage_end("gdn_scan_fwd_kernel", stream);
 }
 
 }  // namespace
 
 size_t gdn_workspace_bytes(const GdnArgs& a) { return layout(a, nullptr, nullptr); }
+
+// Benchmark hooks (declared by bench/bench_gdn.cu, not part of kernels.h): per-kernel timing.
+void gdn_stage_timing(bool on) { stage_times().on = on; }
+void gdn_stage_report(const char* label, int calls) {
+  StageTimes& s = stage_times();
+  double total = 0;
+  for (const auto& kv : s.ms) total += kv.second;
+  for (const auto& kv : s.ms)
+    std::printf("# stage %s %-24s %8.3f ms  %5.1f%%\n", label, kv.first.c_str(), kv.second / calls,
+                100.0 * kv.second / (total > 0 ? total : 1));
+  s.ms.clear();
+}
 
 void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
                  cudaStream_t stream) {
@@ -809,9 +1005,11 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_output_kernel, bytes);
+  stage_begin(stream);
   gdn_output_kernel<<<dim3(w.nc_max, Hv), kThreads, bytes, stream>>>(static_cast<bf16*>(o), w.table, w.nchunks, w.qn,
-                                                                      w.kn, w.Gc, w.UD, w.h, Hk, Hv, K, V);
+                                                                      w.kn, w.Gc, w.UD, w.h, Hk, Hv, K, V, split_products());
   QT_LAUNCH_CHECK("gdn_output_kernel");
+  stage_end("gdn_output_kernel", stream);
 }
 
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
@@ -827,28 +1025,36 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
 
   const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_dlocal_kernel, dl_bytes);
+  stage_begin(stream);
   gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.qn, w.kn, w.Gc,
-                                                                        dO, Hk, Hv, K, V);
+                                                                        dO, Hk, Hv, K, V, split_products());
   QT_LAUNCH_CHECK("gdn_dlocal_kernel");
+  stage_end("gdn_dlocal_kernel", stream);
 
-  const int bv = column_block(V);
+  const int bv = column_block(V, "QT_GDN_BV_BWD");
   const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
+  stage_begin(stream);
   gdn_scan_bwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, sb_bytes, stream>>>(
-      w.dh, w.dD, w.W, w.qn, w.kn, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, bv);
+      w.dh, w.dD, w.W, w.qn, w.kn, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, bv, split_products());
   QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
+  stage_end("gdn_scan_bwd_kernel", stream);
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_bwd_chunk_kernel, bc_bytes);
+  stage_begin(stream);
   gdn_bwd_chunk_kernel<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
       w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, w.qn, w.kn, x, g, beta, w.UD, w.dD, w.h,
-      w.dh, dO, Hk, Hv, K, V, conv_dim);
+      w.dh, dO, Hk, Hv, K, V, conv_dim, split_products());
   QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");
+  stage_end("gdn_bwd_chunk_kernel", stream);
 
   const int warps = T * Hk * 2;
+  stage_begin(stream);
   gdn_qk_grad_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), w.dqn, w.dkn, x, T, Hk, Hv,
                                                                 K, conv_dim);
   QT_LAUNCH_CHECK("gdn_qk_grad_kernel");
+  stage_end("gdn_qk_grad_kernel", stream);
 }
 
 }  // namespace qt::cuda

@@ -1,0 +1,99 @@
+// Warp-level tensor-core helpers for gdn.cu: mma.sync m16n8k8 TF32 with fp32 accumulation,
+// operands gathered from fp32 shared (or global) memory through functors, so one helper serves
+// every product of the chunked gated delta rule (transposes, masks and row scales live in the
+// functors). Optional 3xTF32 split (a = hi + lo, a b ~ hi hi + hi lo + lo hi) gives ~fp32 products.
+#pragma once
+#include <cstdint>
+
+namespace qt::cuda::gdn_mma {
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc (a 16 x 8NT warp tile at rows m0.., columns n0..) += sum_{k in [k0, k1)} fa(i, k) fb(k, j).
+// (k1 - k0) % 8 == 0. Fragment layout (PTX m16n8k8 .tf32): g = lane / 4, t = lane % 4;
+// A: (g, t) (g+8, t) (g, t+4) (g+8, t+4); B: (t, g) (t+4, g); C: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void mma_acc(float (&acc)[NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
+                                        bool split) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 4
+  for (int k = k0; k < k1; k += 8) {
+    const float af[4] = {fa(m0 + g, k + t), fa(m0 + g + 8, k + t), fa(m0 + g, k + t + 4), fa(m0 + g + 8, k + t + 4)};
+    uint32_t ah[4], al[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      ah[r] = to_tf32(af[r]);
+      al[r] = to_tf32(af[r] - __uint_as_float(ah[r]));
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = n0 + nt * 8 + g;
+      const float b0 = fb(k + t, j), b1 = fb(k + t + 4, j);
+      const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
+      mma_tf32(acc[nt], ah, bh0, bh1);
+      if (split) {
+        mma_tf32(acc[nt], al, bh0, bh1);
+        mma_tf32(acc[nt], ah, to_tf32(b0 - __uint_as_float(bh0)), to_tf32(b1 - __uint_as_float(bh1)));
+      }
+    }
+  }
+}
+
+// Every 16 x 8NT tile of an M x N output (M % 16 == 0, N % (8 NT) == 0), warp-strided over the
+// block: body(acc, m0, n0) accumulates into a zeroed tile, then epi(i, j, value) per element.
+// A given (i, j) always lands on the same thread for the same M, N, NT and block size.
+template <int NT, class Body, class Epi>
+__device__ __forceinline__ void for_tiles(int M, int N, Body body, Epi epi) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tn = N / (8 * NT), tiles = (M / 16) * tn;
+  for (int tile = warp; tile < tiles; tile += nw) {
+    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 8 * NT;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
+    body(acc, m0, n0);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) epi(m0 + g + (r >= 2 ? 8 : 0), n0 + nt * 8 + 2 * t + (r & 1), acc[nt][r]);
+  }
+}
+
+// As for_tiles, with two accumulators per tile: body(acc1, acc2, m0, n0), epi(i, j, v1, v2).
+template <int NT, class Body, class Epi>
+__device__ __forceinline__ void for_tiles2(int M, int N, Body body, Epi epi) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tn = N / (8 * NT), tiles = (M / 16) * tn;
+  for (int tile = warp; tile < tiles; tile += nw) {
+    const int m0 = (tile / tn) * 16, n0 = (tile % tn) * 8 * NT;
+    float a1[NT][4], a2[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a1[nt][r] = a2[nt][r] = 0.f;
+    body(a1, a2, m0, n0);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        epi(m0 + g + (r >= 2 ? 8 : 0), n0 + nt * 8 + 2 * t + (r & 1), a1[nt][r], a2[nt][r]);
+  }
+}
+
+}  // namespace qt::cuda::gdn_mma
