@@ -24,11 +24,11 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
 // acc (a 16 x 8NT warp tile at rows m0.., columns n0..) += sum_{k in [k0, k1)} fa(i, k) fb(k, j).
 // (k1 - k0) % 8 == 0. Fragment layout (PTX m16n8k8 .tf32): g = lane / 4, t = lane % 4;
 // A: (g, t) (g+8, t) (g, t+4) (g+8, t+4); B: (t, g) (t+4, g); C: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
-template <int NT, class FA, class FB>
+template <int NT, int kUnroll = 4, class FA, class FB>
 __device__ __forceinline__ void mma_acc(float (&acc)[NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
                                         bool split) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll 4
+#pragma unroll kUnroll
   for (int k = k0; k < k1; k += 8) {
     const float af[4] = {fa(m0 + g, k + t), fa(m0 + g + 8, k + t), fa(m0 + g, k + t + 4), fa(m0 + g + 8, k + t + 4)};
     uint32_t ah[4], al[4];
