@@ -1089,8 +1089,8 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_output_kernel, bytes);
   stage_begin(stream);
-  gdn_output_kernel<<<dim3(w.nc_max, Hv), kThreads, bytes, stream>>>(static_cast<bf16*>(o), w.table, w.nchunks, w.qn,
-                                                                      w.kn, w.Gc, w.UD, w.h, Hk, Hv, K, V, split_products(false));
+  gdn_output_kernel<<<dim3(w.nc_max, Hv), kThreads, bytes, stream>>>(
+      static_cast<bf16*>(o), w.table, w.nchunks, w.qn, w.kn, w.Gc, w.UD, w.h, Hk, Hv, K, V, split_products(false));
   QT_LAUNCH_CHECK("gdn_output_kernel");
   stage_end("gdn_output_kernel", stream);
 }
