@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU correctness checks of the training engine (issue 8), printed as JSON lines:
-#  1. tiny preset, same init and data: 50 training steps on cuda track the cpu reference run;
+#  1. tiny preset, same init and data: 50 training steps on cuda track the cpu reference run
+#     (lr 1e-3: at the demo's 5e-3 both runs are at the edge of stability and bf16 rounding sends
+#     them down different paths, mean 4 % apart; at 1e-3 they agree to 0.2 %);
 #  2. qwentune loss --backend cuda on a random 0.8b-shaped model vs transformers fp32 (loss and
 #     gradient norm, tools/check_loss_parity.py).
 #   gpu_correctness.sh QWENTUNE_BIN SCRATCH_DIR
@@ -13,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 for b in cpu cuda; do
   "$qt" train --config "$root/examples/demo/demo.yaml" --set model="$out/init" --set output_dir="$out/run-$b" \
     --set data.path="$out/train.jsonl" --set data.cache_dir="$out/cache" --set train.backend=$b \
-    --set train.max_steps=50 --set train.log_every=0 >"$out/train-$b.log" 2>&1 || { echo "train $b failed"; tail -5 "$out/train-$b.log"; }
+    --set train.max_steps=50 --set train.lr=1e-3 --set train.log_every=0 >"$out/train-$b.log" 2>&1 || { echo "train $b failed"; tail -5 "$out/train-$b.log"; }
 done
 python3 - "$out" <<'PY'
 import json, sys
