@@ -57,6 +57,7 @@ void run_bench(const BenchArgs& a) {
   AdamWConfig adamw;
   adamw.lr = 1e-5;
   auto opt = ModelOptimizer::create(model, adamw);
+  log_info("memory plan: ", model.memory_plan().describe());
   log_info("bench: ", a.preset, " on ", be->name(), ", ", param_count(cfg), " parameters, init ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), " s");
   std::mt19937_64 rng(a.seed);
@@ -107,6 +108,10 @@ void run_bench(const BenchArgs& a) {
   j["mfu_6nd"] = dense_flops / total / peak;
   j["mfu_with_mixers"] = flops / total / peak;
   j["graph"] = "none (eager launches)";
+  j["plan_mib"] = {{"weights", double(model.memory_plan().weights) / (1 << 20)},
+                   {"grads", double(model.memory_plan().grads) / (1 << 20)},
+                   {"activations", double(model.memory_plan().activations) / (1 << 20)},
+                   {"scratch", double(model.memory_plan().scratch) / (1 << 20)}};
   j["loss"] = loss;
 #ifdef QT_HAVE_CUDA
   if (std::string(be->name()) == "cuda") {

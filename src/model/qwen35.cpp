@@ -74,71 +74,83 @@ struct Qwen35Model::LayerActs {
 Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens)
     : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), specs_(param_table(cfg)) {
   QT_CHECK(max_tokens > 0, "max_tokens must be positive");
+  // Every buffer is allocated here, counted by kind for the memory plan.
+  auto planned = [&](int64_t& bytes, DType t, const Shape& shape) {
+    bytes += shape_numel(shape) * static_cast<int64_t>(dtype_size(t));
+    return be.alloc(t, shape);
+  };
   const DType at = be.activation_dtype();
   role_index_.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), std::vector<int>(kNumRoles, -1));
   for (size_t i = 0; i < specs_.size(); ++i) {
-    params_.push_back(be.alloc(at, specs_[i].shape));
-    grads_.push_back(be.alloc(at, specs_[i].shape));
+    params_.push_back(planned(plan_.weights, at, specs_[i].shape));
+    grads_.push_back(planned(plan_.grads, at, specs_[i].shape));
     role_index_[static_cast<size_t>(specs_[i].layer + 1)][static_cast<int>(specs_[i].role)] = static_cast<int>(i);
   }
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
-  ids_ = be.alloc(DType::I32, {T});
-  targets_ = be.alloc(DType::I32, {T});
-  positions_ = be.alloc(DType::I32, {T});
-  cu_seqlens_ = be.alloc(DType::I32, {T + 1});
+  ids_ = planned(plan_.inputs, DType::I32, {T});
+  targets_ = planned(plan_.inputs, DType::I32, {T});
+  positions_ = planned(plan_.inputs, DType::I32, {T});
+  cu_seqlens_ = planned(plan_.inputs, DType::I32, {T + 1});
   acts_.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
-    A.x = be.alloc(at, {T, H});
-    A.rstd_in = be.alloc(DType::F32, {T});
-    A.xn = be.alloc(at, {T, H});
+    A.x = planned(plan_.activations, at, {T, H});
+    A.rstd_in = planned(plan_.activations, DType::F32, {T});
+    A.xn = planned(plan_.activations, at, {T, H});
     if (cfg.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
-      A.mixed = be.alloc(at, {T, C});
-      A.z = be.alloc(at, {T, VD});
-      A.b = be.alloc(at, {T, Hv});
-      A.a = be.alloc(at, {T, Hv});
-      A.conv = be.alloc(at, {T, C});
-      A.beta = be.alloc(DType::F32, {T, Hv});
-      A.g = be.alloc(DType::F32, {T, Hv});
-      A.o = be.alloc(at, {T, VD});
-      A.y = be.alloc(at, {T, VD});
-      A.gnorm_rstd = be.alloc(DType::F32, {T * Hv});
+      A.mixed = planned(plan_.activations, at, {T, C});
+      A.z = planned(plan_.activations, at, {T, VD});
+      A.b = planned(plan_.activations, at, {T, Hv});
+      A.a = planned(plan_.activations, at, {T, Hv});
+      A.conv = planned(plan_.activations, at, {T, C});
+      A.beta = planned(plan_.activations, DType::F32, {T, Hv});
+      A.g = planned(plan_.activations, DType::F32, {T, Hv});
+      A.o = planned(plan_.activations, at, {T, VD});
+      A.y = planned(plan_.activations, at, {T, VD});
+      A.gnorm_rstd = planned(plan_.activations, DType::F32, {T * Hv});
     } else {
-      A.qg = be.alloc(at, {T, 2 * Hq * D});
-      A.kr = be.alloc(at, {T, Hkv * D});
-      A.v = be.alloc(at, {T, Hkv * D});
-      A.q = be.alloc(at, {T, Hq * D});
-      A.k = be.alloc(at, {T, Hkv * D});
-      A.gate = be.alloc(at, {T, Hq * D});
-      A.q_rstd = be.alloc(DType::F32, {T * Hq});
-      A.k_rstd = be.alloc(DType::F32, {T * Hkv});
-      A.attn_o = be.alloc(at, {T, Hq * D});
-      A.lse = be.alloc(DType::F32, {Hq * T});
-      A.attn_y = be.alloc(at, {T, Hq * D});
+      A.qg = planned(plan_.activations, at, {T, 2 * Hq * D});
+      A.kr = planned(plan_.activations, at, {T, Hkv * D});
+      A.v = planned(plan_.activations, at, {T, Hkv * D});
+      A.q = planned(plan_.activations, at, {T, Hq * D});
+      A.k = planned(plan_.activations, at, {T, Hkv * D});
+      A.gate = planned(plan_.activations, at, {T, Hq * D});
+      A.q_rstd = planned(plan_.activations, DType::F32, {T * Hq});
+      A.k_rstd = planned(plan_.activations, DType::F32, {T * Hkv});
+      A.attn_o = planned(plan_.activations, at, {T, Hq * D});
+      A.lse = planned(plan_.activations, DType::F32, {Hq * T});
+      A.attn_y = planned(plan_.activations, at, {T, Hq * D});
     }
-    A.h = be.alloc(at, {T, H});
-    A.rstd_post = be.alloc(DType::F32, {T});
-    A.hn = be.alloc(at, {T, H});
-    A.mlp_gate = be.alloc(at, {T, I});
-    A.mlp_up = be.alloc(at, {T, I});
-    A.mlp_act = be.alloc(at, {T, I});
+    A.h = planned(plan_.activations, at, {T, H});
+    A.rstd_post = planned(plan_.activations, DType::F32, {T});
+    A.hn = planned(plan_.activations, at, {T, H});
+    A.mlp_gate = planned(plan_.activations, at, {T, I});
+    A.mlp_up = planned(plan_.activations, at, {T, I});
+    A.mlp_act = planned(plan_.activations, at, {T, I});
   }
-  final_in_ = be.alloc(at, {T, H});
-  final_rstd_ = be.alloc(DType::F32, {T});
-  final_out_ = be.alloc(at, {T, H});
-  token_loss_ = be.alloc(DType::F32, {T});
+  final_in_ = planned(plan_.activations, at, {T, H});
+  final_rstd_ = planned(plan_.activations, DType::F32, {T});
+  final_out_ = planned(plan_.activations, at, {T, H});
+  token_loss_ = planned(plan_.activations, DType::F32, {T});
   // Gradient scratch: wide enough for every intermediate of any layer.
   const int64_t wide = std::max({I, C, VD, 2 * Hq * D, H});
-  d_res_ = be.alloc(at, {T, H});
-  d_norm_out_ = be.alloc(at, {T, H});
-  for (Tensor* t : {&d_a_, &d_b_, &d_c_, &d_d_, &d_e_}) *t = be.alloc(at, {T * wide});
-  d_f32_a_ = be.alloc(DType::F32, {T * std::max(Hv, Hq)});
-  d_f32_b_ = be.alloc(DType::F32, {T * std::max(Hv, Hq)});
+  d_res_ = planned(plan_.scratch, at, {T, H});
+  d_norm_out_ = planned(plan_.scratch, at, {T, H});
+  for (Tensor* t : {&d_a_, &d_b_, &d_c_, &d_d_, &d_e_}) *t = planned(plan_.scratch, at, {T * wide});
+  d_f32_a_ = planned(plan_.scratch, DType::F32, {T * std::max(Hv, Hq)});
+  d_f32_b_ = planned(plan_.scratch, DType::F32, {T * std::max(Hv, Hq)});
 }
 
 Qwen35Model::~Qwen35Model() = default;
+
+std::string MemoryPlan::describe() const {
+  auto mib = [](int64_t b) { return str(static_cast<double>(b) / double(1 << 20)); };
+  return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
+             " MiB | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
+             mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
+}
 
 const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
   int i = role_index_[static_cast<size_t>(layer + 1)][static_cast<int>(role)];

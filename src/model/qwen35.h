@@ -4,6 +4,7 @@
 // with fewer tokens uses the leading rows of each buffer.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "io/hf_checkpoint.h"
@@ -31,6 +32,13 @@ struct PackedRow {
   void validate(int64_t vocab_size) const;  // throws qt::Error on any inconsistency
 };
 
+// Bytes the model allocates at construction, by kind (the step itself allocates nothing).
+struct MemoryPlan {
+  int64_t weights = 0, grads = 0, activations = 0, scratch = 0, inputs = 0;
+  int64_t total() const { return weights + grads + activations + scratch + inputs; }
+  std::string describe() const;
+};
+
 struct LossResult {
   double loss_sum = 0;      // sum of per-token cross-entropy over trained targets
   int64_t num_trained = 0;  // trained targets in the row
@@ -48,6 +56,7 @@ class Qwen35Model {
   const Tensor& param(size_t i) const { return params_[i]; }
   const Tensor& grad(size_t i) const { return grads_[i]; }
   int64_t max_tokens() const { return max_tokens_; }
+  const MemoryPlan& memory_plan() const { return plan_; }
   Backend& backend() { return be_; }
 
   // Copies (and converts) every trainable tensor from an HF directory.
@@ -77,6 +86,7 @@ class Qwen35Model {
   Backend& be_;
   profile::Profiler* prof_;  // non-null when be_ is a ProfiledBackend: layer/phase scopes
   int64_t max_tokens_;
+  MemoryPlan plan_;
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> params_, grads_;
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into params_ (-1 if none)

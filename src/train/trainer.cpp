@@ -235,6 +235,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch);
   run.model->load(run.src);
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
+  log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
+           run.model->memory_plan().describe());
   const auto& table = run.model->specs();
   // Resume: optimizer state, step and loader position from a checkpoint.
   int64_t start_step = 1;
