@@ -36,7 +36,9 @@ namespace {
 using bf16 = __nv_bfloat16;
 using gdn_mma::for_tiles;
 using gdn_mma::for_tiles2;
+using gdn_mma::for_tiles_m2;
 using gdn_mma::mma_acc;
+using gdn_mma::mma_acc_m;
 
 constexpr int kC = 64;         // chunk rows
 constexpr int kLdC = kC + 2;   // padded stride of C x C tiles (2-way bank conflicts at worst)
@@ -591,7 +593,10 @@ int bwd_chunk_smem_floats(int K, int V) {
 
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta.
 // kBwdThreads threads: the products spread over all 16 warps; the row-thread reductions use the
-// first kThreads (tid < kThreads), the solve the first 4 kC.
+// first kThreads (tid < kThreads), the solve the first 4 kC. kMT: row tiles per warp tile in the
+// products with S0 / dS_end (read from global): each B fragment feeds kMT mma row tiles, so a block
+// reads S0 kC / (16 kMT) times per product instead of 4 times (kMT = 1 is the 2c layout).
+template <int kMT>
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* qn, const float* kn, const bf16* qkv, const float* g, const float* beta, const float* UD,
@@ -606,8 +611,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
   float* Qs = cv.take(kC * (K + 2));
   float* Ks = cv.take(kC * (K + 2));
   float* dWs = cv.take(kC * (K + 2));
-  float* dOs = cv.take(kC * (V + 2));
-  float* Xs = cv.take(kC * (V + 2));  // D, later dD
+  float* dOs = cv.take(kC * (V + 2));  // dO, later v (from P4 on)
+  float* Xs = cv.take(kC * (V + 2));   // D, later dD
+  constexpr int kNT = kMT >= 4 ? 1 : 2;
   float* B0 = cv.take(kC * kLdC);     // A, then dP . P, dT, Mx
   float* B1 = cv.take(kC * kLdC);     // T
   float* B2 = cv.take(kC * kLdC);     // Y = dP . Gam, then X1 = dT T^T, then F = Mx . K K^T
@@ -679,13 +685,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
   // P3: dk^ partial = e^{G_L - G_i} (D dS_end^T)_i + sum_l Y_li q_l; xi_i = k_i . state part.
   // The row dot products go through dWs (free until P4) as elementwise products, then are summed
   // per (part, row) in a fixed order, so the result stays deterministic.
-  for_tiles2<2>(
+  for_tiles_m2<kMT, kNT>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc<2, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return eg[i] * dOs[i * ldv + e]; },
-                [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
-        mma_acc(a2, m0, n0, 0, m0 + 16, [&](int i, int j) { return B2[i * kLdC + j]; },
-                [&](int j, int d) { return Ks[j * ldk + d]; }, split);
+        mma_acc_m<kMT, kNT, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return eg[i] * dOs[i * ldv + e]; },
+                               [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int m = m0 + 16 * mt;
+          mma_acc(a2[mt], m, n0, 0, m + 16, [&](int i, int j) { return B2[i * kLdC + j]; },
+                  [&](int j, int d) { return Ks[j * ldk + d]; }, split);
+        }
       },
       [&](int i, int d, float a, float yk) {
         if (i < len) dqn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = a + yk;
@@ -698,13 +708,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     dGp[tid] += r;
   }
   __syncthreads();
-  for_tiles2<2>(
+  for_tiles_m2<kMT, kNT>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc<2, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return ekl[i] * Xs[i * ldv + e]; },
-                [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; }, split);
-        mma_acc(a2, m0, n0, m0, kC, [&](int i, int l) { return B2[l * kLdC + i]; },
-                [&](int l, int d) { return Qs[l * ldk + d]; }, split);
+        mma_acc_m<kMT, kNT, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return ekl[i] * Xs[i * ldv + e]; },
+                               [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; }, split);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int m = m0 + 16 * mt;
+          mma_acc(a2[mt], m, n0, m, kC, [&](int i, int l) { return B2[l * kLdC + i]; },
+                  [&](int l, int d) { return Qs[l * ldk + d]; }, split);
+        }
       },
       [&](int i, int d, float z, float yq) {
         if (i < len) dkn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = z + yq;
@@ -737,27 +751,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
   }
   __syncthreads();
   load_rows(Xs, ldv, dD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V, One{});
+  // v into dOs (free since P2): P5 and P11 read it from smem instead of 2-byte global gathers.
+  const bf16* vbase = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
+  load_rows(dOs, ldv, vbase, static_cast<size_t>(conv_dim), len, V, One{});
   __syncthreads();
 
-  // P4: dW = -dD S0^T.
-  for_tiles<2>(
+  // P4: dW = -dD S0^T (second accumulator unused).
+  for_tiles_m2<kMT, kNT>(
       kC, K,
-      [&](auto& acc, int m0, int n0) {
-        mma_acc<2, 8>(acc, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
-                      [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+      [&](auto& a1, auto&, int m0, int n0) {
+        mma_acc_m<kMT, kNT, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
+                               [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
       },
-      [&](int i, int d, float v) { dWs[i * ldk + d] = -v; });
+      [&](int i, int d, float v, float) { dWs[i * ldk + d] = -v; });
   __syncthreads();
   // P5: dT_ml = b_l (dD_m . v_l + e^{G_l} dW_m . k_l), strictly lower only (all that dA needs).
   {
-    const bf16* vrow = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
     for_tiles<2>(
         kC, kC,
         [&](auto& acc, int m0, int n0) {
           if (n0 > m0 + 15) return;
           mma_acc(acc, m0, n0, 0, V, [&](int m, int e) { return Xs[m * ldv + e]; },
-                  [&](int e, int l) { return l < len ? to_f(vrow[static_cast<size_t>(l) * conv_dim + e]) : 0.f; },
-                  split);
+                  [&](int e, int l) { return dOs[l * ldv + e]; }, split);
           mma_acc(acc, m0, n0, 0, K, [&](int m, int d) { return dWs[m * ldk + d]; },
                   [&](int d, int l) { return eg[l] * Ks[l * ldk + d]; }, split);
         },
@@ -820,9 +835,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
         if (i < len) dkn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] += bs[i] * eg[i] * r + m;
         Qs[i * ldk + d] = Ks[i * ldk + d] * r;
       });
-  // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i (products in dOs, free since P2).
+  // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i (v_i from dOs, each element replaced
+  // by its product by the thread that owns it).
   {
-    const bf16* vbase = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
     bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
     for_tiles<2>(
         kC, V,
@@ -831,13 +846,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
                   [&](int l, int e) { return Xs[l * ldv + e]; }, split);
         },
         [&](int i, int e, float r) {
-          float pr = 0.f;
-          if (i < len) {
-            const size_t off = static_cast<size_t>(i) * conv_dim + e;
-            pr = to_f(vbase[off]) * r;
-            dvbase[off] = __float2bfloat16(bs[i] * r);
-          }
-          dOs[i * ldv + e] = pr;
+          if (i < len) dvbase[static_cast<size_t>(i) * conv_dim + e] = __float2bfloat16(bs[i] * r);
+          dOs[i * ldv + e] *= r;  // v is zero past len
         });
   }
   __syncthreads();
@@ -982,6 +992,17 @@ int column_block(int V, const char* env) {
   return bv;
 }
 
+// Row tiles per warp tile in bwd_chunk's S0 / dS_end products (1, 2 or 4; the kC x K outputs need
+// kC % (16 mt) == 0, true for all three); QT_GDN_BWD_MT overrides the default for tuning runs.
+int bwd_row_tiles() {
+  int mt = 2;
+  if (const char* e = std::getenv("QT_GDN_BWD_MT")) {
+    const int want = std::atoi(e);
+    if (want == 1 || want == 2 || want == 4) mt = want;
+  }
+  return mt;
+}
+
 // Precision of the tensor-core products. The backward uses 3xTF32 (~fp32 products): with plain
 // TF32 the fp32 gradients dg/dbeta reach ~1.4e-3 relative error on the near-zero-gate test, above
 // its 1e-3 bound. The forward uses plain TF32 (10-bit mantissa operands, fp32 accumulation): its
@@ -1124,9 +1145,11 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   stage_end("gdn_scan_bwd_kernel", stream);
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
-  set_smem(gdn_bwd_chunk_kernel, bc_bytes);
+  const int mt = bwd_row_tiles();
+  auto bwd_chunk = mt == 4 ? gdn_bwd_chunk_kernel<4> : (mt == 2 ? gdn_bwd_chunk_kernel<2> : gdn_bwd_chunk_kernel<1>);
+  set_smem(bwd_chunk, bc_bytes);
   stage_begin(stream);
-  gdn_bwd_chunk_kernel<<<dim3(w.nc_max, Hv), kBwdThreads, bc_bytes, stream>>>(
+  bwd_chunk<<<dim3(w.nc_max, Hv), kBwdThreads, bc_bytes, stream>>>(
       w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, w.qn, w.kn, x, g, beta, w.UD, w.dD, w.h,
       w.dh, dO, Hk, Hv, K, V, conv_dim, split_products(true));
   QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");

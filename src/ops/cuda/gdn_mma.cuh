@@ -96,4 +96,71 @@ __device__ __forceinline__ void for_tiles2(int M, int N, Body body, Epi epi) {
   }
 }
 
+// As mma_acc for MT row tiles (rows m0 + 16 mt ..) that share each B fragment: each B element is
+// loaded and split once per k step for all MT tiles (B operands read from global memory).
+template <int MT, int NT, int kUnroll = 4, class FA, class FB>
+__device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
+                                          bool split) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll kUnroll
+  for (int k = k0; k < k1; k += 8) {
+    uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = n0 + nt * 8 + g;
+      const float b0 = fb(k + t, j), b1 = fb(k + t + 4, j);
+      bh[nt][0] = to_tf32(b0);
+      bh[nt][1] = to_tf32(b1);
+      bl[nt][0] = to_tf32(b0 - __uint_as_float(bh[nt][0]));
+      bl[nt][1] = to_tf32(b1 - __uint_as_float(bh[nt][1]));
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = m0 + 16 * mt;
+      const float af[4] = {fa(m + g, k + t), fa(m + g + 8, k + t), fa(m + g, k + t + 4), fa(m + g + 8, k + t + 4)};
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        ah[r] = to_tf32(af[r]);
+        al[r] = to_tf32(af[r] - __uint_as_float(ah[r]));
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mma_tf32(acc[mt][nt], ah, bh[nt][0], bh[nt][1]);
+        if (split) {
+          mma_tf32(acc[mt][nt], al, bh[nt][0], bh[nt][1]);
+          mma_tf32(acc[mt][nt], ah, bl[nt][0], bl[nt][1]);
+        }
+      }
+    }
+  }
+}
+
+// As for_tiles2 with (16 MT) x (8 NT) warp tiles (M % (16 MT) == 0): body(a1, a2, m0, n0) with
+// a1, a2 float[MT][NT][4], then epi(i, j, v1, v2) per element. MT = 1 is for_tiles2's mapping.
+template <int MT, int NT, class Body, class Epi>
+__device__ __forceinline__ void for_tiles_m2(int M, int N, Body body, Epi epi) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tn = N / (8 * NT), tiles = (M / (16 * MT)) * tn;
+  for (int tile = warp; tile < tiles; tile += nw) {
+    const int m0 = (tile / tn) * 16 * MT, n0 = (tile % tn) * 8 * NT;
+    float a1[MT][NT][4], a2[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a1[mt][nt][r] = a2[mt][nt][r] = 0.f;
+    body(a1, a2, m0, n0);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          epi(m0 + 16 * mt + g + (r >= 2 ? 8 : 0), n0 + nt * 8 + 2 * t + (r & 1), a1[mt][nt][r], a2[mt][nt][r]);
+  }
+}
+
 }  // namespace qt::cuda::gdn_mma
