@@ -319,6 +319,18 @@ __device__ __forceinline__ void async_rows(T* dst, int ld, const T* src, size_t 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sp), "l"(gp), "r"(bytes) : "memory");
   }
 }
+// As async_rows for fp32 tiles in 8-byte pieces (cp.async.ca), for row strides that are a
+// multiple of 8 bytes only (the K + 2 strides of the per-chunk kernels).
+__device__ __forceinline__ void async_rows8(float* dst, int ld, const float* src, size_t src_ld, int len, int ncols) {
+  const int per_row = ncols / 2, total = kC * per_row;
+  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int i = idx / per_row, c = (idx - i * per_row) * 2;
+    const float* gp = src + static_cast<size_t>(i < len ? i : 0) * src_ld + c;
+    const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(dst + i * ld + c));
+    const int bytes = i < len ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sp), "l"(gp), "r"(bytes) : "memory");
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -596,7 +608,8 @@ int bwd_chunk_smem_floats(int K, int V) {
 // first kThreads (tid < kThreads), the solve the first 4 kC. kMT: row tiles per warp tile in the
 // products with S0 / dS_end (read from global): each B fragment feeds kMT mma row tiles, so a block
 // reads S0 kC / (16 kMT) times per product instead of 4 times (kMT = 1 is the 2c layout).
-template <int kMT>
+// kBU: k-loop unroll of those products (loads of B in flight per warp).
+template <int kMT, int kBU>
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* qn, const float* kn, const bf16* qkv, const float* g, const float* beta, const float* UD,
@@ -631,16 +644,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
   const float* dSe = dh + (static_cast<size_t>(c) * Hv + head) * K * V;
 
+  // The fp32 tiles stream in by cp.async while dO (bf16 -> fp32) and the gates load: one memory
+  // latency for the whole prologue instead of one per tile.
+  async_rows8(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, qk_ld, len, K);
+  async_rows8(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, qk_ld, len, K);
+  async_rows8(Xs, ldv, UD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  cp_async_commit();
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
-  load_rows(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, qk_ld, len, K, One{});
-  load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, qk_ld, len, K, One{});
   load_rows(dOs, ldv, d_o + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V, One{});
-  load_rows(Xs, ldv, UD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V, One{});
   if (tid < kThreads) {
     dGp[tid] = 0.f;
     dbp[tid] = 0.f;
     xip[tid] = 0.f;
   }
+  cp_async_wait<0>();
   __syncthreads();
   const float gl = gs[kC - 1], egl = expf(gl);
   if (tid < kC) {
@@ -688,7 +705,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
   for_tiles_m2<kMT, kNT>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc_m<kMT, kNT, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return eg[i] * dOs[i * ldv + e]; },
+        mma_acc_m<kMT, kNT, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return eg[i] * dOs[i * ldv + e]; },
                                [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
@@ -711,7 +728,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
   for_tiles_m2<kMT, kNT>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc_m<kMT, kNT, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return ekl[i] * Xs[i * ldv + e]; },
+        mma_acc_m<kMT, kNT, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return ekl[i] * Xs[i * ldv + e]; },
                                [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; }, split);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
@@ -725,6 +742,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
         dWs[i * ldk + d] = Ks[i * ldk + d] * z;
       });
   __syncthreads();
+  // dD (cp.async) and v (into dOs, free since P2; P5 and P11 read it from smem instead of 2-byte
+  // global gathers) load during the xi sums and <S0, dS_end>.
+  async_rows8(Xs, ldv, dD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  cp_async_commit();
+  const bf16* vbase = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
+  load_rows(dOs, ldv, vbase, static_cast<size_t>(conv_dim), len, V, One{});
   if (tid < kThreads) {
     float r = 0.f;
     for (int d = part; d < K; d += kParts) r += dWs[ri * ldk + d];
@@ -749,18 +772,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     }
     red[tid] = acc;
   }
-  __syncthreads();
-  load_rows(Xs, ldv, dD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V, One{});
-  // v into dOs (free since P2): P5 and P11 read it from smem instead of 2-byte global gathers.
-  const bf16* vbase = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
-  load_rows(dOs, ldv, vbase, static_cast<size_t>(conv_dim), len, V, One{});
+  cp_async_wait<0>();
   __syncthreads();
 
   // P4: dW = -dD S0^T (second accumulator unused).
   for_tiles_m2<kMT, kNT>(
       kC, K,
       [&](auto& a1, auto&, int m0, int n0) {
-        mma_acc_m<kMT, kNT, 8>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
+        mma_acc_m<kMT, kNT, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
                                [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
       },
       [&](int i, int d, float v, float) { dWs[i * ldk + d] = -v; });
@@ -1003,6 +1022,16 @@ int bwd_row_tiles() {
   return mt;
 }
 
+// k-loop unroll of those products (8 or 16); QT_GDN_BWD_UNROLL overrides the default.
+int bwd_unroll() {
+  int bu = 8;
+  if (const char* e = std::getenv("QT_GDN_BWD_UNROLL")) {
+    const int want = std::atoi(e);
+    if (want == 8 || want == 16) bu = want;
+  }
+  return bu;
+}
+
 // Precision of the tensor-core products. The backward uses 3xTF32 (~fp32 products): with plain
 // TF32 the fp32 gradients dg/dbeta reach ~1.4e-3 relative error on the near-zero-gate test, above
 // its 1e-3 bound. The forward uses plain TF32 (10-bit mantissa operands, fp32 accumulation): its
@@ -1145,8 +1174,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   stage_end("gdn_scan_bwd_kernel", stream);
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
-  const int mt = bwd_row_tiles();
-  auto bwd_chunk = mt == 4 ? gdn_bwd_chunk_kernel<4> : (mt == 2 ? gdn_bwd_chunk_kernel<2> : gdn_bwd_chunk_kernel<1>);
+  const int mt = bwd_row_tiles(), bu = bwd_unroll();
+  auto bwd_chunk = mt == 4   ? (bu == 16 ? gdn_bwd_chunk_kernel<4, 16> : gdn_bwd_chunk_kernel<4, 8>)
+                   : mt == 2 ? (bu == 16 ? gdn_bwd_chunk_kernel<2, 16> : gdn_bwd_chunk_kernel<2, 8>)
+                             : gdn_bwd_chunk_kernel<1, 8>;
   set_smem(bwd_chunk, bc_bytes);
   stage_begin(stream);
   bwd_chunk<<<dim3(w.nc_max, Hv), kBwdThreads, bc_bytes, stream>>>(
