@@ -107,7 +107,7 @@ void add_data_commands(CLI::App& app) {
     auto overflow = std::make_shared<std::string>("truncate");
     job->pack.tokens_per_batch = 8192;
     cmd->add_option("--tokenizer", job->tokenizer, "tokenizer.json or a model directory holding one")->required();
-    cmd->add_option("--data", job->data, "data file or directory (*.jsonl, *.json); repeatable")->required();
+    cmd->add_option("--data", job->data, "data file or directory (*.jsonl, *.json, *.parquet); repeatable")->required();
     cmd->add_option("--tokens-per-batch", job->pack.tokens_per_batch, "tokens per packed batch")->capture_default_str();
     cmd->add_option("--schema", *schema, "auto|ultrachat|sharegpt|alpaca|tokenized")->capture_default_str();
     cmd->add_option("--train-on", *train_on, "assistant|last_assistant|all")->capture_default_str();
