@@ -89,6 +89,7 @@ class Qwen35Model {
   MemoryPlan plan_;
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> params_, grads_;
+  Tensor grads_flat_;  // the one buffer every gradient views into
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into params_ (-1 if none)
 
   // Inputs
