@@ -501,74 +501,78 @@ TEST_F(OpsTest, AttentionEntries) {
 
 TEST_F(OpsTest, AdamWBitExact) {
   QT_REQUIRE_GPU();
-  const std::vector<int64_t> sizes{1, 1000, 70001, 65536, 7};
-  const std::vector<bool> decay{true, false, true, true, false};
-  AdamWConfig cfg;
-  cfg.lr = 3e-4;
-  cfg.weight_decay = 0.1;
-  struct Host {
-    std::vector<float> master, m, v, g;
-  };
-  std::vector<Host> host(sizes.size());
-  std::vector<cuda::AdamWTensor> dev;
-  std::vector<Tensor> dm, dmm, dvv, dg, dp;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const int64_t n = sizes[i];
-    Host& h = host[i];
-    h.master.resize(size_t(n));
-    h.m.assign(size_t(n), 0.0f);
-    h.v.assign(size_t(n), 0.0f);
-    for (auto& x : h.master) x = rng_.uniform(-1, 1);
-    dm.push_back(g_->alloc(DType::F32, {n}));
-    dmm.push_back(g_->alloc(DType::F32, {n}));
-    dvv.push_back(g_->alloc(DType::F32, {n}));
-    dg.push_back(g_->alloc(DType::BF16, {n}));
-    dp.push_back(g_->alloc(DType::BF16, {n}));
-    g_->copy_from_host(dm.back(), h.master.data());
-    dev.push_back({dm.back().ptr<float>(), dmm.back().ptr<float>(), dvv.back().ptr<float>(), dg.back().data,
-                   dp.back().data, n, decay[i]});
-  }
-  g_->synchronize();
-  cuda::AdamWMultiTensor opt(dev);
-  for (int64_t step = 1; step <= 3; ++step) {
-    const float gscale = step == 2 ? 50.0f : 0.01f;  // step 2 clips
-    std::vector<const float*> gp;
-    std::vector<int64_t> gs;
+  // bf16 gradients and the fp32 gradients the model keeps (accumulated without bf16 rounding).
+  for (const DType gdt : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(gdt == DType::F32 ? "f32 gradients" : "bf16 gradients");
+    const std::vector<int64_t> sizes{1, 1000, 70001, 65536, 7};
+    const std::vector<bool> decay{true, false, true, true, false};
+    AdamWConfig cfg;
+    cfg.lr = 3e-4;
+    cfg.weight_decay = 0.1;
+    struct Host {
+      std::vector<float> master, m, v, g;
+    };
+    std::vector<Host> host(sizes.size());
+    std::vector<cuda::AdamWTensor> dev;
+    std::vector<Tensor> dm, dmm, dvv, dg, dp;
     for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i];
       Host& h = host[i];
-      h.g.resize(size_t(sizes[i]));
-      for (auto& x : h.g) x = round_bf16(rng_.uniform(-gscale, gscale));
-      upload(dg[i], h.g);
-      gp.push_back(h.g.data());
-      gs.push_back(sizes[i]);
+      h.master.resize(size_t(n));
+      h.m.assign(size_t(n), 0.0f);
+      h.v.assign(size_t(n), 0.0f);
+      for (auto& x : h.master) x = rng_.uniform(-1, 1);
+      dm.push_back(g_->alloc(DType::F32, {n}));
+      dmm.push_back(g_->alloc(DType::F32, {n}));
+      dvv.push_back(g_->alloc(DType::F32, {n}));
+      dg.push_back(g_->alloc(gdt, {n}));
+      dp.push_back(g_->alloc(DType::BF16, {n}));
+      g_->copy_from_host(dm.back(), h.master.data());
+      dev.push_back({dm.back().ptr<float>(), dmm.back().ptr<float>(), dvv.back().ptr<float>(), dg.back().data,
+                     dp.back().data, n, decay[i], gdt == DType::F32});
     }
-    const double max_norm = 1.0;
-    opt.grad_norm(max_norm, g_->stream());
-    const double lr = cfg.lr * (1.0 - 0.1 * double(step));
-    opt.update(lr, cfg.weight_decay, cfg, step, g_->stream());
-    double nc[2];
-    cudaMemcpyAsync(nc, opt.norm_clip(), sizeof(nc), cudaMemcpyDeviceToHost, g_->stream());
     g_->synchronize();
-    const double norm_cpu = global_grad_norm(gp, gs);
-    EXPECT_NEAR(nc[0], norm_cpu, 1e-12 * norm_cpu) << "step " << step;
-    const double clip = clip_factor(nc[0], max_norm);
-    EXPECT_EQ(clip, nc[1]) << "step " << step;
-    if (step == 2) {
-      EXPECT_LT(clip, 1.0);
-    }
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      Host& h = host[i];
-      std::vector<float> g = h.g;
-      if (clip != 1.0)
-        for (float& x : g) x = static_cast<float>(x * clip);
-      adamw_update(h.master.data(), g.data(), h.m.data(), h.v.data(), sizes[i], lr,
-                   decay[i] ? cfg.weight_decay : 0.0, cfg, step);
-      const std::vector<float> master = download(dm[i]), m = download(dmm[i]), v = download(dvv[i]),
-                               p = download(dp[i]);
-      ASSERT_EQ(0, std::memcmp(master.data(), h.master.data(), master.size() * 4)) << "master, tensor " << i;
-      ASSERT_EQ(0, std::memcmp(m.data(), h.m.data(), m.size() * 4)) << "m, tensor " << i;
-      ASSERT_EQ(0, std::memcmp(v.data(), h.v.data(), v.size() * 4)) << "v, tensor " << i;
-      for (size_t j = 0; j < p.size(); ++j) ASSERT_EQ(p[j], round_bf16(h.master[j])) << "param " << i << "[" << j << "]";
+    cuda::AdamWMultiTensor opt(dev);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const float gscale = step == 2 ? 50.0f : 0.01f;  // step 2 clips
+      std::vector<const float*> gp;
+      std::vector<int64_t> gs;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        Host& h = host[i];
+        h.g.resize(size_t(sizes[i]));
+        for (auto& x : h.g) x = gdt == DType::F32 ? rng_.uniform(-gscale, gscale) : round_bf16(rng_.uniform(-gscale, gscale));
+        upload(dg[i], h.g);
+        gp.push_back(h.g.data());
+        gs.push_back(sizes[i]);
+      }
+      const double max_norm = 1.0;
+      opt.grad_norm(max_norm, g_->stream());
+      const double lr = cfg.lr * (1.0 - 0.1 * double(step));
+      opt.update(lr, cfg.weight_decay, cfg, step, g_->stream());
+      double nc[2];
+      cudaMemcpyAsync(nc, opt.norm_clip(), sizeof(nc), cudaMemcpyDeviceToHost, g_->stream());
+      g_->synchronize();
+      const double norm_cpu = global_grad_norm(gp, gs);
+      EXPECT_NEAR(nc[0], norm_cpu, 1e-12 * norm_cpu) << "step " << step;
+      const double clip = clip_factor(nc[0], max_norm);
+      EXPECT_EQ(clip, nc[1]) << "step " << step;
+      if (step == 2) {
+        EXPECT_LT(clip, 1.0);
+      }
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        Host& h = host[i];
+        std::vector<float> g = h.g;
+        if (clip != 1.0)
+          for (float& x : g) x = static_cast<float>(x * clip);
+        adamw_update(h.master.data(), g.data(), h.m.data(), h.v.data(), sizes[i], lr,
+                     decay[i] ? cfg.weight_decay : 0.0, cfg, step);
+        const std::vector<float> master = download(dm[i]), m = download(dmm[i]), v = download(dvv[i]),
+                                 p = download(dp[i]);
+        ASSERT_EQ(0, std::memcmp(master.data(), h.master.data(), master.size() * 4)) << "master, tensor " << i;
+        ASSERT_EQ(0, std::memcmp(m.data(), h.m.data(), m.size() * 4)) << "m, tensor " << i;
+        ASSERT_EQ(0, std::memcmp(v.data(), h.v.data(), v.size() * 4)) << "v, tensor " << i;
+        for (size_t j = 0; j < p.size(); ++j) ASSERT_EQ(p[j], round_bf16(h.master[j])) << "param " << i << "[" << j << "]";
+      }
     }
   }
 }

@@ -86,16 +86,18 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     role_index_[static_cast<size_t>(specs_[i].layer + 1)][static_cast<int>(specs_[i].role)] = static_cast<int>(i);
   }
   // All gradients live in one buffer (each view 256-byte aligned) so zeroing them is one launch.
+  // They are fp32 on every backend: micro-batches accumulate into them without bf16 rounding.
   constexpr int64_t kGradAlign = 256;
+  const DType gt = DType::F32;
   std::vector<int64_t> offsets;
   int64_t grad_bytes = 0;
   for (const ParamSpec& spec : specs_) {
     offsets.push_back(grad_bytes);
-    grad_bytes += (shape_numel(spec.shape) * static_cast<int64_t>(dtype_size(at)) + kGradAlign - 1) / kGradAlign * kGradAlign;
+    grad_bytes += (shape_numel(spec.shape) * static_cast<int64_t>(dtype_size(gt)) + kGradAlign - 1) / kGradAlign * kGradAlign;
   }
   grads_flat_ = planned(plan_.grads, DType::U8, {grad_bytes});
   for (size_t i = 0; i < specs_.size(); ++i)
-    grads_.push_back(Tensor(static_cast<char*>(grads_flat_.data) + offsets[i], at, specs_[i].shape, grads_flat_.device));
+    grads_.push_back(Tensor(static_cast<char*>(grads_flat_.data) + offsets[i], gt, specs_[i].shape, grads_flat_.device));
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;

@@ -75,14 +75,16 @@ class DeviceOptimizer final : public ModelOptimizer {
     std::vector<cuda::AdamWTensor> table;
     for (size_t i = 0; i < model.specs().size(); ++i) {
       const Tensor& p = model.param(i);
-      QT_CHECK(p.dtype == DType::BF16 && model.grad(i).dtype == DType::BF16, "device AdamW expects bf16 weights and grads");
+      const DType gt = model.grad(i).dtype;
+      QT_CHECK(p.dtype == DType::BF16 && (gt == DType::BF16 || gt == DType::F32),
+               "device AdamW expects bf16 weights and bf16 or f32 gradients");
       master_.push_back(be.alloc(DType::F32, p.shape_vec()));
       m_.push_back(be.alloc(DType::F32, p.shape_vec()));
       v_.push_back(be.alloc(DType::F32, p.shape_vec()));
       const std::vector<float> w = model.param_f32(i);
       be.copy_from_host(master_.back(), w.data());
       table.push_back({master_.back().ptr<float>(), m_.back().ptr<float>(), v_.back().ptr<float>(), model.grad(i).data,
-                       p.data, p.numel(), model.specs()[i].shape.size() >= 2});
+                       p.data, p.numel(), model.specs()[i].shape.size() >= 2, gt == DType::F32});
     }
     adamw_ = std::make_unique<cuda::AdamWMultiTensor>(table);
   }

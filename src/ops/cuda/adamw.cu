@@ -16,12 +16,17 @@ struct DevTensor {
   float* master;
   float* m;
   float* v;
-  const dev::bf16* grad;
+  const void* grad;  // bf16 or f32 (grad_f32)
   dev::bf16* param;
   int64_t n;
-  int decay;  // 1: weight decay float(weight_decay); 0: none (selected, never multiplied)
-  int vec;    // 1: master/m/v 16-byte and grad/param 8-byte aligned (4 elements per access)
+  int decay;     // 1: weight decay float(weight_decay); 0: none (selected, never multiplied)
+  int vec;       // 1: master/m/v and an f32 grad 16-byte, a bf16 grad and param 8-byte aligned
+  int grad_f32;  // 1: fp32 gradients (accumulated across micro-batches without bf16 rounding)
 };
+
+__device__ __forceinline__ float grad_at(const DevTensor& t, int64_t i) {
+  return t.grad_f32 ? static_cast<const float*>(t.grad)[i] : dev::to_f(static_cast<const dev::bf16*>(t.grad)[i]);
+}
 struct ChunkRef {
   int32_t tensor;
   int32_t chunk;
@@ -45,12 +50,12 @@ __global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const
   for (; i + (kB - 1) * kThreads < i1; i += kB * kThreads) {
     float g[kB];
 #pragma unroll
-    for (int b = 0; b < kB; ++b) g[b] = dev::to_f(t.grad[i + b * kThreads]);
+    for (int b = 0; b < kB; ++b) g[b] = grad_at(t, i + b * kThreads);
 #pragma unroll
     for (int b = 0; b < kB; ++b) acc = __dadd_rn(acc, __dmul_rn(double(g[b]), double(g[b])));
   }
   for (; i < i1; i += kThreads) {
-    const double g = double(dev::to_f(t.grad[i]));
+    const double g = double(grad_at(t, i));
     acc = __dadd_rn(acc, __dmul_rn(g, g));
   }
   sm[threadIdx.x] = acc;
@@ -108,9 +113,16 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, co
       float4 m4 = *reinterpret_cast<const float4*>(t.m + i);
       float4 v4 = *reinterpret_cast<const float4*>(t.v + i);
       float4 p4 = *reinterpret_cast<const float4*>(t.master + i);
-      const uint2 graw = *reinterpret_cast<const uint2*>(t.grad + i);
-      const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&graw.x));
-      const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&graw.y));
+      float2 g01, g23;
+      if (t.grad_f32) {
+        const float4 g4 = *reinterpret_cast<const float4*>(static_cast<const float*>(t.grad) + i);
+        g01 = make_float2(g4.x, g4.y);
+        g23 = make_float2(g4.z, g4.w);
+      } else {
+        const uint2 graw = *reinterpret_cast<const uint2*>(static_cast<const dev::bf16*>(t.grad) + i);
+        g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&graw.x));
+        g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&graw.y));
+      }
       step(g01.x, m4.x, v4.x, p4.x);
       step(g01.y, m4.y, v4.y, p4.y);
       step(g23.x, m4.z, v4.z, p4.z);
@@ -132,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, co
   }
   for (; i < i1; i += kThreads) {
     float m = t.m[i], v = t.v[i], p = t.master[i];
-    step(dev::to_f(t.grad[i]), m, v, p);
+    step(grad_at(t, i), m, v, p);
     t.m[i] = m;
     t.v[i] = v;
     t.master[i] = p;
@@ -149,13 +161,14 @@ AdamWMultiTensor::AdamWMultiTensor(const std::vector<AdamWTensor>& tensors) {
     const AdamWTensor& t = tensors[k];
     QT_CHECK(t.n >= 0 && (t.n == 0 || (t.master && t.m && t.v && t.grad)), "AdamWMultiTensor: tensor ", k,
              " is missing a buffer");
-    dt.push_back(DevTensor{t.master, t.m, t.v, static_cast<const dev::bf16*>(t.grad), static_cast<dev::bf16*>(t.param),
-                           t.n, t.decay ? 1 : 0,
+    const uintptr_t grad_align = t.grad_f32 ? 15u : 7u;
+    dt.push_back(DevTensor{t.master, t.m, t.v, t.grad, static_cast<dev::bf16*>(t.param), t.n, t.decay ? 1 : 0,
                            aligned16(t.master) && aligned16(t.m) && aligned16(t.v) &&
-                                   (reinterpret_cast<uintptr_t>(t.grad) & 7u) == 0 &&
+                                   (reinterpret_cast<uintptr_t>(t.grad) & grad_align) == 0 &&
                                    (reinterpret_cast<uintptr_t>(t.param) & 7u) == 0
                                ? 1
-                               : 0});
+                               : 0,
+                           t.grad_f32 ? 1 : 0});
     const int64_t chunks = ceil_div(t.n, kChunk);
     QT_CHECK(chunks < (int64_t(1) << 31), "AdamWMultiTensor: tensor ", k, " is too large");
     for (int64_t c = 0; c < chunks; ++c) map.push_back(ChunkRef{int32_t(k), int32_t(c)});

@@ -22,10 +22,11 @@ struct AdamWTensor {
   float* master;       // fp32 [n]
   float* m;            // fp32 [n]
   float* v;            // fp32 [n]
-  const void* grad;    // bf16 [n]
+  const void* grad;    // bf16 [n], or f32 [n] with grad_f32
   void* param;         // bf16 [n], written (may be null: master only)
   int64_t n;
   bool decay;          // weight decay applies (matrices) or not (norms, A_log, dt_bias)
+  bool grad_f32 = false;  // fp32 gradients (the model keeps them in fp32 so accumulation does not round)
 };
 
 class AdamWMultiTensor {
