@@ -337,10 +337,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-int scan_fwd_smem_floats(int K, int bv) { return K * bv_ld(bv) + 2 * kC * (K + 4) + kC * bv_ld(bv) + 2 * kC; }
+int scan_fwd_smem_floats(int K, int bv) { return K * bv_ld(bv) + 2 * kC * (K + 4) + 2 * kC * bv_ld(bv) + 2 * kC; }
 
 // h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place).
-// Pipelined: K of chunk c loads (cp.async) during D = U - W S, W of chunk c+1 during the update.
+// Pipelined: K of chunk c loads (cp.async) during D = U - W S, W and U of chunk c+1 during the
+// update; the gates of chunk c+1 are read into registers during chunk c, so no global load latency
+// sits on the per-chunk critical path outside the cp.async waits.
 __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const float* W, const float* kn,
                                                                 const float* Gc, const int32_t* cu,
                                                                 const int* seq_off, int Hk, int Hv, int K, int V,
@@ -354,20 +356,34 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
   float* Ws = cv.take(kC * ldk);
   float* Kr = cv.take(kC * ldk);  // raw k^ rows; the e^{G_L - G_i} scale is applied in the product
   float* Ds = cv.take(kC * lds);
+  float* Us = cv.take(kC * lds);  // U columns e0.. of the chunk (cp.async with its W)
   float* gs = cv.take(kC);
   float* ks = cv.take(kC);
   const size_t w_ld = static_cast<size_t>(Hv) * K, k_ld = static_cast<size_t>(Hk) * K;
+  const size_t u_ld = static_cast<size_t>(Hv) * V;
   for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) Ss[idx] = 0.f;
-  if (n > 0) async_rows(Ws, ldk, W + (static_cast<size_t>(bos) * Hv + head) * K, w_ld, min(kC, len), K);
+  // Gates of the next chunk: gl_next = G at its last valid row, gi_next = G at row threadIdx.x.
+  float gl_next = 0.f, gi_next = 0.f;
+  if (n > 0) {
+    const int L0 = min(kC, len);
+    async_rows(Ws, ldk, W + (static_cast<size_t>(bos) * Hv + head) * K, w_ld, L0, K);
+    async_rows(Us, lds, UD + static_cast<size_t>(bos) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L0, bv);
+    gl_next = Gc[static_cast<size_t>(bos + L0 - 1) * Hv + head];
+    if (threadIdx.x < L0) gi_next = Gc[static_cast<size_t>(bos + threadIdx.x) * Hv + head];
+  }
   cp_async_commit();
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
-    const float gl = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
+    const float gl = gl_next;
     if (threadIdx.x < kC) {
-      const float gi = threadIdx.x < L ? Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head] : 0.f;
-      gs[threadIdx.x] = gi;
-      ks[threadIdx.x] = expf(gl - gi);
+      gs[threadIdx.x] = gi_next;
+      ks[threadIdx.x] = expf(gl - gi_next);
+    }
+    if (ci + 1 < n) {  // consumed next iteration: the loads overlap this chunk's work
+      const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
+      gl_next = Gc[static_cast<size_t>(c1 + L1 - 1) * Hv + head];
+      gi_next = threadIdx.x < L1 ? Gc[static_cast<size_t>(c1 + threadIdx.x) * Hv + head] : 0.f;
     }
     __syncthreads();  // gs ready; previous chunk's update finished (Kr, Ds free)
     async_rows(Kr, ldk, kn + (static_cast<size_t>(c0) * Hk + kh) * K, k_ld, L, K);
@@ -377,7 +393,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
       const int d = idx / bv, e = idx - d * bv;
       hc[static_cast<size_t>(d) * V + e0 + e] = Ss[d * lds + e];
     }
-    cp_async_wait<1>();  // W of this chunk (K may still be in flight)
+    cp_async_wait<1>();  // W and U of this chunk (K may still be in flight)
     __syncthreads();
     // D = U - W S (rows >= L: D = 0, so they drop out of the update below).
     for_tiles<2>(
@@ -390,15 +406,17 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
         [&](int i, int e, float v) {
           float x = 0.f;
           if (i < L) {
-            float* u = UD + (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
-            x = *u - v;
-            *u = x;
+            x = Us[i * lds + e] - v;
+            UD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
           }
           Ds[i * lds + e] = x;
         });
-    __syncthreads();  // Ws free, Ds complete
-    if (ci + 1 < n)
-      async_rows(Ws, ldk, W + (static_cast<size_t>(c0 + kC) * Hv + head) * K, w_ld, min(kC, len - (ci + 1) * kC), K);
+    __syncthreads();  // Ws, Us free, Ds complete
+    if (ci + 1 < n) {
+      const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
+      async_rows(Ws, ldk, W + (static_cast<size_t>(c1) * Hv + head) * K, w_ld, L1, K);
+      async_rows(Us, lds, UD + static_cast<size_t>(c1) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L1, bv);
+    }
     cp_async_commit();
     cp_async_wait<1>();  // K of this chunk
     __syncthreads();
@@ -507,13 +525,14 @@ __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const i
 
 // ---- backward reverse state scan -------------------------------------------------------------------
 int scan_bwd_smem_floats(int K, int bv) {
-  return K * bv_ld(bv) + 3 * kC * (K + 4) + kC * bv_ld(bv) / 2 + kC * bv_ld(bv) + 3 * kC;
+  return K * bv_ld(bv) + 3 * kC * (K + 4) + kC * bv_ld(bv) / 2 + 2 * kC * bv_ld(bv) + 3 * kC;
 }
 
 // dh[chunk] = dL/d(state leaving the chunk); dD += diag(e^{G_L-G}) K^ dS (full dD, in place);
 // dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD.
-// Pipelined: Q, W, dO of chunk c load (cp.async) during the dD product, K of chunk c-1 during the
-// dS update; the row scales are applied in the products.
+// Pipelined: Q, W, dO of chunk c load (cp.async) during the dD product, K and dD_local of chunk
+// c-1 during the dS update, the gates of chunk c-1 into registers during chunk c; the row scales
+// are applied in the products.
 __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float* dD, const float* W, const float* qn,
                                                                 const float* kn, const float* Gc, const bf16* d_o,
                                                                 const int32_t* cu, const int* seq_off, int Hk,
@@ -529,25 +548,37 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float
   float* Qr = cv.take(kC * ldk);
   bf16* dOs = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
   float* Ds = cv.take(kC * lds);
+  float* dDl = cv.take(kC * lds);  // dD_local columns e0.. of the chunk (cp.async with its K)
   float* gs = cv.take(kC);
   float* ks = cv.take(kC);
   float* eq = cv.take(kC);
   const size_t w_ld = static_cast<size_t>(Hv) * K, k_ld = static_cast<size_t>(Hk) * K;
+  const size_t d_ld = static_cast<size_t>(Hv) * V;
   for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) dS[idx] = 0.f;
+  // Gates of the next chunk (in reverse order): G at its last valid row, G at row threadIdx.x.
+  float gl_next = 0.f, gi_next = 0.f;
   if (n > 0) {
-    const int c0 = bos + (n - 1) * kC;
-    async_rows(Kr, ldk, kn + (static_cast<size_t>(c0) * Hk + kh) * K, k_ld, len - (n - 1) * kC, K);
+    const int c0 = bos + (n - 1) * kC, L0 = len - (n - 1) * kC;
+    async_rows(Kr, ldk, kn + (static_cast<size_t>(c0) * Hk + kh) * K, k_ld, L0, K);
+    async_rows(dDl, lds, dD + static_cast<size_t>(c0) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, L0, bv);
+    gl_next = Gc[static_cast<size_t>(c0 + L0 - 1) * Hv + head];
+    if (threadIdx.x < L0) gi_next = Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head];
   }
   cp_async_commit();
   for (int ci = n - 1; ci >= 0; --ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
-    const float gl = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
+    const float gl = gl_next;
     if (threadIdx.x < kC) {
-      const float gi = threadIdx.x < L ? Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head] : 0.f;
+      const float gi = gi_next;
       gs[threadIdx.x] = gi;
       ks[threadIdx.x] = expf(gl - gi);
       eq[threadIdx.x] = expf(gi);
+    }
+    if (ci > 0) {  // chunk ci - 1 is full (only a sample's last chunk is partial)
+      const int cp = c0 - kC;
+      gl_next = Gc[static_cast<size_t>(cp + kC - 1) * Hv + head];
+      gi_next = threadIdx.x < kC ? Gc[static_cast<size_t>(cp + threadIdx.x) * Hv + head] : 0.f;
     }
     __syncthreads();  // scales ready; previous dS update finished (Ws, Qr, dOs free)
     async_rows(Ws, ldk, W + (static_cast<size_t>(c0) * Hv + head) * K, w_ld, L, K);
@@ -559,7 +590,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float
       const int d = idx / bv, e = idx - d * bv;
       dhc[static_cast<size_t>(d) * V + e0 + e] = dS[d * lds + e];
     }
-    cp_async_wait<1>();  // K of this chunk
+    cp_async_wait<1>();  // K and dD_local of this chunk
     __syncthreads();
     // dD += diag(e^{G_L - G}) K dS (rows >= L: 0).
     for_tiles<2>(
@@ -572,15 +603,17 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float
         [&](int i, int e, float v) {
           float x = 0.f;
           if (i < L) {
-            float* p = dD + (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
-            x = *p + v;
-            *p = x;
+            x = dDl[i * lds + e] + v;
+            dD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
           }
           Ds[i * lds + e] = x;
         });
-    __syncthreads();  // Kr free, Ds complete
-    if (ci > 0)
+    __syncthreads();  // Kr, dDl free, Ds complete
+    if (ci > 0) {
       async_rows(Kr, ldk, kn + (static_cast<size_t>(c0 - kC) * Hk + kh) * K, k_ld, kC, K);
+      async_rows(dDl, lds, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, kC,
+                 bv);
+    }
     cp_async_commit();
     cp_async_wait<1>();  // Q, W, dO of this chunk
     __syncthreads();
