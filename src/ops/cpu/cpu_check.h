@@ -1,23 +1,24 @@
-// API-boundary validation for CpuBackend: every failure names the op and the tensor, e.g.
-// "gdn_forward: qkv is f32[10, 96], expected f32[10, 128]".
+// API-boundary validation for CpuBackend: the shared checkers of ops/op_check.h bound to the host
+// device, plus cu_seqlens checked by content (they live on the host here).
 #pragma once
 #include <cstdint>
 
 #include "core/tensor.h"
 #include "ops/backend.h"
+#include "ops/op_check.h"
 
 namespace qt::cpu {
 
-// t must be a contiguous CPU tensor with data, of dtype, shaped like `expected`. Token-major
-// tensors may split or merge their trailing dims: [T, H, D] matches an expected [T, H*D] (the
-// first dim and the element count must agree); a 1-D expected shape only needs the count.
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected);
-// Same for an optional tensor: returns false (and checks nothing) when t.data == nullptr.
-bool check_optional(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected);
-// A contiguous CPU tensor with data (any shape), of dtype.
-void check_storage(const char* op, const char* name, const Tensor& t, DType dtype);
-// The size of dim d of t, with a message naming op/name if t has fewer dims (d >= 0).
-int64_t dim_of(const char* op, const char* name, const Tensor& t, int d);
+inline void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
+  ops::check_tensor(op, name, t, dtype, expected, DeviceKind::CPU);
+}
+inline bool check_optional(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
+  return ops::check_optional(op, name, t, dtype, expected, DeviceKind::CPU);
+}
+inline void check_storage(const char* op, const char* name, const Tensor& t, DType dtype) {
+  ops::check_storage(op, name, t, dtype, DeviceKind::CPU);
+}
+using ops::dim_of;
 // cu_seqlens i32 [num_seqs + 1] on the host, 0 = cu[0] <= cu[1] <= ... <= cu[num_seqs] = T, and
 // total_tokens == T, max_seqlen >= the longest sequence. Returns the host pointer.
 const int32_t* check_seqs(const char* op, const SeqInfo& seqs, int64_t T);

@@ -12,6 +12,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/ops_launch.h"
+#include "ops/op_check.h"
 
 namespace qt {
 
@@ -23,50 +24,22 @@ constexpr DType I32 = DType::I32;
 constexpr size_t kGemmWorkspace = size_t(32) << 20;  // cuBLASLt on Hopper wants up to 32 MiB
 constexpr size_t kAlign = 256;
 
-std::string lower(DType d) {
-  std::string s = dtype_name(d);
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-bool shape_matches(const Tensor& t, const Shape& expected) {
-  if (t.shape_vec() == expected) return true;
-  if (t.numel() != shape_numel(expected)) return false;
-  if (expected.size() <= 1) return true;
-  return t.ndim >= 1 && t.shape[0] == expected[0];
-}
-
-// A contiguous CUDA tensor with data, of dtype (messages name the op and the tensor).
 void check_storage(const char* op, const char* name, const Tensor& t, DType dtype) {
-  QT_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " is missing (data is null)");
-  QT_CHECK(t.device.kind == DeviceKind::CUDA, op, ": ", name, " ", t.describe(), " is not on the CUDA device");
-  QT_CHECK(t.dtype == dtype, op, ": ", name, " is ", t.describe(), ", expected dtype ", lower(dtype));
-  QT_CHECK(t.is_contiguous(), op, ": ", name, " ", t.describe(), " is not contiguous");
+  ops::check_storage(op, name, t, dtype, DeviceKind::CUDA);
 }
-
-// Same shape rules as the CPU backend: [T, H, D] matches an expected [T, H*D].
 void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
-  check_storage(op, name, t, dtype);
-  QT_CHECK(shape_matches(t, expected), op, ": ", name, " is ", t.describe(), ", expected ",
-           Tensor(nullptr, dtype, expected).describe());
+  ops::check_tensor(op, name, t, dtype, expected, DeviceKind::CUDA);
 }
-
 bool check_optional(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
-  if (t.data == nullptr) return false;
-  check_tensor(op, name, t, dtype, expected);
-  return true;
+  return ops::check_optional(op, name, t, dtype, expected, DeviceKind::CUDA);
 }
+using ops::dim_of;
 
 // A weight-gradient ("acc") output: bf16 or f32. Returns whether it is f32.
 bool check_grad(const char* op, const char* name, const Tensor& t, const Shape& expected) {
   QT_CHECK(t.dtype == BF16 || t.dtype == F32, op, ": ", name, " is ", t.describe(), ", expected bf16 or f32");
   check_tensor(op, name, t, t.dtype, expected);
   return t.dtype == F32;
-}
-
-int64_t dim_of(const char* op, const char* name, const Tensor& t, int d) {
-  QT_CHECK(t.ndim > d, op, ": ", name, " is ", t.describe(), ", expected at least ", d + 1, " dims");
-  return t.shape[static_cast<size_t>(d)];
 }
 
 // Device cu_seqlens: shape, dtype and the host-side counts (contents are not read back: that
