@@ -51,7 +51,7 @@ void run_generate(const GenerateJob& job) {
   CpuBackend be;
   if (job.eval.empty()) {
     const std::vector<int32_t> prompt = encode_prompt(job.prompt);
-    Qwen35Model model(dir.config, be, static_cast<int64_t>(prompt.size()) + opts.max_new_tokens);
+    Qwen35Model model(dir.config, be, 1);  // holds the weights; decoding is incremental (model/decoder.h)
     model.load(dir);
     std::printf("%s\n", tok.decode(strip_stop(generate(model, prompt, opts))).c_str());
     return;
@@ -77,9 +77,7 @@ void run_generate(const GenerateJob& job) {
     items.emplace_back(j["prompt"].get<std::string>(), j["answer"].get<std::string>());
   }
   QT_CHECK(!items.empty(), job.eval, ": no items");
-  int64_t longest = 0;
-  for (const auto& it : items) longest = std::max<int64_t>(longest, static_cast<int64_t>(encode_prompt(it.first).size()));
-  Qwen35Model model(dir.config, be, longest + opts.max_new_tokens);
+  Qwen35Model model(dir.config, be, 1);  // holds the weights; decoding is incremental (model/decoder.h)
   model.load(dir);
   int64_t correct = 0;
   nlohmann::ordered_json examples = nlohmann::ordered_json::array();

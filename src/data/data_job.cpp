@@ -8,19 +8,6 @@
 namespace qt {
 namespace fs = std::filesystem;
 
-namespace {
-
-template <typename T>
-T yaml_get(const YAML::Node& n, const char* key, const T& def, const std::string& file) {
-  if (!n[key]) return def;
-  try {
-    return n[key].as<T>();
-  } catch (const YAML::Exception& e) {
-    QT_FAIL(file, ": data.", key, " (line ", n[key].Mark().line + 1, "): ", e.what());
-  }
-}
-
-}  // namespace
 
 std::string resolve_tokenizer(const std::string& p) {
   if (fs::is_directory(p)) return (fs::path(p) / "tokenizer.json").string();
@@ -97,16 +84,16 @@ DataJob data_job_from_yaml(const YAML::Node& root, const std::string& path) {
   auto rel = [&](const std::string& p) { return fs::path(p).is_absolute() || base.empty() ? p : (base / p).string(); };
   for (auto& p : job.data) p = rel(p);
   job.tokenizer = resolve_tokenizer(rel(job.tokenizer));
-  job.opts.read.schema = data_schema_from_name(yaml_get<std::string>(d, "schema", "auto", path));
-  job.opts.chat.train_on = train_on_from_name(yaml_get<std::string>(d, "train_on", "assistant", path));
-  job.opts.chat.thinking = thinking_mode_from_name(yaml_get<std::string>(d, "thinking", "on", path));
-  job.opts.read.skip_bad_rows = yaml_get<bool>(d, "skip_bad_rows", false, path);
-  job.opts.read.fix_utf8 = yaml_get<bool>(d, "fix_utf8", false, path);
-  job.pack.tokens_per_batch = yaml_get<int64_t>(d, "tokens_per_batch", 8192, path);
-  job.pack.shuffle_window = yaml_get<int64_t>(d, "shuffle_window", 10000, path);
-  job.pack.seed = yaml_get<uint64_t>(d, "seed", 0, path);
-  job.pack.overflow = overflow_from_name(yaml_get<std::string>(d, "overflow", "truncate", path));
-  job.threads = yaml_get<int>(d, "threads", 0, path);
+  job.opts.read.schema = data_schema_from_name(yaml_get<std::string>(d, "data", "schema", "auto", path));
+  job.opts.chat.train_on = train_on_from_name(yaml_get<std::string>(d, "data", "train_on", "assistant", path));
+  job.opts.chat.thinking = thinking_mode_from_name(yaml_get<std::string>(d, "data", "thinking", "on", path));
+  job.opts.read.skip_bad_rows = yaml_get<bool>(d, "data", "skip_bad_rows", false, path);
+  job.opts.read.fix_utf8 = yaml_get<bool>(d, "data", "fix_utf8", false, path);
+  job.pack.tokens_per_batch = yaml_get<int64_t>(d, "data", "tokens_per_batch", 8192, path);
+  job.pack.shuffle_window = yaml_get<int64_t>(d, "data", "shuffle_window", 10000, path);
+  job.pack.seed = yaml_get<uint64_t>(d, "data", "seed", 0, path);
+  job.pack.overflow = overflow_from_name(yaml_get<std::string>(d, "data", "overflow", "truncate", path));
+  job.threads = yaml_get<int>(d, "data", "threads", 0, path);
   QT_CHECK(job.pack.tokens_per_batch > 0, path, ": data.tokens_per_batch must be positive");
   if (d["cache_dir"]) {
     job.cache_dir = rel(d["cache_dir"].as<std::string>());

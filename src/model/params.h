@@ -39,6 +39,8 @@ std::vector<ParamSpec> param_table(const ModelConfig& cfg);
 // Group of any checkpoint name (text-model names by the table's rules; vision/mtp/unknown: Other).
 ParamGroup param_group_of_name(const std::string& name, const ModelConfig& cfg);
 int64_t param_count(const ModelConfig& cfg);
+// AdamW's decoupled weight decay applies to matrices only, not to norms, A_log or dt_bias.
+inline bool param_decays(const ParamSpec& p) { return p.shape.size() >= 2; }
 std::string lm_head_name();  // "lm_head.weight" in both layouts
 
 }  // namespace qt

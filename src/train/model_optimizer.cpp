@@ -39,7 +39,7 @@ class HostOptimizer final : public ModelOptimizer {
     for (size_t i = 0; i < table.size(); ++i) {
       if (clip != 1.0)
         for (float& x : grads[i]) x = static_cast<float>(x * clip);
-      const bool decay = table[i].shape.size() >= 2;
+      const bool decay = param_decays(table[i]);
       adamw_update(master_[i].data(), grads[i].data(), m_[i].data(), v_[i].data(),
                    static_cast<int64_t>(master_[i].size()), lr, decay ? cfg_.weight_decay : 0.0, cfg_, step);
       model_.set_param_f32(i, master_[i]);
@@ -84,7 +84,7 @@ class DeviceOptimizer final : public ModelOptimizer {
       const std::vector<float> w = model.param_f32(i);
       be.copy_from_host(master_.back(), w.data());
       table.push_back({master_.back().ptr<float>(), m_.back().ptr<float>(), v_.back().ptr<float>(), model.grad(i).data,
-                       p.data, p.numel(), model.specs()[i].shape.size() >= 2, gt == DType::F32});
+                       p.data, p.numel(), param_decays(model.specs()[i]), gt == DType::F32});
     }
     adamw_ = std::make_unique<cuda::AdamWMultiTensor>(table);
   }

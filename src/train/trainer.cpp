@@ -35,16 +35,6 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-template <typename T>
-T train_get(const YAML::Node& n, const char* key, const T& def, const std::string& file) {
-  if (!n || !n[key]) return def;
-  try {
-    return n[key].as<T>();
-  } catch (const YAML::Exception& e) {
-    QT_FAIL(file, ": train.", key, " (line ", n[key].Mark().line + 1, "): ", e.what());
-  }
-}
-
 // Splits samples into train / eval by a seeded hash of the sample index (stable under reordering
 // of the config, independent of thread counts).
 void split_dataset(const TokenizedDataset& all, double eval_fraction, uint64_t seed, TokenizedDataset& train,
@@ -171,27 +161,27 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
       QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
     }
   }
-  c.backend = train_get<std::string>(t, "backend", c.backend, path);
-  c.adamw.lr = train_get<double>(t, "lr", 1e-4, path);
-  c.schedule.min_lr_ratio = train_get<double>(t, "min_lr_ratio", 0.0, path);
-  c.schedule_name = train_get<std::string>(t, "schedule", "cosine", path);
+  c.backend = yaml_get<std::string>(t, "train", "backend", c.backend, path);
+  c.adamw.lr = yaml_get<double>(t, "train", "lr", 1e-4, path);
+  c.schedule.min_lr_ratio = yaml_get<double>(t, "train", "min_lr_ratio", 0.0, path);
+  c.schedule_name = yaml_get<std::string>(t, "train", "schedule", "cosine", path);
   c.schedule.kind = lr_schedule_from_name(c.schedule_name);
-  c.schedule.warmup_steps = train_get<int64_t>(t, "warmup_steps", 0, path);
-  c.adamw.weight_decay = train_get<double>(t, "weight_decay", 0.0, path);
-  c.adamw.beta1 = train_get<double>(t, "beta1", 0.9, path);
-  c.adamw.beta2 = train_get<double>(t, "beta2", 0.999, path);
-  c.adamw.eps = train_get<double>(t, "eps", 1e-8, path);
-  c.max_grad_norm = train_get<double>(t, "max_grad_norm", 1.0, path);
-  c.global_batch_tokens = train_get<int64_t>(t, "global_batch_tokens", 0, path);
-  c.epochs = train_get<int64_t>(t, "epochs", 1, path);
-  c.max_steps = train_get<int64_t>(t, "max_steps", 0, path);
-  c.eval_fraction = train_get<double>(t, "eval_fraction", 0.0, path);
-  c.eval_every = train_get<int64_t>(t, "eval_every", 0, path);
-  c.save_every = train_get<int64_t>(t, "save_every", 0, path);
-  c.log_every = train_get<int64_t>(t, "log_every", 1, path);
-  c.seed = train_get<uint64_t>(t, "seed", 0, path);
-  c.save_dtype = train_get<std::string>(t, "save_dtype", "auto", path);
-  c.resume = train_get<std::string>(t, "resume", "", path);
+  c.schedule.warmup_steps = yaml_get<int64_t>(t, "train", "warmup_steps", 0, path);
+  c.adamw.weight_decay = yaml_get<double>(t, "train", "weight_decay", 0.0, path);
+  c.adamw.beta1 = yaml_get<double>(t, "train", "beta1", 0.9, path);
+  c.adamw.beta2 = yaml_get<double>(t, "train", "beta2", 0.999, path);
+  c.adamw.eps = yaml_get<double>(t, "train", "eps", 1e-8, path);
+  c.max_grad_norm = yaml_get<double>(t, "train", "max_grad_norm", 1.0, path);
+  c.global_batch_tokens = yaml_get<int64_t>(t, "train", "global_batch_tokens", 0, path);
+  c.epochs = yaml_get<int64_t>(t, "train", "epochs", 1, path);
+  c.max_steps = yaml_get<int64_t>(t, "train", "max_steps", 0, path);
+  c.eval_fraction = yaml_get<double>(t, "train", "eval_fraction", 0.0, path);
+  c.eval_every = yaml_get<int64_t>(t, "train", "eval_every", 0, path);
+  c.save_every = yaml_get<int64_t>(t, "train", "save_every", 0, path);
+  c.log_every = yaml_get<int64_t>(t, "train", "log_every", 1, path);
+  c.seed = yaml_get<uint64_t>(t, "train", "seed", 0, path);
+  c.save_dtype = yaml_get<std::string>(t, "train", "save_dtype", "auto", path);
+  c.resume = yaml_get<std::string>(t, "train", "resume", "", path);
   if (!c.resume.empty() && c.resume != "auto") c.resume = rel(c.resume);
   QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
   QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
