@@ -16,9 +16,13 @@
 //                         a deterministic variant would run a separate dQ pass per query tile
 //                         that loops over key tiles, i.e. 7 GEMMs instead of 5).
 //   attn_bwd_post_kernel: dq = bf16(scale * dQaccum).
-// The grid covers ceil(max_seqlen / tile) tiles per sample; tiles past a sample's end exit at once,
-// so one launch serves every sample of a packed row. Causal masking happens only in tiles that
-// cross the diagonal or the sample end.
+// Scheduling: attn_tile_table_kernel lists every (sample, tile) of the packed row, heaviest first
+// across all samples (a forward query tile i costs i + 1 key tiles; a backward key tile j of an
+// n-tile sample costs n - j query tiles), and the grid is (heads, slots) with slots the bound
+// T / tile + num_seqs, so one launch serves every sample, the grid depends only on T and the
+// sample bound (static for CUDA graphs: padded zero-length samples add no work), and long
+// samples' heavy tiles start first instead of trailing. Causal masking happens only in tiles
+// that cross the diagonal or the sample end.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +31,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/ops_device.cuh"
 
 namespace qt::cuda {
 namespace {
@@ -206,6 +211,7 @@ struct FwdParams {
   float* lse;
   const bf16 *q, *k, *v;
   const int32_t* cu;
+  const int2* tiles;  // slot -> (sample, tile index), sample -1 past the last tile
   int total, hq, hkv;
   float scale;
 };
@@ -219,10 +225,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
   bf16* sK = sQ + BM * D;
   bf16* sV = sK + BN * D;
 
-  const int seq = blockIdx.y, h = blockIdx.z;
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const int seq = work.x, h = blockIdx.x;
   const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int m0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * BM;  // heaviest tiles first
-  if (m0 >= L) return;
+  const int m0 = work.y * BM;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int kvh = h / (p.hq / p.hkv);
   const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
@@ -378,6 +385,7 @@ struct BwdParams {
   const float* dsum;   // [Hq, T] rowsum(dO * O)
   const bf16 *d_o, *q, *k, *v;
   const int32_t* cu;
+  const int2* tiles;   // slot -> (sample, key tile index), sample -1 past the last tile
   int total, hq, hkv;
   float scale;
 };
@@ -428,10 +436,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
   float* sLse = reinterpret_cast<float*>(sdS + BM * BN);
   float* sDs = sLse + BM;
 
-  const int seq = blockIdx.y, kvh = blockIdx.z;
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const int seq = work.x, kvh = blockIdx.x;
   const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int n0 = static_cast<int>(blockIdx.x) * BN;  // low key tiles see the most queries: launched first
-  if (n0 >= L) return;
+  const int n0 = work.y * BN;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int group = p.hq / p.hkv;
   const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
@@ -646,6 +655,50 @@ __global__ void __launch_bounds__(256) attn_bwd_post_kernel(bf16* dq, const floa
   reinterpret_cast<uint4*>(dq)[i] = out;
 }
 
+// ---- work list ---------------------------------------------------------------------------------
+// table[slot] = (sample, tile) for every tile of every sample, sorted by cost, heaviest first
+// (counting sort over a clamped cost key; order within a key is arbitrary and harmless, since
+// every tile's result is independent of when it runs); slots past the tile count get sample -1.
+// One block: each thread owns a run of samples.
+constexpr int kTableThreads = 1024, kCostKeys = 2048;
+__global__ void __launch_bounds__(kTableThreads) attn_tile_table_kernel(int2* table, const int32_t* cu, int num_seqs,
+                                                                        int tile, int slots, int backward) {
+  __shared__ int count[kCostKeys];
+  __shared__ int scan[kTableThreads];
+  const int tid = threadIdx.x;
+  for (int k = tid; k < kCostKeys; k += kTableThreads) count[k] = 0;
+  __syncthreads();
+  const int per = (num_seqs + kTableThreads - 1) / kTableThreads;
+  const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
+  auto key_of = [&](int i, int n) { return min(kCostKeys - 1, backward ? n - i : i + 1); };
+  for (int s = s0; s < s1; ++s) {
+    const int n = (cu[s + 1] - cu[s] + tile - 1) / tile;
+    for (int i = 0; i < n; ++i) atomicAdd(&count[key_of(i, n)], 1);
+  }
+  __syncthreads();
+  // Exclusive offsets in descending key order: thread t sums keys [hi_t - 1 .. lo_t] (its band).
+  constexpr int kPer = kCostKeys / kTableThreads;
+  int band = 0;
+  for (int j = 0; j < kPer; ++j) band += count[kCostKeys - 1 - (tid * kPer + j)];
+  scan[tid] = band;
+  dev::block_inclusive_scan(scan);
+  const int total = scan[kTableThreads - 1];
+  int run = scan[tid] - band;
+  __syncthreads();  // every thread has read its band's counts: turn them into offsets
+  for (int j = 0; j < kPer; ++j) {
+    const int k = kCostKeys - 1 - (tid * kPer + j);
+    const int c = count[k];
+    count[k] = run;
+    run += c;
+  }
+  __syncthreads();
+  for (int s = s0; s < s1; ++s) {
+    const int n = (cu[s + 1] - cu[s] + tile - 1) / tile;
+    for (int i = 0; i < n; ++i) table[atomicAdd(&count[key_of(i, n)], 1)] = make_int2(s, i);
+  }
+  for (int i = total + tid; i < slots; i += kTableThreads) table[i] = make_int2(-1, 0);
+}
+
 // ---- launch helpers -----------------------------------------------------------------------------
 
 void check_launch(const char* what) {
@@ -656,21 +709,35 @@ void check_launch(const char* what) {
   }
 }
 
-// Workspace layout (bytes, 256-aligned pieces): dsum [Hq*T] f32 | lse2 [Hq*T] f32 | dq_acc [T*Hq*D] f32.
+// Workspace layout (bytes, 256-aligned pieces): tile table | dsum [Hq*T] f32 | lse2 [Hq*T] f32 |
+// dq_acc [T*Hq*D] f32 (the forward uses only the table).
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 size_t ws_rows_bytes(const AttnArgs& a) {
   return align256(sizeof(float) * static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.total_tokens));
 }
+// Work slots for a tile size: sum ceil(len / tile) <= T / tile + num_seqs.
+int tile_slots(const AttnArgs& a, int tile) { return a.total_tokens / tile + a.num_seqs; }
+size_t ws_table_bytes(const AttnArgs& a) { return align256(sizeof(int2) * static_cast<size_t>(tile_slots(a, 64) + 1)); }
+
+const int2* build_tile_table(void* workspace, const AttnArgs& a, int tile, bool backward, cudaStream_t stream) {
+  int2* table = static_cast<int2*>(workspace);
+  attn_tile_table_kernel<<<1, kTableThreads, 0, stream>>>(table, a.cu_seqlens, a.num_seqs, tile, tile_slots(a, tile),
+                                                          backward ? 1 : 0);
+  check_launch("attn_tile_table_kernel");
+  return table;
+}
 
 template <int D>
 void launch_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
-                    cudaStream_t stream) {
+                    void* workspace, cudaStream_t stream) {
   using Tr = FwdTraits<D>;
   // Opt in above 48 KB of dynamic smem (cheap; repeated per call so every device gets it).
   cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+  const int2* tiles = build_tile_table(workspace, a, Tr::kBlockM, false, stream);
   FwdParams p{static_cast<bf16*>(o), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-              static_cast<const bf16*>(v), a.cu_seqlens, a.total_tokens, a.num_q_heads, a.num_kv_heads, a.scale};
-  const dim3 grid((a.max_seqlen + Tr::kBlockM - 1) / Tr::kBlockM, a.num_seqs, a.num_q_heads);
+              static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
+              a.scale};
+  const dim3 grid(a.num_q_heads, tile_slots(a, Tr::kBlockM));
   attn_fwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
   check_launch("attn_fwd_kernel");
 }
@@ -680,7 +747,7 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
                      const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream) {
   using Tr = BwdTraits<D>;
   cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
-  char* ws = static_cast<char*>(workspace);
+  char* ws = static_cast<char*>(workspace) + ws_table_bytes(a);
   float* dsum = reinterpret_cast<float*>(ws);
   float* lse2 = reinterpret_cast<float*>(ws + ws_rows_bytes(a));
   float* dq_acc = reinterpret_cast<float*>(ws + 2 * ws_rows_bytes(a));
@@ -690,10 +757,12 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
       dsum, lse2, dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse, a.total_tokens,
       a.num_q_heads);
   check_launch("attn_bwd_pre_kernel");
+  const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
   BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dq_acc, lse2, dsum,
               static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-              static_cast<const bf16*>(v), a.cu_seqlens, a.total_tokens, a.num_q_heads, a.num_kv_heads, a.scale};
-  const dim3 grid((a.max_seqlen + Tr::kBlockN - 1) / Tr::kBlockN, a.num_seqs, a.num_kv_heads);
+              static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
+              a.scale};
+  const dim3 grid(a.num_kv_heads, tile_slots(a, Tr::kBlockN));
   attn_bwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
   check_launch("attn_bwd_kernel");
   const int64_t n8 = rows * D / 8;
@@ -710,17 +779,17 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
 }  // namespace
 
 size_t attention_workspace_bytes(const AttnArgs& a) {
-  return 2 * ws_rows_bytes(a) + align256(sizeof(float) * static_cast<size_t>(a.total_tokens) *
+  return ws_table_bytes(a) + 2 * ws_rows_bytes(a) + align256(sizeof(float) * static_cast<size_t>(a.total_tokens) *
                                          static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.head_dim));
 }
 
 void attention_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
-                       void* /*workspace*/, cudaStream_t stream) {
+                       void* workspace, cudaStream_t stream) {
   if (a.total_tokens == 0 || a.num_seqs == 0 || a.max_seqlen == 0) return;
   switch (a.head_dim) {
-    case 64: return launch_forward<64>(o, lse, q, k, v, a, stream);
-    case 128: return launch_forward<128>(o, lse, q, k, v, a, stream);
-    case 256: return launch_forward<256>(o, lse, q, k, v, a, stream);
+    case 64: return launch_forward<64>(o, lse, q, k, v, a, workspace, stream);
+    case 128: return launch_forward<128>(o, lse, q, k, v, a, workspace, stream);
+    case 256: return launch_forward<256>(o, lse, q, k, v, a, workspace, stream);
     default: bad_head_dim(a.head_dim);
   }
 }

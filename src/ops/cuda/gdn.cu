@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/ops_device.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/gdn_mma.cuh"
 
@@ -195,13 +196,7 @@ __global__ void gdn_chunk_table_kernel(int4* table, int* nchunks, int* seq_off, 
   int local = 0;
   for (int s = s0; s < s1; ++s) local += (cu[s + 1] - cu[s] + kC - 1) / kC;
   sums[tid] = local;
-  __syncthreads();
-  for (int off = 1; off < nt; off <<= 1) {
-    const int v = tid >= off ? sums[tid - off] : 0;
-    __syncthreads();
-    sums[tid] += v;
-    __syncthreads();
-  }
+  dev::block_inclusive_scan(sums);
   int base = sums[tid] - local;
   for (int s = s0; s < s1; ++s) {
     const int bos = cu[s], len = cu[s + 1] - cu[s];

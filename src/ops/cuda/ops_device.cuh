@@ -107,6 +107,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// In-place inclusive prefix sum of s[0, blockDim.x) by the whole block (Hillis-Steele; for the
+// one-block work-list kernels, where n is at most 1024). Every thread must call it.
+__device__ __forceinline__ void block_inclusive_scan(int* s) {
+  const int tid = threadIdx.x;
+  __syncthreads();
+  for (int off = 1; off < static_cast<int>(blockDim.x); off <<= 1) {
+    const int v = tid >= off ? s[tid - off] : 0;
+    __syncthreads();
+    s[tid] += v;
+    __syncthreads();
+  }
+}
+
 }  // namespace qt::cuda::dev
 
 namespace qt::cuda {
