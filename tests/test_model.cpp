@@ -150,6 +150,41 @@ TEST(ModelIsolation, LeakWouldBeDetected) {
   EXPECT_GT(diff, 1e-3);
 }
 
+// The static-shape path (CUDA graphs) pads a row to max_tokens with one ignored sample and
+// cu_seqlens to max_seqs + 1 with zero-length samples; neither may change the loss or a gradient.
+TEST(ModelStaticShape, PaddedStagedStepEqualsPlainStep) {
+  Golden g = load_golden("tiny_untied");  // lengths 1, 2, 3, 63, 64, 65, 130
+  CpuBackend be;
+  PackedRow row;
+  for (size_t i = 0; i < g.ids.size(); ++i) row.append_sample(g.ids[i], g.labels[i]);
+  Qwen35Model model(g.dir.config, be, row.num_tokens() + 37);
+  model.load(g.dir);
+  model.set_static_shape(16, 2);
+  EXPECT_EQ(model.static_seqs_needed(row), static_cast<int>(g.ids.size()) + 1);
+
+  model.zero_grads();
+  const LossResult plain = model.step(row, true, 0.5);
+  std::vector<std::vector<float>> grads_plain;
+  for (size_t i = 0; i < model.specs().size(); ++i) grads_plain.push_back(model.grad_f32(i));
+
+  model.zero_grads();
+  model.stage(row, 1);
+  model.enqueue_step(1, true, 0.5);
+  be.synchronize();
+  double sums[2] = {0, 0};
+  be.copy_to_host(sums, model.static_loss_sums());
+  EXPECT_NEAR(sums[1], plain.loss_sum, 1e-5 * std::abs(plain.loss_sum));
+  EXPECT_EQ(sums[0], 0.0);  // slot 0 untouched
+  for (size_t i = 0; i < model.specs().size(); ++i)
+    EXPECT_LT(rel_diff(model.grad_f32(i), grads_plain[i]), 1e-4) << model.specs()[i].name;
+
+  // Bad input: a row needing more samples than the bound, an unknown slot.
+  PackedRow many;
+  for (int i = 0; i < 16; ++i) many.append_sample({1, 2}, {1, 2});
+  EXPECT_ERROR_CONTAINS([&] { model.stage(many, 0); }, "17 samples", "static 16");
+  EXPECT_ERROR_CONTAINS([&] { model.stage(row, 2); }, "slot 2 of 2");
+}
+
 TEST(ModelBadInput, RowErrorsNameThePosition) {
   Golden g = load_golden("tiny_tied");
   CpuBackend be;

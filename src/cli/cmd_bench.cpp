@@ -1,7 +1,8 @@
 // qwentune bench --preset NAME [--backend auto|cpu|cuda] [--steps N] [--warmup N]
-//                [--tokens-per-batch N] [--seed N]
+//                [--tokens-per-batch N] [--seed N] [--no-graph]
 // End-to-end training throughput on a random-init model: synthetic chat-like length mix packed
-// into rows of exactly tokens_per_batch tokens, forward + backward + AdamW per step.
+// into rows of exactly tokens_per_batch tokens, forward + backward + AdamW per step, run by the
+// trainer's TrainStep (on CUDA: one CUDA-graph launch per step after the first).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
 #include "train/model_optimizer.h"
+#include "train/train_step.h"
 #ifdef QT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -41,6 +43,7 @@ struct BenchArgs {
   std::string preset = "2b", backend = "auto";
   int64_t steps = 5, warmup = 2, tokens_per_batch = 8192;
   uint64_t seed = 0;
+  bool no_graph = false;
 };
 
 void run_bench(const BenchArgs& a) {
@@ -61,35 +64,43 @@ void run_bench(const BenchArgs& a) {
   log_info("bench: ", a.preset, " on ", be->name(), ", ", param_count(cfg), " parameters, init ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), " s");
   std::mt19937_64 rng(a.seed);
-  std::vector<double> times;
-  double flops = 0, dense_flops = 0;
-  int64_t trained = 0, tokens = 0;
-  double loss = 0;
+  std::vector<PackedRow> rows;
+  std::vector<std::vector<int64_t>> row_lens;
+  int max_samples = 1;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    const std::vector<int64_t> lens = chat_like_lengths(a.tokens_per_batch, rng);
+    row_lens.push_back(chat_like_lengths(a.tokens_per_batch, rng));
     PackedRow row;
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 248000) - 1));
-    for (int64_t n : lens) {
+    for (int64_t n : row_lens.back()) {
       std::vector<int32_t> ids(static_cast<size_t>(n));
       for (auto& x : ids) x = tok(rng);
       std::vector<int32_t> labels = ids;
       labels[0] = -100;
       row.append_sample(ids, labels);
     }
+    max_samples = std::max(max_samples, static_cast<int>(row_lens.back().size()));
+    rows.push_back(std::move(row));
+  }
+  TrainStep stepper(model, *opt, 1, (max_samples + 1 + 7) / 8 * 8, !a.no_graph);
+  std::vector<double> times, host_ms;
+  double flops = 0, dense_flops = 0;
+  int64_t trained = 0, tokens = 0;
+  double loss = 0;
+  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    model.zero_grads();
-    const LossResult r = model.step(row, true, 1.0 / double(row.num_trained()));
-    opt->step(adamw.lr, 1.0, s + 1);  // synchronizes: it reads the gradient norm back
+    const StepResult r = stepper.run({rows[static_cast<size_t>(s)]}, adamw.lr, 1.0, s + 1);  // waits for the GPU
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    loss = r.loss_sum / double(r.num_trained);
-    log_info("bench step ", s + 1, (s < a.warmup ? " (warmup)" : ""), ": ", dt, " s, loss ", loss);
+    loss = r.loss_sum / double(r.trained);
+    log_info("bench step ", s + 1, (s < a.warmup ? " (warmup)" : ""), ": ", dt, " s, loss ", loss,
+             r.replayed ? " (graph replay)" : "", ", host ", r.host_ms, " ms");
     if (s < a.warmup) continue;
     times.push_back(dt);
-    const StepFlops f = step_flops(cfg, lens);
+    host_ms.push_back(r.host_ms);
+    const StepFlops f = step_flops(cfg, row_lens[static_cast<size_t>(s)]);
     flops += f.total();
     dense_flops += f.dense;
-    trained += r.num_trained;
-    tokens += row.num_tokens();
+    trained += r.trained;
+    tokens += r.tokens;
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
@@ -107,7 +118,13 @@ void run_bench(const BenchArgs& a) {
   j["trained_tokens_per_s"] = double(trained) / total;
   j["mfu_6nd"] = dense_flops / total / peak;
   j["mfu_with_mixers"] = flops / total / peak;
-  j["graph"] = "none (eager launches)";
+  j["step_mode"] = stepper.mode();
+  j["graph_captures"] = stepper.captures();
+  j["kernels_per_step"] = stepper.graph_kernels();  // kernel nodes of the captured graph (0: eager)
+  j["graph_nodes"] = stepper.graph_nodes();
+  j["launches_per_step"] = stepper.captures() > 0 ? 1 : -1;  // -1: eager (one launch per kernel)
+  std::sort(host_ms.begin(), host_ms.end());
+  j["host_ms_per_step"] = host_ms.empty() ? 0.0 : host_ms[host_ms.size() / 2];
   j["plan_mib"] = {{"weights", double(model.memory_plan().weights) / (1 << 20)},
                    {"grads", double(model.memory_plan().grads) / (1 << 20)},
                    {"activations", double(model.memory_plan().activations) / (1 << 20)},
@@ -134,6 +151,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--tokens-per-batch", a->tokens_per_batch, "tokens per packed row")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "")->capture_default_str();
+  cmd->add_flag("--no-graph", a->no_graph, "CUDA: launch every kernel eagerly instead of replaying a captured graph");
   cmd->callback([=] { run_bench(*a); });
 }
 

@@ -104,9 +104,12 @@ void add_train_commands(CLI::App& app) {
     auto profile_steps = std::make_shared<std::string>();
     cmd->add_option("--profile-steps", *profile_steps,
                     "A:B: profile steps A..B (op/layer tables, output_dir/profile_trace.json)");
+    auto no_graph = std::make_shared<bool>(false);
+    cmd->add_flag("--no-graph", *no_graph, "run the CUDA step eagerly, kernel by kernel (debugging); = --set train.cuda_graph=false");
     cmd->callback([=] {
       TrainConfig c = train_config_load(*config, *sets);
       if (!profile_steps->empty()) profile::parse_step_range(*profile_steps, c.profile_first, c.profile_last);
+      if (*no_graph) c.cuda_graph = false;
       train_run(c);
     });
   }

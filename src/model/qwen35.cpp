@@ -101,10 +101,7 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
-  ids_ = planned(plan_.inputs, DType::I32, {T});
-  targets_ = planned(plan_.inputs, DType::I32, {T});
-  positions_ = planned(plan_.inputs, DType::I32, {T});
-  cu_seqlens_ = planned(plan_.inputs, DType::I32, {T + 1});
+  inputs_ = planned(plan_.inputs, DType::I32, {4 * T + 1});
   acts_.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
@@ -214,22 +211,91 @@ void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
 
 void Qwen35Model::zero_grads() { be_.zero(grads_flat_); }
 
+void Qwen35Model::use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T) {
+  // Layout of every input buffer (capacity max_tokens_): ids, targets, positions, cu_seqlens.
+  auto at = [&](int64_t off, int64_t n) {
+    return Tensor(static_cast<int32_t*>(inputs.data) + off, DType::I32, {n}, inputs.device);
+  };
+  ids_ = at(0, T);
+  targets_ = at(max_tokens_, T);
+  positions_ = at(2 * max_tokens_, T);
+  cu_seqlens_ = at(3 * max_tokens_, num_seqs + 1);
+  seqs_.cu_seqlens = cu_seqlens_;
+  seqs_.num_seqs = num_seqs;
+  seqs_.total_tokens = static_cast<int>(T);
+  seqs_.max_seqlen = max_seqlen;
+}
+
 void Qwen35Model::upload(const PackedRow& row) {
   row.validate(cfg_.vocab_size);
   const int64_t T = row.num_tokens();
   QT_CHECK(T <= max_tokens_, "packed row has ", T, " tokens, more than the planned ", max_tokens_);
-  be_.copy_from_host(rows(ids_, T), row.input_ids.data());
-  be_.copy_from_host(rows(targets_, T), row.targets.data());
-  be_.copy_from_host(rows(positions_, T), row.positions.data());
   const int num_seqs = static_cast<int>(row.cu_seqlens.size()) - 1;
-  Tensor cu = slab(cu_seqlens_, {num_seqs + 1});
-  be_.copy_from_host(cu, row.cu_seqlens.data());
-  seqs_.cu_seqlens = cu;
-  seqs_.num_seqs = num_seqs;
-  seqs_.total_tokens = static_cast<int>(T);
-  seqs_.max_seqlen = 0;
+  int max_seqlen = 0;
   for (int s = 0; s < num_seqs; ++s)
-    seqs_.max_seqlen = std::max(seqs_.max_seqlen, row.cu_seqlens[static_cast<size_t>(s) + 1] - row.cu_seqlens[static_cast<size_t>(s)]);
+    max_seqlen = std::max(max_seqlen, row.cu_seqlens[static_cast<size_t>(s) + 1] - row.cu_seqlens[static_cast<size_t>(s)]);
+  use_inputs(inputs_, num_seqs, max_seqlen, T);
+  be_.copy_from_host(ids_, row.input_ids.data());
+  be_.copy_from_host(targets_, row.targets.data());
+  be_.copy_from_host(positions_, row.positions.data());
+  be_.copy_from_host(cu_seqlens_, row.cu_seqlens.data());
+}
+
+void Qwen35Model::set_static_shape(int max_seqs, int slots) {
+  QT_CHECK(static_slots_ == 0, "set_static_shape: already set (", static_slots_, " slots)");
+  QT_CHECK(slots >= 1 && max_seqs >= 2, "set_static_shape: needs slots >= 1 and max_seqs >= 2 (got ", slots, ", ",
+           max_seqs, ")");
+  QT_CHECK(max_seqs <= max_tokens_, "set_static_shape: max_seqs ", max_seqs, " exceeds the ", max_tokens_,
+           " planned tokens");
+  static_max_seqs_ = max_seqs;
+  static_slots_ = slots;
+  const int64_t stride = 3 * max_tokens_ + max_seqs + 1;
+  for (int s = 0; s < slots; ++s) {
+    static_inputs_.push_back(be_.alloc(DType::I32, {stride}));
+    staging_.push_back(static_cast<int32_t*>(be_.alloc_host(static_cast<size_t>(stride) * sizeof(int32_t))));
+    plan_.inputs += stride * 4;
+  }
+  loss_sums_ = be_.alloc(DType::F64, {slots});
+}
+
+int Qwen35Model::static_seqs_needed(const PackedRow& row) const {
+  const int own = static_cast<int>(row.cu_seqlens.size()) - 1;
+  return own + (row.num_tokens() < max_tokens_ ? 1 : 0);
+}
+
+void Qwen35Model::stage(const PackedRow& row, int slot) {
+  QT_CHECK(slot >= 0 && slot < static_slots_, "stage: slot ", slot, " of ", static_slots_,
+           " (call set_static_shape first)");
+  row.validate(cfg_.vocab_size);
+  const int64_t T = row.num_tokens(), M = max_tokens_;
+  QT_CHECK(T <= M, "packed row has ", T, " tokens, more than the planned ", M);
+  const int need = static_seqs_needed(row);
+  QT_CHECK(need <= static_max_seqs_, "packed row needs ", need, " samples (with padding), more than the static ",
+           static_max_seqs_);
+  int32_t* st = staging_[static_cast<size_t>(slot)];
+  std::copy(row.input_ids.begin(), row.input_ids.end(), st);
+  std::copy(row.targets.begin(), row.targets.end(), st + M);
+  std::copy(row.positions.begin(), row.positions.end(), st + 2 * M);
+  // Padding: one sample of ignored targets (token 0) fills the row to M tokens.
+  for (int64_t t = T; t < M; ++t) {
+    st[t] = 0;
+    st[M + t] = -100;
+    st[2 * M + t] = static_cast<int32_t>(t - T);
+  }
+  int32_t* cu = st + 3 * M;
+  std::copy(row.cu_seqlens.begin(), row.cu_seqlens.end(), cu);
+  // Empty samples at the end (cu repeating M): kernels see zero-length samples and skip them.
+  for (int s = static_cast<int>(row.cu_seqlens.size()); s <= static_max_seqs_; ++s) cu[s] = static_cast<int32_t>(M);
+}
+
+void Qwen35Model::enqueue_step(int slot, bool backward, double grad_scale) {
+  QT_CHECK(slot >= 0 && slot < static_slots_, "enqueue_step: slot ", slot, " of ", static_slots_);
+  const Tensor& dev = static_inputs_[static_cast<size_t>(slot)];
+  be_.copy_from_host(dev, staging_[static_cast<size_t>(slot)]);
+  // max_seqlen is only a bound the kernels size grids by: the whole row.
+  use_inputs(dev, static_max_seqs_, static_cast<int>(max_tokens_), max_tokens_);
+  const Tensor sum(static_cast<double*>(loss_sums_.data) + slot, DType::F64, {1}, loss_sums_.device);
+  forward_loss_backward(max_tokens_, backward, grad_scale, none(), &sum);
 }
 
 void Qwen35Model::forward_layers(int64_t T) {
@@ -366,21 +432,32 @@ void Qwen35Model::backward_layers(int64_t T) {
 LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_scale, std::vector<float>* token_loss) {
   upload(row);
   const int64_t T = row.num_tokens();
+  const Tensor tl = token_loss != nullptr ? rows(token_loss_, T) : none();
+  LossResult r;
+  r.loss_sum = forward_loss_backward(T, backward, grad_scale, tl, nullptr);
+  r.num_trained = row.num_trained();
+  if (token_loss != nullptr) {
+    token_loss->resize(static_cast<size_t>(T));
+    be_.copy_to_host(token_loss->data(), tl);
+  }
+  return r;
+}
+
+double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_scale, const Tensor& token_loss,
+                                          const Tensor* loss_dev) {
   forward_layers(T);
   const bool tied = cfg_.tie_word_embeddings;
   const Tensor& head = tied ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
   const Tensor dhead = backward ? (tied ? g(ParamRole::EmbedTokens, -1) : g(ParamRole::LmHead, -1)) : none();
   const Tensor dn = backward ? rows(d_norm_out_, T) : none();
-  const Tensor tl = token_loss != nullptr ? rows(token_loss_, T) : none();
-  LossResult r;
+  double loss_sum = 0;
   {
     profile::Scope loss(prof_, "loss");
-    r.loss_sum = be_.linear_cross_entropy(dn, dhead, tl, rows(final_out_, T), head, rows(targets_, T), grad_scale);
-  }
-  r.num_trained = row.num_trained();
-  if (token_loss != nullptr) {
-    token_loss->resize(static_cast<size_t>(T));
-    be_.copy_to_host(token_loss->data(), tl);
+    if (loss_dev != nullptr)
+      be_.linear_cross_entropy_to(*loss_dev, dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T),
+                                  grad_scale);
+    else
+      loss_sum = be_.linear_cross_entropy(dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T), grad_scale);
   }
   if (backward) {
     const Tensor dr = rows(d_res_, T);
@@ -389,7 +466,7 @@ LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_sc
                          rows(final_rstd_, T), true);
     backward_layers(T);
   }
-  return r;
+  return loss_sum;
 }
 
 std::vector<float> Qwen35Model::logits(const PackedRow& row) {

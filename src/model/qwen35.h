@@ -73,9 +73,34 @@ class Qwen35Model {
   // Logits [T, V] (host, f32) for every position of the row (for generation and parity checks).
   std::vector<float> logits(const PackedRow& row);
 
+  // ---- static shapes (whole-step CUDA graphs) ----
+  // From here on, staged rows are padded to max_tokens tokens (the padding is one extra sample
+  // whose targets are all ignored) and cu_seqlens to max_seqs + 1 entries (repeating the row
+  // end), so every kernel's grid and workspace are the same for every row. `slots` rows can be
+  // staged at once (one per micro-batch of a step), each in its own page-locked host slot and
+  // device input buffer. Allocates (call once, at set-up).
+  void set_static_shape(int max_seqs, int slots);
+  int static_max_seqs() const { return static_max_seqs_; }
+  int static_slots() const { return static_slots_; }
+  // Samples the row needs in a static slot (its own plus the padding one).
+  int static_seqs_needed(const PackedRow& row) const;
+  // Host only: validates the row and writes it, padded, into the slot's staging.
+  void stage(const PackedRow& row, int slot);
+  // Enqueues with no host synchronization (capturable): the copy of the slot's staging to the
+  // device, the forward pass, the loss sum into static_loss_sums()[slot] and, with backward, the
+  // gradient of grad_scale * loss_sum accumulated into the gradients.
+  void enqueue_step(int slot, bool backward, double grad_scale);
+  const Tensor& static_loss_sums() const { return loss_sums_; }  // f64 [slots] on the device
+  Tensor grads_buffer() const { return grads_flat_; }            // every gradient, one u8 buffer
+
  private:
   struct LayerActs;
   void upload(const PackedRow& row);
+  void use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T);  // points ids_... into inputs
+  // Forward from the uploaded inputs, the loss (returned, or into loss_dev when given: no sync),
+  // and with backward the gradients.
+  double forward_loss_backward(int64_t T, bool backward, double grad_scale, const Tensor& token_loss,
+                               const Tensor* loss_dev);
   void forward_layers(int64_t T);
   void backward_layers(int64_t T);
   const Tensor& p(ParamRole role, int layer) const;
@@ -92,9 +117,14 @@ class Qwen35Model {
   Tensor grads_flat_;  // the one buffer every gradient views into
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into params_ (-1 if none)
 
-  // Inputs
-  Tensor ids_, targets_, positions_, cu_seqlens_;
+  // Inputs: one i32 buffer per row, [ids T | targets T | positions T | cu_seqlens], and views.
+  Tensor inputs_, ids_, targets_, positions_, cu_seqlens_;
   SeqInfo seqs_;
+  // Static shapes: device input buffers, page-locked staging (same layout) and loss sums per slot.
+  int static_max_seqs_ = 0, static_slots_ = 0;
+  std::vector<Tensor> static_inputs_;
+  std::vector<int32_t*> staging_;
+  Tensor loss_sums_;
   // Activations saved for backward
   std::vector<LayerActs> acts_;
   Tensor final_in_, final_rstd_, final_out_, token_loss_, logits_buf_;

@@ -7,6 +7,7 @@
 // "acc" gradients are accumulated into (+=); all other outputs are overwritten.
 // Optional outputs are passed as a Tensor with data == nullptr.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -50,6 +51,14 @@ class Backend {
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;     // nbytes of dst
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b (out may alias a or b)
+  // Zero-filled host memory the device copies from and to asynchronously (page-locked on CUDA),
+  // valid until the backend is destroyed. A copy from it may be captured into a CUDA graph: the
+  // replay reads whatever the host wrote there before the launch.
+  virtual void* alloc_host(size_t bytes) = 0;
+  // Device-to-host copy into memory from alloc_host without waiting (capturable): the data is
+  // there once synchronize() returns.
+  virtual void copy_to_host_async(void* dst, const Tensor& src) = 0;
+  virtual void synchronize() = 0;  // waits for everything enqueued so far
 
   // ---- dense ---------------------------------------------------------------------------------
   // y[T,N] = x[T,K] W[N,K]^T.
@@ -147,6 +156,15 @@ class Backend {
   virtual double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                       const Tensor& hidden, const Tensor& w, const Tensor& targets,
                                       double grad_scale) = 0;
+  // The same, writing the loss sum to loss_sum (f64 [1] on the backend's device) instead of
+  // returning it. CUDA does not synchronize here, so a step built from it can be captured in a
+  // graph; the default (CPU) computes it eagerly.
+  virtual void linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                                       const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
+                                       const Tensor& targets, double grad_scale) {
+    const double sum = linear_cross_entropy(dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+    copy_from_host(loss_sum, &sum);
+  }
 };
 
 }  // namespace qt

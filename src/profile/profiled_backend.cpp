@@ -220,6 +220,13 @@ double ProfiledBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor
   return inner_.linear_cross_entropy(dhidden, dw, token_loss, hidden, w, targets, grad_scale);
 }
 
+void ProfiledBackend::linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                                              const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
+                                              const Tensor& targets, double grad_scale) {
+  OpRange r(prof_, "linear_cross_entropy", true);
+  inner_.linear_cross_entropy_to(loss_sum, dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+}
+
 namespace profile {
 
 Profiler* attached_profiler(Backend& backend) {

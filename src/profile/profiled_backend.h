@@ -31,6 +31,9 @@ class ProfiledBackend final : public Backend {
   DType activation_dtype() const override { return inner_.activation_dtype(); }
 
   Tensor alloc(DType dtype, const Shape& shape) override;
+  void* alloc_host(size_t bytes) override { return inner_.alloc_host(bytes); }
+  void copy_to_host_async(void* dst, const Tensor& src) override { inner_.copy_to_host_async(dst, src); }
+  void synchronize() override { inner_.synchronize(); }
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;
@@ -84,6 +87,9 @@ class ProfiledBackend final : public Backend {
 
   double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss, const Tensor& hidden,
                               const Tensor& w, const Tensor& targets, double grad_scale) override;
+  void linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                               const Tensor& token_loss, const Tensor& hidden, const Tensor& w, const Tensor& targets,
+                               double grad_scale) override;
 
  private:
   Backend& inner_;

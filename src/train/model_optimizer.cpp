@@ -95,15 +95,19 @@ class DeviceOptimizer final : public ModelOptimizer {
     QT_CHECK(cudaMemcpyAsync(norm_clip, adamw_->norm_clip(), sizeof norm_clip, cudaMemcpyDeviceToHost, be_.stream()) ==
                  cudaSuccess, "device AdamW: copying the gradient norm failed");
     be_.synchronize();
-    if (!std::isfinite(norm_clip[0])) {
-      // Name the first bad tensor (rare path: copy gradients to the host).
-      for (size_t i = 0; i < model_.specs().size(); ++i)
-        for (float x : model_.grad_f32(i))
-          QT_CHECK(std::isfinite(x), "step ", step, ": gradient of ", model_.specs()[i].name, " has NaN/inf");
-      QT_FAIL("step ", step, ": gradient norm is ", norm_clip[0]);
-    }
+    if (!std::isfinite(norm_clip[0])) fail_non_finite_gradients(model_, step, norm_clip[0]);
     adamw_->update(lr, cfg_.weight_decay, cfg_, step, be_.stream());
     return norm_clip[0];
+  }
+
+  bool supports_enqueue() const override { return true; }
+  void set_step(double lr, int64_t step, double grad_mult) override {
+    adamw_->set_step(lr, cfg_.weight_decay, cfg_, step, grad_mult);
+  }
+  void enqueue_step(double max_grad_norm, double* host_norm) override {
+    adamw_->enqueue(max_grad_norm, be_.stream());
+    QT_CHECK(cudaMemcpyAsync(host_norm, adamw_->norm_clip(), sizeof(double), cudaMemcpyDeviceToHost, be_.stream()) ==
+                 cudaSuccess, "device AdamW: enqueueing the gradient-norm copy failed");
   }
 
   void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
@@ -130,6 +134,20 @@ class DeviceOptimizer final : public ModelOptimizer {
 #endif
 
 }  // namespace
+
+void ModelOptimizer::set_step(double, int64_t, double) {
+  QT_FAIL("this optimizer has no sync-free step (it runs on the host)");
+}
+void ModelOptimizer::enqueue_step(double, double*) {
+  QT_FAIL("this optimizer has no sync-free step (it runs on the host)");
+}
+
+void fail_non_finite_gradients(Qwen35Model& model, int64_t step, double norm) {
+  for (size_t i = 0; i < model.specs().size(); ++i)
+    for (float x : model.grad_f32(i))
+      QT_CHECK(std::isfinite(x), "step ", step, ": gradient of ", model.specs()[i].name, " has NaN/inf");
+  QT_FAIL("step ", step, ": gradient norm is ", norm);
+}
 
 std::unique_ptr<ModelOptimizer> ModelOptimizer::create(Qwen35Model& model, const AdamWConfig& cfg) {
 #ifdef QT_HAVE_CUDA

@@ -21,11 +21,24 @@ class ModelOptimizer {
   // Returns the gradient norm before clipping. Throws naming the step and tensor on NaN/inf.
   virtual double step(double lr, double max_grad_norm, int64_t step) = 0;
 
+  // Sync-free step for captured (CUDA-graph) training; only the device optimizer has it.
+  // set_step writes lr, the step number and the gradient multiplier (the update uses grad_mult *
+  // gradient, e.g. 1 / trained tokens) to host staging; it is host-only, and the previous step
+  // must have finished. enqueue_step enqueues norm, clipping and the update, which read the
+  // staged values when they run, and a copy of the gradient norm to host_norm (memory from
+  // Backend::alloc_host). A non-finite norm skips the update on the device.
+  virtual bool supports_enqueue() const { return false; }
+  virtual void set_step(double lr, int64_t step, double grad_mult);
+  virtual void enqueue_step(double max_grad_norm, double* host_norm);
+
   // Host copies of (master, m, v) of parameter i, and restoring them (for checkpoints). set_state
   // also writes the working weights from the master.
   virtual void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) = 0;
   virtual void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
                          const std::vector<float>& v) = 0;
 };
+
+// Stops with the step and the first parameter whose gradient has a NaN/inf (host scan; rare path).
+[[noreturn]] void fail_non_finite_gradients(Qwen35Model& model, int64_t step, double norm);
 
 }  // namespace qt

@@ -26,6 +26,7 @@
 #include "text/tokenizer.h"
 #include "train/model_optimizer.h"
 #include "train/tensorboard.h"
+#include "train/train_step.h"
 
 namespace qt {
 namespace fs = std::filesystem;
@@ -155,7 +156,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
     static const std::set<std::string> known = {
         "backend", "lr", "min_lr_ratio", "schedule", "warmup_steps", "weight_decay", "beta1", "beta2", "eps",
         "max_grad_norm", "global_batch_tokens", "epochs", "max_steps", "eval_fraction", "eval_every", "save_every",
-        "log_every", "seed", "save_dtype", "resume"};
+        "log_every", "seed", "save_dtype", "resume", "cuda_graph"};
     for (const auto& kv : t) {
       const std::string k = kv.first.as<std::string>();
       QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
@@ -182,6 +183,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.seed = yaml_get<uint64_t>(t, "train", "seed", 0, path);
   c.save_dtype = yaml_get<std::string>(t, "train", "save_dtype", "auto", path);
   c.resume = yaml_get<std::string>(t, "train", "resume", "", path);
+  c.cuda_graph = yaml_get<bool>(t, "train", "cuda_graph", true, path);
   if (!c.resume.empty() && c.resume != "auto") c.resume = rel(c.resume);
   QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
   QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
@@ -212,7 +214,12 @@ TrainSummary train_run(const TrainConfig& cfg) {
   if (const auto pad = tok.token_to_id("<|endoftext|>")) pack.pad_id = *pad;
 
   int64_t total_batches = 0;
-  for (int64_t e = 0; e < cfg.epochs; ++e) total_batches += static_cast<int64_t>(pack_plan(train, pack, e).bins.size());
+  int max_row_samples = 1;  // samples in the fullest row, for the static shape of the CUDA graph
+  for (int64_t e = 0; e < cfg.epochs; ++e) {
+    const PackPlan plan = pack_plan(train, pack, e);
+    total_batches += static_cast<int64_t>(plan.bins.size());
+    for (const PackedBin& bin : plan.bins) max_row_samples = std::max(max_row_samples, static_cast<int>(bin.items.size()));
+  }
   const int64_t accum = cfg.global_batch_tokens > 0
                             ? std::max<int64_t>(1, (cfg.global_batch_tokens + pack.tokens_per_batch - 1) / pack.tokens_per_batch)
                             : 1;
@@ -225,8 +232,11 @@ TrainSummary train_run(const TrainConfig& cfg) {
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch);
   run.model->load(run.src);
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
+  // Static sample bound: the fullest row plus its padding sample, rounded up to 8.
+  TrainStep stepper(*run.model, *run.optimizer, accum, (max_row_samples + 1 + 7) / 8 * 8, cfg.cuda_graph);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
+  log_info("step: ", stepper.mode(), ", ", accum, " row(s) per step");
   const auto& table = run.model->specs();
   // Resume: optimizer state, step and loader position from a checkpoint.
   int64_t start_step = 1;
@@ -315,16 +325,13 @@ TrainSummary train_run(const TrainConfig& cfg) {
       log_warn("step ", step, ": no trained tokens in its batches; skipped");
       continue;
     }
-    // Every row's gradient is scaled by 1 / (trained tokens of the whole step), so the
-    // accumulated gradient is that of the step's mean loss.
     profile_window.begin(step);
-    run.model->zero_grads();
-    double loss_sum = 0;
-    for (const Batch& b : batches) loss_sum += run.model->step(to_row(b), true, 1.0 / double(trained)).loss_sum;
-    const double loss = loss_sum / double(trained);
-    QT_CHECK(std::isfinite(loss), "step ", step, ": loss is ", loss, " (diverged; lower train.lr?)");
+    std::vector<PackedRow> rows;
+    for (const Batch& b : batches) rows.push_back(to_row(b));
     const double lr = cfg.adamw.lr * lr_multiplier(sched, step);
-    const double norm = run.optimizer->step(lr, cfg.max_grad_norm, step);
+    const StepResult sr = stepper.run(rows, lr, cfg.max_grad_norm, step);
+    const double loss = sr.loss_sum / double(trained);
+    const double norm = sr.grad_norm;
     profile_window.end(step);
     tokens_done += tokens;
     const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
@@ -335,7 +342,11 @@ TrainSummary train_run(const TrainConfig& cfg) {
     summary.steps = step;
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                                   {"tokens", tokens}, {"trained_tokens", trained}, {"tok_s", tps},
-                                  {"elapsed_s", elapsed}};
+                                  {"elapsed_s", elapsed}, {"host_ms", sr.host_ms}};
+    if (on_gpu) {
+      rec["graph"] = sr.replayed;
+      if (sr.replayed) rec["kernels_per_step"] = stepper.graph_kernels();
+    }
     const bool do_eval = eval.num_samples() > 0 && cfg.eval_every > 0 && step % cfg.eval_every == 0;
     if (do_eval) rec["eval_loss"] = summary.eval_loss = run.eval_loss(eval, pack);
     // MFU against the H200's measured bf16 matmul rate, on the GPU only (6 x params x tokens/s).
@@ -351,8 +362,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
     if (do_eval) tb.scalar("eval/loss", summary.eval_loss, step);
     tb.flush();
     if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
-      char gpu[64] = "";
-      if (on_gpu) std::snprintf(gpu, sizeof gpu, " | MFU %.1f%%", 100 * mfu);
+      char gpu[96] = "";
+      if (on_gpu) std::snprintf(gpu, sizeof gpu, " | MFU %.1f%% | mem %.1f GiB", 100 * mfu, stepper.device_memory_gib());
       std::printf("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s%s | ETA %s%s\n", (long long)step,
                   (long long)total_steps, loss, lr, norm, tps, gpu, format_duration(eta).c_str(),
                   do_eval ? (" | eval " + std::to_string(summary.eval_loss)).c_str() : "");

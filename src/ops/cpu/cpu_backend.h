@@ -22,6 +22,9 @@ class CpuBackend final : public Backend {
 
   // Zero-initialized host memory owned by the backend until it is destroyed.
   Tensor alloc(DType dtype, const Shape& shape) override;
+  void* alloc_host(size_t bytes) override;
+  void copy_to_host_async(void* dst, const Tensor& src) override { copy_to_host(dst, src); }
+  void synchronize() override {}
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;
@@ -81,6 +84,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::vector<std::unique_ptr<HostTensor>> allocations_;
+  std::vector<std::unique_ptr<char[]>> host_blocks_;
   int64_t ce_chunk_rows_ = 0;
 };
 

@@ -1,6 +1,7 @@
 // CPU reference: GEMM, linear, embedding, (1+w) RMSNorm, SwiGLU, and CpuBackend's memory ops.
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -170,6 +171,11 @@ CpuBackend::CpuBackend() { openblas_set_num_threads(1); }
 Tensor CpuBackend::alloc(DType dtype, const Shape& shape) {
   allocations_.push_back(std::make_unique<HostTensor>(dtype, shape));  // HostBuffer zero-fills
   return allocations_.back()->t;
+}
+
+void* CpuBackend::alloc_host(size_t bytes) {
+  host_blocks_.push_back(std::make_unique<char[]>(std::max<size_t>(bytes, 1)));  // value-initialized: zeros
+  return host_blocks_.back().get();
 }
 
 void CpuBackend::zero(const Tensor& t) {

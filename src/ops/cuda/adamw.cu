@@ -32,11 +32,19 @@ struct ChunkRef {
   int32_t chunk;
 };
 
-struct Hyper {
+}  // namespace
+
+// Read by the kernels from device memory (not passed by value), so a captured step picks up each
+// replay's learning rate, bias corrections and gradient multiplier from the copy that precedes it.
+struct AdamWHyper {
   float b1, b2, one_minus_b1, one_minus_b2, bc1, bc2, lr, eps, wd;
   double host_clip;
-  bool use_device_clip;
+  double grad_mult;  // the gradients are multiplied by this (1 / trained tokens of the step)
+  int use_device_clip;
 };
+
+namespace {
+using Hyper = AdamWHyper;
 
 __global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const DevTensor* ts, const ChunkRef* map) {
   __shared__ double sm[kThreads];
@@ -68,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const
 }
 
 __global__ void __launch_bounds__(1024) norm_kernel(double* norm_clip, const double* partials, int64_t n,
-                                                    double max_norm) {
+                                                    double max_norm, const Hyper* h) {
   __shared__ double sm[1024];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += 1024) acc = __dadd_rn(acc, partials[i]);
@@ -79,17 +87,25 @@ __global__ void __launch_bounds__(1024) norm_kernel(double* norm_clip, const dou
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    const double norm = __dsqrt_rn(sm[0]);
+    // The norm of grad_mult * g; the factor applied to g is grad_mult times the clip factor (both
+    // products are exact when grad_mult is 1, which keeps the bit-exact CPU twin).
+    const double mult = h->grad_mult;
+    const double norm = __dmul_rn(__dsqrt_rn(sm[0]), mult);
     norm_clip[0] = norm;
     // clip_factor(): 1 when max_norm <= 0 or !(norm > max_norm), else max_norm / (norm + 1e-6).
-    norm_clip[1] = (max_norm <= 0.0 || !(norm > max_norm)) ? 1.0 : __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6));
+    const double clip = (max_norm <= 0.0 || !(norm > max_norm)) ? 1.0 : __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6));
+    norm_clip[1] = __dmul_rn(clip, mult);
   }
 }
 
 // The exact float operation sequence of adamw_update (optimizer.cpp), with g = float(g * clip)
 // as the trainer clips (a double product rounded to float) when clip != 1.
-__global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, const ChunkRef* map, Hyper h,
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, const ChunkRef* map, const Hyper* hp,
                                                          const double* norm_clip) {
+  const Hyper h = *hp;
+  // A non-finite gradient norm skips the update: the weights and moments stay as they were, and
+  // the host, reading the norm after the step, stops naming the first bad tensor.
+  if (h.use_device_clip && !isfinite(norm_clip[0])) return;
   const ChunkRef cr = map[blockIdx.x];
   const DevTensor t = ts[cr.tensor];
   const double clip = h.use_device_clip ? norm_clip[1] : h.host_clip;
@@ -180,6 +196,14 @@ AdamWMultiTensor::AdamWMultiTensor(const std::vector<AdamWTensor>& tensors) {
   CUDA_CHECK(cudaMalloc(&table_, tbytes + mbytes + 16));
   CUDA_CHECK(cudaMalloc(&partials_, sizeof(double) * size_t(std::max<int64_t>(num_chunks_, 1))));
   CUDA_CHECK(cudaMalloc(&norm_clip_, 2 * sizeof(double)));
+  CUDA_CHECK(cudaMalloc(&hyper_dev_, 2 * sizeof(Hyper)));
+  CUDA_CHECK(cudaHostAlloc(&hyper_host_, sizeof(Hyper), cudaHostAllocDefault));
+  Hyper unit{};
+  unit.grad_mult = 1.0;
+  unit.host_clip = 1.0;
+  *static_cast<Hyper*>(hyper_host_) = unit;
+  CUDA_CHECK(cudaMemcpy(hyper_dev_, &unit, sizeof(Hyper), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(static_cast<Hyper*>(hyper_dev_) + 1, &unit, sizeof(Hyper), cudaMemcpyHostToDevice));
   if (tbytes > 0) CUDA_CHECK(cudaMemcpy(table_, dt.data(), tbytes, cudaMemcpyHostToDevice));
   if (mbytes > 0) CUDA_CHECK(cudaMemcpy(static_cast<char*>(table_) + tbytes, map.data(), mbytes, cudaMemcpyHostToDevice));
   const double init[2] = {0.0, 1.0};
@@ -190,24 +214,15 @@ AdamWMultiTensor::~AdamWMultiTensor() {
   cudaFree(table_);
   cudaFree(partials_);
   cudaFree(norm_clip_);
+  cudaFree(hyper_dev_);
+  cudaFreeHost(hyper_host_);
 }
 
-void AdamWMultiTensor::grad_norm(double max_norm, cudaStream_t stream) {
-  const auto* ts = static_cast<const DevTensor*>(table_);
-  const auto* map = reinterpret_cast<const ChunkRef*>(static_cast<char*>(table_) + sizeof(DevTensor) * size_t(num_tensors_));
-  if (num_chunks_ > 0) {
-    sumsq_kernel<<<static_cast<unsigned>(num_chunks_), kThreads, 0, stream>>>(partials_, ts, map);
-    QT_LAUNCH_CHECK("adamw grad_norm (partials)");
-  }
-  norm_kernel<<<1, 1024, 0, stream>>>(norm_clip_, partials_, num_chunks_, max_norm);
-  QT_LAUNCH_CHECK("adamw grad_norm");
-}
-
-void AdamWMultiTensor::update(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step,
-                              cudaStream_t stream, bool use_device_clip, double host_clip) {
-  if (num_chunks_ == 0) return;
-  // Host-side constants exactly as adamw_update computes them (double -> float casts). The
-  // per-tensor weight decay is float(weight_decay) for decayed tensors and 0 otherwise.
+namespace {
+// Host-side constants exactly as adamw_update computes them (double -> float casts). The
+// per-tensor weight decay is float(weight_decay) for decayed tensors and 0 otherwise.
+Hyper make_hyper(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step, double grad_mult,
+                 bool use_device_clip, double host_clip) {
   Hyper h{};
   h.b1 = static_cast<float>(cfg.beta1);
   h.b2 = static_cast<float>(cfg.beta2);
@@ -218,12 +233,54 @@ void AdamWMultiTensor::update(double lr, double weight_decay, const AdamWConfig&
   h.lr = static_cast<float>(lr);
   h.eps = static_cast<float>(cfg.eps);
   h.host_clip = host_clip;
-  h.use_device_clip = use_device_clip;
+  h.grad_mult = grad_mult;
+  h.use_device_clip = use_device_clip ? 1 : 0;
   h.wd = static_cast<float>(weight_decay);
+  return h;
+}
+}  // namespace
+
+void AdamWMultiTensor::norm_pass(double max_norm, const void* hyper, cudaStream_t stream) {
+  const auto* ts = static_cast<const DevTensor*>(table_);
+  const auto* map = reinterpret_cast<const ChunkRef*>(static_cast<char*>(table_) + sizeof(DevTensor) * size_t(num_tensors_));
+  if (num_chunks_ > 0) {
+    sumsq_kernel<<<static_cast<unsigned>(num_chunks_), kThreads, 0, stream>>>(partials_, ts, map);
+    QT_LAUNCH_CHECK("adamw grad_norm (partials)");
+  }
+  norm_kernel<<<1, 1024, 0, stream>>>(norm_clip_, partials_, num_chunks_, max_norm, static_cast<const Hyper*>(hyper));
+  QT_LAUNCH_CHECK("adamw grad_norm");
+}
+
+void AdamWMultiTensor::update_pass(const void* hyper, cudaStream_t stream) {
+  if (num_chunks_ == 0) return;
   const auto* map = reinterpret_cast<const ChunkRef*>(static_cast<char*>(table_) + sizeof(DevTensor) * size_t(num_tensors_));
   adamw_kernel<<<static_cast<unsigned>(num_chunks_), kThreads, 0, stream>>>(static_cast<const DevTensor*>(table_), map,
-                                                                           h, norm_clip_);
+                                                                           static_cast<const Hyper*>(hyper), norm_clip_);
   QT_LAUNCH_CHECK("adamw update");
+}
+
+// Eager calls use hyper slot 0 (written from pageable memory: the copy is staged before
+// cudaMemcpyAsync returns, so back-to-back calls cannot overwrite each other's values); its
+// grad_mult is always 1.
+void AdamWMultiTensor::grad_norm(double max_norm, cudaStream_t stream) { norm_pass(max_norm, hyper_dev_, stream); }
+
+void AdamWMultiTensor::update(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step,
+                              cudaStream_t stream, bool use_device_clip, double host_clip) {
+  const Hyper h = make_hyper(lr, weight_decay, cfg, step, 1.0, use_device_clip, host_clip);
+  CUDA_CHECK(cudaMemcpyAsync(hyper_dev_, &h, sizeof h, cudaMemcpyHostToDevice, stream));
+  update_pass(hyper_dev_, stream);
+}
+
+void AdamWMultiTensor::set_step(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step,
+                                double grad_mult) {
+  *static_cast<Hyper*>(hyper_host_) = make_hyper(lr, weight_decay, cfg, step, grad_mult, true, 1.0);
+}
+
+void AdamWMultiTensor::enqueue(double max_norm, cudaStream_t stream) {
+  Hyper* staged = static_cast<Hyper*>(hyper_dev_) + 1;
+  CUDA_CHECK(cudaMemcpyAsync(staged, hyper_host_, sizeof(Hyper), cudaMemcpyHostToDevice, stream));
+  norm_pass(max_norm, staged, stream);
+  update_pass(staged, stream);
 }
 
 }  // namespace qt::cuda

@@ -44,13 +44,25 @@ class AdamWMultiTensor {
   // use_device_clip = false, the given host factor.
   void update(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step, cudaStream_t stream,
               bool use_device_clip = true, double host_clip = 1.0);
+  // Graph-ready form. set_step writes the step's hyper-parameters to page-locked host staging
+  // (host only; the previous enqueue must have run); enqueue copies them to the device and
+  // enqueues norm, clip and update, so a captured enqueue reads each replay's values. The
+  // gradients are taken as grad_mult * g (norm, clipping and update); a non-finite norm skips the
+  // update, leaving weights and moments untouched.
+  void set_step(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step, double grad_mult);
+  void enqueue(double max_norm, cudaStream_t stream);
   // Device pointer to {norm, clip} (2 doubles).
   const double* norm_clip() const { return norm_clip_; }
   int64_t num_chunks() const { return num_chunks_; }
   int64_t total_elements() const { return total_; }
 
  private:
+  void norm_pass(double max_norm, const void* hyper, cudaStream_t stream);
+  void update_pass(const void* hyper, cudaStream_t stream);
+
   void* table_ = nullptr;      // device: tensors then chunk map
+  void* hyper_dev_ = nullptr;  // device: 2 hyper-parameter records (eager calls, staged steps)
+  void* hyper_host_ = nullptr; // page-locked: the staged record
   double* partials_ = nullptr;  // device [num_chunks]
   double* norm_clip_ = nullptr; // device [2]
   int64_t num_tensors_ = 0, num_chunks_ = 0, total_ = 0;

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -120,6 +121,7 @@ CudaBackend::~CudaBackend() {
     cublasLtMatmulDescDestroy(kv.second.desc);
   }
   for (auto& b : blocks_) cudaFree(b.base);
+  for (void* h : host_blocks_) cudaFreeHost(h);
   cudaFree(ws_);
   cudaFree(gemm_ws_);
   if (lt_ != nullptr) cublasLtDestroy(lt_);
@@ -146,6 +148,14 @@ Tensor CudaBackend::alloc(DType dtype, const Shape& shape) {
   block_used_ += bytes;
   CUDA_CHECK(cudaMemsetAsync(p, 0, probe.nbytes(), stream_));  // zero-filled, like the CPU backend
   return Tensor(p, dtype, shape, device());
+}
+
+void* CudaBackend::alloc_host(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault));
+  std::memset(p, 0, std::max<size_t>(bytes, 1));
+  host_blocks_.push_back(p);
+  return p;
 }
 
 void CudaBackend::reset_arena() {
@@ -176,6 +186,7 @@ void* CudaBackend::workspace(size_t bytes) {
   const size_t grown = std::max(bytes, ws_bytes_ + ws_bytes_ / 2);
   CUDA_CHECK(cudaMalloc(&ws_, grown));
   ws_bytes_ = grown;
+  ++ws_generation_;
   return ws_;
 }
 
@@ -207,6 +218,12 @@ void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
   if (src.nbytes() == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
   synchronize();
+}
+
+void CudaBackend::copy_to_host_async(void* dst, const Tensor& src) {
+  check_storage("copy_to_host_async", "src", src, src.dtype);
+  QT_CHECK(dst != nullptr || src.nbytes() == 0, "copy_to_host_async: dst is null");
+  if (src.nbytes() > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
 }
 
 void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -693,6 +710,23 @@ size_t CudaBackend::cross_entropy_workspace_bytes(int64_t V, int64_t T) const {
 double CudaBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                          const Tensor& hidden, const Tensor& w, const Tensor& targets,
                                          double grad_scale) {
+  enqueue_cross_entropy(d_scalar_, dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+  double total = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&total, d_scalar_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  return total;
+}
+
+void CudaBackend::linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                                          const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
+                                          const Tensor& targets, double grad_scale) {
+  check_tensor("linear_cross_entropy_to", "loss_sum", loss_sum, DType::F64, {1});
+  enqueue_cross_entropy(loss_sum.ptr<double>(), dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+}
+
+void CudaBackend::enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, const Tensor& dw,
+                                        const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
+                                        const Tensor& targets, double grad_scale) {
   const char* op = "linear_cross_entropy";
   QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [V, H]");
   const int64_t V = w.size(0), H = w.size(1), T = dim_of(op, "hidden", hidden, 0);
@@ -703,7 +737,10 @@ double CudaBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw
   const bool want_dw = dw.data != nullptr;
   const bool dw_f32 = want_dw && check_grad(op, "dw", dw, {V, H});
   const bool want_tl = check_optional(op, "token_loss", token_loss, F32, {T});
-  if (T == 0) return 0.0;
+  if (T == 0) {
+    CUDA_CHECK(cudaMemsetAsync(sum_dst, 0, sizeof(double), stream_));
+    return;
+  }
   const bool want_grad = want_dh || want_dw;
   const int64_t n_chunk = cross_entropy_chunk_rows(V, T);
   const size_t logits_bytes = (size_t(n_chunk) * size_t(V) * 4 + kAlign - 1) / kAlign * kAlign;
@@ -723,11 +760,7 @@ double CudaBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw
            false, 0.0f);
     if (want_dw) gemm(true, false, V, H, n, logits, 2 * V, h_c, H, dw.data, H, dw_f32, 1.0f);
   }
-  cuda::launch_sum_to_double(d_scalar_, row_loss, T, stream_);
-  double total = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&total, d_scalar_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  synchronize();
-  return total;
+  cuda::launch_sum_to_double(sum_dst, row_loss, T, stream_);
 }
 
 }  // namespace qt

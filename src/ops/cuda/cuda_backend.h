@@ -8,7 +8,8 @@
 // frees every tensor at once. Scratch for GEMMs (a fixed 32 MiB cuBLASLt workspace), the
 // cross-entropy chunks, weight-gradient partial sums and the GDN / attention kernels comes from
 // one backend-owned workspace, grown only outside CUDA-graph capture. Every op is enqueued on the
-// backend's stream; copy_to_host and linear_cross_entropy synchronize it.
+// backend's stream; copy_to_host and linear_cross_entropy synchronize it (linear_cross_entropy_to
+// does not, so a whole training step can be captured in a CUDA graph).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -34,6 +35,8 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return DType::BF16; }
 
   Tensor alloc(DType dtype, const Shape& shape) override;
+  void* alloc_host(size_t bytes) override;  // cudaHostAlloc (page-locked)
+  void copy_to_host_async(void* dst, const Tensor& src) override;
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;
@@ -87,6 +90,9 @@ class CudaBackend final : public Backend {
 
   double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss, const Tensor& hidden,
                               const Tensor& w, const Tensor& targets, double grad_scale) override;
+  void linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                               const Tensor& token_loss, const Tensor& hidden, const Tensor& w, const Tensor& targets,
+                               double grad_scale) override;
 
   // Tokens per logits chunk in linear_cross_entropy; 0 (default) picks the largest multiple of
   // 128 rows whose fp32 logits fit in 960 MiB (896 rows at V = 248320).
@@ -96,11 +102,14 @@ class CudaBackend final : public Backend {
   size_t cross_entropy_workspace_bytes(int64_t V, int64_t T) const;
 
   cudaStream_t stream() const { return stream_; }
-  void synchronize();
+  void synchronize() override;
   // Frees every tensor alloc() handed out (the blocks are kept for reuse).
   void reset_arena();
   size_t arena_bytes_reserved() const;
   size_t workspace_bytes() const { return ws_bytes_; }
+  // Bumped whenever the workspace is reallocated: a CUDA graph captured before holds the old
+  // address and must be captured again.
+  uint64_t workspace_generation() const { return ws_generation_; }
 
   // Row-major C[M,N] (=, or += when beta == 1) op(A) op(B) with bf16 A, B, fp32 accumulation and a
   // bf16 or f32 C. op(A) is [M,K] (A stored [K,M] when trans_a), op(B) is [K,N] (B stored [N,K]
@@ -110,6 +119,9 @@ class CudaBackend final : public Backend {
 
  private:
   void* workspace(size_t bytes);  // the shared scratch, grown (outside graph capture) to >= bytes
+  // Enqueues the chunked cross-entropy; its loss sum goes to sum_dst (a device double).
+  void enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
+                             const Tensor& hidden, const Tensor& w, const Tensor& targets, double grad_scale);
 
   struct GemmPlan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -126,11 +138,13 @@ class CudaBackend final : public Backend {
   size_t gemm_ws_bytes_ = 0;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
+  uint64_t ws_generation_ = 0;
   struct Block {
     char* base;
     size_t size;
   };
   std::vector<Block> blocks_;
+  std::vector<void*> host_blocks_;  // alloc_host
   size_t block_index_ = 0, block_used_ = 0;
   size_t block_bytes_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum

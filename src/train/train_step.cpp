@@ -1,0 +1,143 @@
+#include "train/train_step.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "profile/profiled_backend.h"
+#ifdef QT_HAVE_CUDA
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/cuda_graph.h"
+#endif
+
+namespace qt {
+
+struct TrainStep::GraphState {
+#ifdef QT_HAVE_CUDA
+  CudaBackend* be = nullptr;
+  cuda::StepGraph graph;
+  uint64_t ws_generation = 0;
+  double max_grad_norm = 0;
+#endif
+};
+
+TrainStep::TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph)
+    : model_(model), opt_(opt), micro_(micro_batches), gs_(std::make_unique<GraphState>()) {
+  QT_CHECK(micro_batches >= 1, "TrainStep: micro_batches must be >= 1");
+  // Static shapes need the sync-free optimizer (the device one); the profiler's decorator times
+  // each op with host-side events, so profiled runs stay eager with exact shapes.
+  static_ = opt.supports_enqueue() && profile::attached_profiler(model.backend()) == nullptr;
+  if (!static_) return;
+  model.set_static_shape(std::max(2, max_seqs), static_cast<int>(micro_batches));
+  host_results_ = static_cast<double*>(model.backend().alloc_host(sizeof(double) * static_cast<size_t>(micro_ + 1)));
+#ifdef QT_HAVE_CUDA
+  gs_->be = dynamic_cast<CudaBackend*>(&model.backend());
+  graph_ = graph && gs_->be != nullptr;
+#else
+  (void)graph;
+#endif
+}
+
+TrainStep::~TrainStep() = default;
+
+std::string TrainStep::mode() const {
+  if (graph_) return "cuda-graph";
+  return static_ ? "eager (static shapes)" : "eager";
+}
+
+double TrainStep::device_memory_gib() const {
+#ifdef QT_HAVE_CUDA
+  if (dynamic_cast<CudaBackend*>(&profile::unwrap_backend(model_.backend())) != nullptr) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return double(total_b - free_b) / double(1ull << 30);
+  }
+#endif
+  return 0.0;
+}
+
+StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step) {
+  StepResult r;
+  for (const PackedRow& row : rows) {
+    r.trained += row.num_trained();
+    r.tokens += row.num_tokens();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  model_.zero_grads();
+  // Each row's gradient is scaled by 1 / (trained tokens of the whole step): the accumulated
+  // gradient is that of the step's mean loss.
+  for (const PackedRow& row : rows) r.loss_sum += model_.step(row, true, 1.0 / double(r.trained)).loss_sum;
+  QT_CHECK(std::isfinite(r.loss_sum), "step ", step, ": loss is ", r.loss_sum, " (diverged; lower train.lr?)");
+  r.grad_norm = opt_.step(lr, max_grad_norm, step);
+  r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+void TrainStep::enqueue_all(double max_grad_norm) {
+  model_.zero_grads();
+  for (int64_t i = 0; i < micro_; ++i) model_.enqueue_step(static_cast<int>(i), true, 1.0);
+  opt_.enqueue_step(max_grad_norm, host_results_ + micro_);
+  model_.backend().copy_to_host_async(host_results_, model_.static_loss_sums());
+}
+
+StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step) {
+  QT_CHECK(!rows.empty(), "step ", step, ": no rows");
+  int64_t trained = 0;
+  for (const PackedRow& row : rows) trained += row.num_trained();
+  QT_CHECK(trained > 0, "step ", step, ": no trained targets in its rows");
+  bool fits = static_ && static_cast<int64_t>(rows.size()) == micro_;
+  if (fits)
+    for (const PackedRow& row : rows) fits = fits && model_.static_seqs_needed(row) <= model_.static_max_seqs();
+  if (!fits) {
+    if (static_ && static_cast<int64_t>(rows.size()) == micro_)
+      log_warn("step ", step, ": a row has more samples than the static bound ", model_.static_max_seqs(),
+               "; this step runs eagerly with exact shapes");
+    return run_dynamic(rows, lr, max_grad_norm, step);
+  }
+  StepResult r;
+  r.trained = trained;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    model_.stage(rows[i], static_cast<int>(i));
+    r.tokens += rows[i].num_tokens();
+  }
+  opt_.set_step(lr, step, 1.0 / double(trained));
+  bool launched = false;
+#ifdef QT_HAVE_CUDA
+  if (graph_ && eager_static_runs_ > 0) {
+    GraphState& g = *gs_;
+    // A workspace reallocated since the capture (an eval row, a larger shape) or a new clip
+    // threshold invalidates the graph: capture again (no growth can happen now).
+    if (!g.graph.ready() || g.ws_generation != g.be->workspace_generation() || g.max_grad_norm != max_grad_norm) {
+      g.graph.capture(g.be->stream(), [&] { enqueue_all(max_grad_norm); });
+      g.ws_generation = g.be->workspace_generation();
+      g.max_grad_norm = max_grad_norm;
+      ++captures_;
+      graph_kernels_ = g.graph.kernel_nodes();
+      graph_nodes_ = g.graph.total_nodes();
+      if (captures_ == 1)
+        log_info("CUDA graph captured: ", g.graph.kernel_nodes(), " kernels, ", g.graph.copy_nodes(),
+                 " copies/memsets; one launch per step");
+    }
+    g.graph.launch(g.be->stream());
+    launched = true;
+  }
+#endif
+  if (!launched) {
+    // The first step runs eagerly: it grows every workspace and caches every GEMM plan, which a
+    // capture cannot do.
+    enqueue_all(max_grad_norm);
+    ++eager_static_runs_;
+  }
+  r.replayed = launched;
+  r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  model_.backend().synchronize();
+  for (int64_t i = 0; i < micro_; ++i) r.loss_sum += host_results_[i];
+  r.grad_norm = host_results_[micro_];
+  // A non-finite norm skipped the update on the device; name the first bad gradient.
+  if (!std::isfinite(r.grad_norm)) fail_non_finite_gradients(model_, step, r.grad_norm);
+  QT_CHECK(std::isfinite(r.loss_sum), "step ", step, ": loss is ", r.loss_sum, " (diverged; lower train.lr?)");
+  return r;
+}
+
+}  // namespace qt

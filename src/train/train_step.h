@@ -1,0 +1,65 @@
+// TrainStep: one optimizer step over a step's packed rows (gradient accumulation), the same code
+// for every caller (trainer, bench). On CUDA with the device optimizer the step has static shapes
+// (rows padded to tokens_per_batch, cu_seqlens to a fixed sample bound) and needs no host
+// synchronization until its end, so it is captured once as a CUDA graph and replayed with one
+// launch per step; `graph = false` (--no-graph) runs the same enqueue eagerly. Elsewhere (CPU) it
+// runs the plain forward/backward and the host optimizer.
+//
+// Loss normalization: rows are differentiated as plain loss sums; the optimizer multiplies the
+// accumulated gradient by 1 / (trained tokens of the step) on the device (norm, clip, update),
+// so a captured step needs no per-step constants beyond the staged learning rate and multiplier.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/qwen35.h"
+#include "train/model_optimizer.h"
+
+namespace qt {
+
+struct StepResult {
+  double loss_sum = 0;     // sum of per-token losses over trained targets
+  int64_t trained = 0;     // trained targets of the step
+  int64_t tokens = 0;      // real tokens of the step
+  double grad_norm = 0;    // of the mean-loss gradient, before clipping
+  double host_ms = 0;      // CPU time to stage and launch the step (before waiting for the GPU)
+  bool replayed = false;   // ran as one CUDA-graph launch
+};
+
+class TrainStep {
+ public:
+  // micro_batches: rows per step; max_seqs: bound on samples per row incl. the padding sample
+  // (rows needing more run eagerly with exact shapes, and the bound grows for the next capture).
+  TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph);
+  ~TrainStep();
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  // Zeroes the gradients, runs every row forward and backward, clips and applies AdamW at lr.
+  // Throws naming the step (and the first bad tensor) on a non-finite loss or gradient norm.
+  StepResult run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);
+
+  std::string mode() const;          // "cuda-graph", "eager (static shapes)" or "eager"
+  int64_t graph_kernels() const { return graph_kernels_; }  // kernel nodes of the captured graph (0 before)
+  int64_t graph_nodes() const { return graph_nodes_; }      // all nodes (kernels, copies, memsets)
+  int64_t captures() const { return captures_; }
+  // Device memory in use (GiB, whole device as cudaMemGetInfo sees it); 0 off the GPU.
+  double device_memory_gib() const;
+
+ private:
+  StepResult run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);
+  void enqueue_all(double max_grad_norm);
+
+  Qwen35Model& model_;
+  ModelOptimizer& opt_;
+  int64_t micro_;
+  bool static_ = false, graph_ = false;
+  int64_t eager_static_runs_ = 0, captures_ = 0, graph_kernels_ = 0, graph_nodes_ = 0;
+  double* host_results_ = nullptr;  // page-locked: loss sums [micro], then the gradient norm
+  struct GraphState;
+  std::unique_ptr<GraphState> gs_;
+};
+
+}  // namespace qt
