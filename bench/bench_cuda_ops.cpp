@@ -3,7 +3,8 @@
 // GEMMs FLOP-weighted over forward + backward (one GDN layer, one attention layer, the MLP),
 // RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear
 // cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory.
-// Usage: bench_cuda_ops [--quick]   (prints: key  value  unit  ceiling)
+// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,ce]   (prints: key  value  unit  ceiling;
+// --only runs just the named sections after the ceilings)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -71,7 +72,13 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = "," + std::string(argv[++i]) + ",";
+  }
+  auto run = [&](const char* section) { return only.empty() || only.find("," + std::string(section) + ",") != std::string::npos; };
   const int iters = quick ? 3 : 10;
   CudaBackend be;
   std::vector<Row> rows;
@@ -97,7 +104,7 @@ int main(int argc, char** argv) {
 
   const int64_t T = 8192, H = 2048, I = 6144, V = 248320;
   // ---- projection GEMMs of one GDN layer, one attention layer and the MLP (fwd + bwd) ----
-  {
+  if (run("gemm")) {
     struct Proj {
       const char* name;
       int64_t N, K;
@@ -130,7 +137,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- RMSNorm fwd + bwd [T, H] ----
-  {
+  if (run("rmsnorm")) {
     Tensor x = be.alloc(DType::BF16, {T, H}), w = be.alloc(DType::BF16, {H}), y = be.alloc(DType::BF16, {T, H}),
            rstd = be.alloc(DType::F32, {T}), dx = be.alloc(DType::BF16, {T, H}), dw = be.alloc(DType::BF16, {H});
     fill(be, x, 1.0f, 6);
@@ -150,7 +157,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- causal conv1d + SiLU fwd + bwd [T, 6144], 8 samples ----
-  {
+  if (run("conv1d")) {
     const int64_t C = 6144;
     Tensor x = be.alloc(DType::BF16, {T, C}), w = be.alloc(DType::BF16, {C, 4}), y = be.alloc(DType::BF16, {T, C}),
            dx = be.alloc(DType::BF16, {T, C}), dw = be.alloc(DType::BF16, {C, 4});
@@ -176,7 +183,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- AdamW: grad norm + update over 8 x 64M parameters ----
-  {
+  if (run("adamw")) {
     const int64_t per = int64_t(64) << 20, count = 8;
     std::vector<cuda::AdamWTensor> ts;
     for (int64_t i = 0; i < count; ++i) {
@@ -204,7 +211,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- fused linear cross-entropy, T x H -> V ----
-  {
+  if (run("ce")) {
     Tensor hidden = be.alloc(DType::BF16, {T, H}), w = be.alloc(DType::BF16, {V, H}), dh = be.alloc(DType::BF16, {T, H}),
            dw = be.alloc(DType::BF16, {V, H}), targets = be.alloc(DType::I32, {T});
     fill(be, hidden, 1.0f, 20);

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -301,7 +302,7 @@ TEST_F(OpsTest, AddSwiGluAttnGate) {
 TEST_F(OpsTest, RmsNorm) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {
-    for (int64_t H : {int64_t(96), int64_t(200), int64_t(7), int64_t(2048)}) {
+    for (int64_t H : {int64_t(96), int64_t(200), int64_t(7), int64_t(520), int64_t(2048)}) {
       SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
       Pair x = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5), y = output({T, H}), rstd = output({T}, DType::F32);
       g_->rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6);
@@ -366,7 +367,9 @@ TEST_F(OpsTest, GdnGates) {
 TEST_F(OpsTest, Conv1dVarlen) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {
-    for (int64_t C : {int64_t(96), int64_t(200), int64_t(36), int64_t(13)}) {
+    // 96, 200, 520: the shared-memory tiled kernels (C % 8 == 0; 520 = two full 256-channel
+    // blocks + a partial one); 36, 13: the register kernels.
+    for (int64_t C : {int64_t(96), int64_t(200), int64_t(520), int64_t(36), int64_t(13)}) {
       SCOPED_TRACE("T " + std::to_string(T) + " C " + std::to_string(C));
       Seqs s = seqs(T);
       Pair x = input({T, C}, -2, 2), w = input({C, 4}, -1, 1), y = output({T, C});
@@ -378,6 +381,39 @@ TEST_F(OpsTest, Conv1dVarlen) {
       c_->conv1d_silu_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, s.cpu);
       expect_close("dx", dx);
       expect_close("dw", dw);
+    }
+  }
+}
+
+// Many short samples everywhere (lengths 1..40), so sample starts fall inside and across the
+// tiled kernels' tiles and spans; the fp32 weight gradient is bit-identical across runs.
+TEST_F(OpsTest, Conv1dManySamples) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : {int64_t(300), int64_t(2500)}) {
+    for (int64_t C : {int64_t(264), int64_t(40)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " C " + std::to_string(C));
+      std::vector<int32_t> cu{0};
+      while (cu.back() < T) cu.push_back(int32_t(std::min<int64_t>(T, cu.back() + 1 + rng_.below(40))));
+      const int n = int(cu.size()) - 1;
+      int longest = 0;
+      for (int i = 0; i < n; ++i) longest = std::max(longest, cu[i + 1] - cu[i]);
+      Pair cut = ints({n + 1}, cu);
+      const SeqInfo sg{cut.gpu, n, longest, int(T)}, sc{cut.cpu, n, longest, int(T)};
+      Pair x = input({T, C}, -2, 2), w = input({C, 4}, -1, 1), y = output({T, C});
+      g_->conv1d_silu_forward(y.gpu, x.gpu, w.gpu, sg);
+      c_->conv1d_silu_forward(y.cpu, x.cpu, w.cpu, sc);
+      expect_close("y", y);
+      Pair dy = input({T, C}), dx = output({T, C}), dw = output({C, 4}, DType::F32, true);
+      g_->conv1d_silu_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, sg);
+      c_->conv1d_silu_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, sc);
+      expect_close("dx", dx);
+      expect_close("dw", dw);
+      Pair d1 = output({C, 4}, DType::F32), d2 = output({C, 4}, DType::F32);
+      g_->zero(d1.gpu);
+      g_->zero(d2.gpu);
+      g_->conv1d_silu_backward(dx.gpu, d1.gpu, dy.gpu, x.gpu, w.gpu, sg);
+      g_->conv1d_silu_backward(dx.gpu, d2.gpu, dy.gpu, x.gpu, w.gpu, sg);
+      EXPECT_EQ(download(d1.gpu), download(d2.gpu));
     }
   }
 }

@@ -582,12 +582,333 @@ __global__ void __launch_bounds__(kConvWarps * 32) conv1d_bwd_kernel(bf16* __res
   }
 }
 
+
+// ---- causal conv1d + SiLU, tiled through shared memory (C % 8 == 0, 16-byte aligned rows) ------
+// Block = kCtChan adjacent channels (512 contiguous bytes of every token row) x one time span of
+// SPAN tiles of TT = G * R tokens. Each tile (plus its K-1 = 3 row halo: before it for x, after it
+// for the backward's dy and x) is copied into shared memory by cp.async, double buffered, so the
+// next tile's loads are in flight while this one is computed. Thread (q, g) then owns 4 channels
+// (8 bytes, column q) and the R tokens g*R .. g*R+R-1 of the tile, walking them with the 3 previous
+// x rows in registers. dist[i] = min(3, t - start(t)) for the tile's tokens masks every tap and
+// every dx contribution that would cross a sample start (warp-uniform: a warp shares its tokens).
+// The backward recomputes dc for its R tokens + 3 (the 3 after feed its own dx), so no dc leaves
+// registers; dw sums over the thread's own tokens, then over the block's G groups in group order
+// into one fp32 partial row per span (deterministic; launch_column_reduce sums the spans).
+// Used: VEC 4, G 4, R 8 (256 threads, 32-token tiles), 4 tiles per forward span, kCtSpanB per
+// backward span, MINB 0 (no minimum-blocks bound: 64 / 111 registers). VEC 2 (4-byte columns, more
+// warps) and minimum-block bounds of 3-6 measured slower on the H200 (notes/dense_kernels.md).
+constexpr int kCtChan = 256;
+constexpr int kCtRowBytes = kCtChan * 2;
+constexpr int kCtChunks = kCtRowBytes / 16;
+constexpr int kCtSpanB = 8;  // backward tiles (of 4 x 8 = 32 tokens) per span: one dw partial row each
+
+__device__ __forceinline__ void ct_cp16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void ct_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void ct_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// rows token rows from t_first (channels c0 .. c0 + kCtChan) into dst; zero outside [0, T) x [0, C).
+__device__ __forceinline__ void ct_load_rows(char* dst, const bf16* __restrict__ src, int64_t t_first, int rows,
+                                             int64_t T, int64_t C, int64_t c0) {
+  for (int i = threadIdx.x; i < rows * kCtChunks; i += blockDim.x) {
+    const int r = i / kCtChunks, ch = i % kCtChunks;
+    const int64_t t = t_first + r, c = c0 + int64_t(ch) * 8;
+    const bool ok = t >= 0 && t < T && c < C;
+    ct_cp16(dst + int64_t(i) * 16, ok ? src + t * C + c : src, ok);
+  }
+}
+
+// dist[i] = min(3, t - start(t)) for t = t_first + i, 3 at or past T; the sample of every such
+// t < T lies in [lo, hi] (the span's first and last samples).
+__device__ __forceinline__ void ct_fill_dist(int* dist, int n, int64_t t_first, const int32_t* __restrict__ cu,
+                                             int lo, int hi, int64_t T) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t t = t_first + i;
+    int d = 3;
+    if (t < T) {
+      int a = lo, b = hi;
+      while (a < b) {
+        const int mid = (a + b + 1) >> 1;
+        if (cu[mid] <= t) a = mid; else b = mid - 1;
+      }
+      const int64_t dd = t - cu[a];
+      d = dd < 3 ? int(dd) : 3;
+    }
+    dist[i] = d;
+  }
+}
+
+// VEC (4 or 2) channels of tile row r at column q (8- or 4-byte shared loads).
+template <int VEC>
+__device__ __forceinline__ void ct_row(float (&o)[VEC], const char* rows, int r, int q) {
+  if constexpr (VEC == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(rows + r * kCtRowBytes + q * 8);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    o[0] = a.x;
+    o[1] = a.y;
+    o[2] = b.x;
+    o[3] = b.y;
+  } else {
+    static_assert(VEC == 2, "VEC must be 2 or 4");
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(rows + r * kCtRowBytes + q * 4));
+    o[0] = a.x;
+    o[1] = a.y;
+  }
+}
+// The 3 previous x rows move back one token; cur becomes the newest.
+template <int VEC>
+__device__ __forceinline__ void ct_shift(float (&h)[3][VEC], const float (&cur)[VEC]) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    h[0][v] = h[1][v];
+    h[1][v] = h[2][v];
+    h[2][v] = cur[v];
+  }
+}
+template <int VEC>
+__device__ __forceinline__ void ct_store(bf16* p, const float (&v)[VEC]) {
+  if constexpr (VEC == 4) store_vec<4>(p, 0, v);
+  else *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v[0], v[1]);
+}
+
+template <int TT>
+constexpr int ct_fwd_stage_bytes() { return (TT + 3) * kCtRowBytes + (TT * 4 + 15) / 16 * 16; }
+template <int TT>
+constexpr int ct_bwd_stage_bytes() { return (2 * TT + 9) * kCtRowBytes + ((TT + 3) * 4 + 15) / 16 * 16; }
+
+// Forward walk of one thread over its R tokens (tile rows u0 .. u0+R-1; x row u+3 is token u).
+template <int VEC, int R, bool MASK>
+__device__ __forceinline__ void ct_fwd_walk(bf16* __restrict__ y, const char* rows, const int* dist, int u0, int q,
+                                            int64_t t_base, int64_t T, int64_t C, int64_t cq,
+                                            const float (&wr)[VEC][4]) {
+  float h[3][VEC];
+#pragma unroll
+  for (int j = 0; j < 3; ++j) ct_row<VEC>(h[j], rows, u0 + j, q);
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+    float cur[VEC], out[VEC];
+    ct_row<VEC>(cur, rows, u0 + k + 3, q);
+    const int d = MASK ? dist[u0 + k] : 3;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      float acc = wr[v][3] * cur[v];
+      acc += (!MASK || d >= 1) ? wr[v][2] * h[2][v] : 0.0f;
+      acc += (!MASK || d >= 2) ? wr[v][1] * h[1][v] : 0.0f;
+      acc += (!MASK || d >= 3) ? wr[v][0] * h[0][v] : 0.0f;
+      out[v] = dev::silu_fast(acc);
+    }
+    const int64_t t = t_base + u0 + k;
+    if (t < T) ct_store<VEC>(y + t * C + cq, out);
+    ct_shift<VEC>(h, cur);
+  }
+}
+
+template <int VEC, int G, int R, int SPAN, int MINB>
+__global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
+    conv1d_fwd_tiled(bf16* __restrict__ y, const bf16* __restrict__ x,
+                                                                 const bf16* __restrict__ w,
+                                                                 const int32_t* __restrict__ cu, int num_seqs,
+                                                                 int64_t T, int64_t C) {
+  constexpr int TT = G * R, kRows = (TT + 3) * kCtRowBytes, kStage = ct_fwd_stage_bytes<TT>();
+  extern __shared__ __align__(16) char ct_sm[];
+  constexpr int NQ = kCtChan / VEC;  // threads across the block's channels
+  const int q = threadIdx.x % NQ, g = threadIdx.x / NQ;
+  const int64_t c0 = int64_t(blockIdx.x) * kCtChan, cq = c0 + VEC * q;
+  const bool chan_ok = cq < C;
+  const int64_t s0 = int64_t(blockIdx.y) * SPAN * TT, s1 = min(T, s0 + int64_t(SPAN) * TT);
+  const int ntiles = int((s1 - s0 + TT - 1) / TT);
+  const int lo = find_seq(cu, num_seqs, s0), hi = find_seq(cu, num_seqs, s1 - 1);
+  float wr[VEC][4];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wr[v][j] = chan_ok ? to_f(w[(cq + v) * 4 + j]) : 0.0f;
+  ct_load_rows(ct_sm, x, s0 - 3, TT + 3, T, C, c0);
+  ct_fill_dist(reinterpret_cast<int*>(ct_sm + kRows), TT, s0, cu, lo, hi, T);
+  ct_commit();
+  for (int i = 0; i < ntiles; ++i) {
+    if (i + 1 < ntiles) {
+      char* nst = ct_sm + ((i + 1) & 1) * kStage;
+      const int64_t nt0 = s0 + int64_t(i + 1) * TT;
+      ct_load_rows(nst, x, nt0 - 3, TT + 3, T, C, c0);
+      ct_fill_dist(reinterpret_cast<int*>(nst + kRows), TT, nt0, cu, lo, hi, T);
+    }
+    ct_commit();
+    ct_wait<1>();
+    __syncthreads();
+    const char* st = ct_sm + (i & 1) * kStage;
+    const int* dist = reinterpret_cast<const int*>(st + kRows);
+    const int u0 = g * R;
+    int dmin = 3;
+#pragma unroll
+    for (int k = 0; k < R; ++k) dmin = min(dmin, dist[u0 + k]);
+    const int64_t t_base = s0 + int64_t(i) * TT;
+    if (chan_ok) {
+      if (dmin >= 3) ct_fwd_walk<VEC, R, false>(y, st, dist, u0, q, t_base, T, C, cq, wr);
+      else ct_fwd_walk<VEC, R, true>(y, st, dist, u0, q, t_base, T, C, cq, wr);
+    }
+    __syncthreads();
+  }
+}
+
+// Backward walk: k = 0 .. R+2 over tile tokens u = u0 + k (x row u+3, dy row u, dist[u]); dc[u]
+// feeds dx[u - m] (m = 0..3) for the thread's own tokens, dw only for its own tokens (k < R).
+template <int VEC, int R, bool MASK>
+__device__ __forceinline__ void ct_bwd_walk(bf16* __restrict__ dx, float (&dw)[VEC][4], const char* xrows,
+                                            const char* dyrows, const int* dist, int u0, int q, int64_t t_base,
+                                            int64_t T, int64_t C, int64_t cq, const float (&wr)[VEC][4]) {
+  float h[3][VEC];
+#pragma unroll
+  for (int j = 0; j < 3; ++j) ct_row<VEC>(h[j], xrows, u0 + j, q);
+  float dxa[R][VEC];
+#pragma unroll
+  for (int k = 0; k < R; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) dxa[k][v] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < R + 3; ++k) {
+    float cur[VEC], g[VEC];
+    ct_row<VEC>(cur, xrows, u0 + k + 3, q);
+    ct_row<VEC>(g, dyrows, u0 + k, q);
+    const int d = MASK ? dist[u0 + k] : 3;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const float t0 = (!MASK || d >= 3) ? h[0][v] : 0.0f;
+      const float t1 = (!MASK || d >= 2) ? h[1][v] : 0.0f;
+      const float t2 = (!MASK || d >= 1) ? h[2][v] : 0.0f;
+      const float pre = wr[v][0] * t0 + wr[v][1] * t1 + wr[v][2] * t2 + wr[v][3] * cur[v];
+      const float dc = g[v] * dev::silu_grad_fast(pre);
+      if (k < R) {
+        dw[v][0] += dc * t0;
+        dw[v][1] += dc * t1;
+        dw[v][2] += dc * t2;
+        dw[v][3] += dc * cur[v];
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        if (m <= k && k - m < R && (!MASK || m <= d)) dxa[k - m][v] += dc * wr[v][3 - m];
+    }
+    if (k >= 3) {
+      const int64_t tau = t_base + u0 + k - 3;
+      if (tau < T) ct_store<VEC>(dx + tau * C + cq, dxa[k - 3]);
+    }
+    ct_shift<VEC>(h, cur);
+  }
+}
+
+template <int VEC, int G, int R, int SPAN, int MINB>
+__global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
+    conv1d_bwd_tiled(bf16* __restrict__ dx, float* __restrict__ partials,
+                                                                 const bf16* __restrict__ dy,
+                                                                 const bf16* __restrict__ x,
+                                                                 const bf16* __restrict__ w,
+                                                                 const int32_t* __restrict__ cu, int num_seqs,
+                                                                 int64_t T, int64_t C) {
+  constexpr int TT = G * R, kX = (TT + 6) * kCtRowBytes, kY = (TT + 3) * kCtRowBytes;
+  constexpr int kStage = ct_bwd_stage_bytes<TT>();
+  static_assert(2 * kStage >= G * kCtChan * 16, "dw reduction buffer does not fit");
+  extern __shared__ __align__(16) char ct_sm[];
+  constexpr int NQ = kCtChan / VEC;  // threads across the block's channels
+  const int q = threadIdx.x % NQ, g = threadIdx.x / NQ;
+  const int64_t c0 = int64_t(blockIdx.x) * kCtChan, cq = c0 + VEC * q;
+  const bool chan_ok = cq < C;
+  const int64_t s0 = int64_t(blockIdx.y) * SPAN * TT, s1 = min(T, s0 + int64_t(SPAN) * TT);
+  const int ntiles = int((s1 - s0 + TT - 1) / TT);
+  const int lo = find_seq(cu, num_seqs, s0), hi = find_seq(cu, num_seqs, min(T - 1, s1 + 2));
+  float wr[VEC][4], dw[VEC][4];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wr[v][j] = chan_ok ? to_f(w[(cq + v) * 4 + j]) : 0.0f;
+      dw[v][j] = 0.0f;
+    }
+  auto issue = [&](char* st, int64_t t0) {
+    ct_load_rows(st, x, t0 - 3, TT + 6, T, C, c0);
+    ct_load_rows(st + kX, dy, t0, TT + 3, T, C, c0);
+    ct_fill_dist(reinterpret_cast<int*>(st + kX + kY), TT + 3, t0, cu, lo, hi, T);
+  };
+  issue(ct_sm, s0);
+  ct_commit();
+  for (int i = 0; i < ntiles; ++i) {
+    if (i + 1 < ntiles) issue(ct_sm + ((i + 1) & 1) * kStage, s0 + int64_t(i + 1) * TT);
+    ct_commit();
+    ct_wait<1>();
+    __syncthreads();
+    const char* st = ct_sm + (i & 1) * kStage;
+    const int* dist = reinterpret_cast<const int*>(st + kX + kY);
+    const int u0 = g * R;
+    int dmin = 3;
+#pragma unroll
+    for (int k = 0; k < R + 3; ++k) dmin = min(dmin, dist[u0 + k]);
+    const int64_t t_base = s0 + int64_t(i) * TT;
+    if (chan_ok) {
+      if (dmin >= 3) ct_bwd_walk<VEC, R, false>(dx, dw, st, st + kX, dist, u0, q, t_base, T, C, cq, wr);
+      else ct_bwd_walk<VEC, R, true>(dx, dw, st, st + kX, dist, u0, q, t_base, T, C, cq, wr);
+    }
+    __syncthreads();
+  }
+  if (partials == nullptr) return;
+  ct_wait<0>();
+  __syncthreads();
+  float4* red = reinterpret_cast<float4*>(ct_sm);  // [G][NQ][VEC float4]
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) red[(g * NQ + q) * VEC + v] = make_float4(dw[v][0], dw[v][1], dw[v][2], dw[v][3]);
+  __syncthreads();
+  const float* redf = reinterpret_cast<const float*>(ct_sm);
+  float* part = partials + int64_t(blockIdx.y) * C * 4 + c0 * 4;
+  for (int e = threadIdx.x; e < kCtChan * 4; e += blockDim.x) {
+    if (c0 + e / 4 >= C) break;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < G; ++k) acc += redf[k * kCtChan * 4 + e];
+    part[e] = acc;
+  }
+}
+
+template <int VEC, int G, int R, int SPAN, int MINB>
+void ct_fwd_launch(bf16* y, const bf16* x, const bf16* w, const int32_t* cu, int num_seqs, int64_t T, int64_t C,
+                   cudaStream_t s) {
+  constexpr int TT = G * R;
+  const int smem = 2 * ct_fwd_stage_bytes<TT>();
+  auto kernel = conv1d_fwd_tiled<VEC, G, R, SPAN, MINB>;
+  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kCtChan)), static_cast<unsigned>(ceil_div(T, int64_t(SPAN) * TT)));
+  kernel<<<grid, kCtChan / VEC * G, smem, s>>>(y, x, w, cu, num_seqs, T, C);
+}
+
+// Returns the number of partial rows written (one per span).
+template <int VEC, int G, int R, int SPAN, int MINB>
+int64_t ct_bwd_launch(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w, const int32_t* cu,
+                      int num_seqs, int64_t T, int64_t C, cudaStream_t s) {
+  constexpr int TT = G * R;
+  const int smem = 2 * ct_bwd_stage_bytes<TT>();
+  auto kernel = conv1d_bwd_tiled<VEC, G, R, SPAN, MINB>;
+  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t spans = ceil_div(T, int64_t(SPAN) * TT);
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kCtChan)), static_cast<unsigned>(spans));
+  kernel<<<grid, kCtChan / VEC * G, smem, s>>>(dx, partials, dy, x, w, cu, num_seqs, T, C);
+  return spans;
+}
 }  // namespace
 
 void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int32_t* cu, int num_seqs, int64_t T,
                                 int64_t C, int K, cudaStream_t s) {
   if (T <= 0 || C <= 0) return;
   if (K != 4) QT_FAIL("conv1d_silu_forward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
+  if (C % 8 == 0 && aligned16(y) && aligned16(x)) {
+    ct_fwd_launch<4, 4, 8, 4, 0>(static_cast<bf16*>(y), static_cast<const bf16*>(x), static_cast<const bf16*>(w), cu,
+                                 num_seqs, T, C, s);
+    QT_LAUNCH_CHECK("conv1d_silu_forward");
+    return;
+  }
   // 4 channels (8 bytes) per lane: half the registers of 8 channels, so twice the warps resident.
   const bool vec = C % 4 == 0 && aligned8(y) && aligned8(x);
   const int64_t cvec = vec ? C / 4 : C;
@@ -603,7 +924,11 @@ void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int
 }
 
 size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K) {
-  return sizeof(float) * size_t(ceil_div(std::max<int64_t>(T, 1), kConvBlockTokensB)) * size_t(C) * size_t(K);
+  // One partial row per span of the tiled kernel (kCtSpanB tiles of 32 tokens) or per block of the
+  // register kernel, whichever is more.
+  const int64_t rows = std::max(ceil_div(std::max<int64_t>(T, 1), int64_t(kCtSpanB) * 32),
+                                ceil_div(std::max<int64_t>(T, 1), kConvBlockTokensB));
+  return sizeof(float) * size_t(rows) * size_t(C) * size_t(K);
 }
 
 void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
@@ -611,6 +936,15 @@ void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy
                                  cudaStream_t s) {
   if (T <= 0 || C <= 0) return;
   if (K != 4) QT_FAIL("conv1d_silu_backward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
+  if (C % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x)) {
+    float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
+    const int64_t spans = ct_bwd_launch<4, 4, 8, kCtSpanB, 0>(
+        static_cast<bf16*>(dx), partials, static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+        static_cast<const bf16*>(w), cu, num_seqs, T, C, s);
+    QT_LAUNCH_CHECK("conv1d_silu_backward");
+    if (dw != nullptr) launch_column_reduce(dw, dw_f32, partials, spans, C * K, C * K, s);
+    return;
+  }
   const bool vec = C % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x);
   const int64_t cvec = vec ? C / 4 : C;
   const int64_t tiles = ceil_div(T, kConvBlockTokensB);
