@@ -50,7 +50,7 @@ struct Rig {
   CudaBackend be;
   Qwen35Model model;
   std::unique_ptr<ModelOptimizer> opt;
-  explicit Rig(int64_t T) : model(cfg, be, T) {
+  explicit Rig(int64_t T, Checkpointing ckpt = Checkpointing::None) : model(cfg, be, T, ckpt) {
     for (size_t i = 0; i < model.specs().size(); ++i) {
       std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
       init_param(model.specs()[i], cfg.initializer_range, 7, DType::F32, w.data());
@@ -94,6 +94,26 @@ TEST(CudaTrainStep, GraphReplayMatchesEagerStaticSteps) {
     }
     EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 2e-3) << graph_rig.model.specs()[i].name;
   }
+}
+
+// Recompute inside a captured graph: full and selective checkpointing follow the same losses.
+TEST(CudaTrainStep, CheckpointingPoliciesTrackNoneUnderGraph) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 512;
+  Rig none(T), sel(T, Checkpointing::Selective), full(T, Checkpointing::Full);
+  TrainStep a(none.model, *none.opt, 1, 16, true), b(sel.model, *sel.opt, 1, 16, true),
+      c(full.model, *full.opt, 1, 16, true);
+  const std::vector<PackedRow> rows = make_rows(none.cfg, 3, T, 4);
+  for (int s = 0; s < 3; ++s) {
+    const StepResult ra = a.run({rows[s]}, 1e-3, 1.0, s + 1), rb = b.run({rows[s]}, 1e-3, 1.0, s + 1),
+                     rc = c.run({rows[s]}, 1e-3, 1.0, s + 1);
+    EXPECT_NEAR(rb.loss_sum, ra.loss_sum, 2e-4 * std::abs(ra.loss_sum)) << "step " << s + 1;
+    EXPECT_NEAR(rc.loss_sum, ra.loss_sum, 2e-4 * std::abs(ra.loss_sum)) << "step " << s + 1;
+    EXPECT_NEAR(rb.grad_norm, ra.grad_norm, 2e-3 * ra.grad_norm) << "step " << s + 1;
+    EXPECT_NEAR(rc.grad_norm, ra.grad_norm, 2e-3 * ra.grad_norm) << "step " << s + 1;
+  }
+  EXPECT_EQ(c.captures(), 1);
+  EXPECT_GT(c.graph_kernels(), a.graph_kernels());  // the recompute is in the graph
 }
 
 TEST(CudaTrainStep, StaticStepMatchesPlainStep) {

@@ -185,6 +185,40 @@ TEST(ModelStaticShape, PaddedStagedStepEqualsPlainStep) {
   EXPECT_ERROR_CONTAINS([&] { model.stage(row, 2); }, "slot 2 of 2");
 }
 
+// Checkpointing trades memory for recompute; the gradients must not notice (the CPU reference is
+// deterministic, so the recomputed activations are the same floats).
+TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
+  Golden g = load_golden("tiny_untied");
+  CpuBackend be;
+  PackedRow row;
+  for (size_t i = 0; i < g.ids.size(); ++i) row.append_sample(g.ids[i], g.labels[i]);
+  std::vector<std::vector<float>> ref;
+  double ref_loss = 0;
+  int64_t prev_bytes = -1;
+  for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
+    Qwen35Model model(g.dir.config, be, row.num_tokens(), c);
+    model.load(g.dir);
+    EXPECT_EQ(model.memory_plan().activations, activation_bytes(g.dir.config, DType::F32, row.num_tokens(), c));
+    if (prev_bytes >= 0) {
+      EXPECT_LT(model.memory_plan().activations, prev_bytes) << checkpointing_name(c);
+    }
+    prev_bytes = model.memory_plan().activations;
+    model.zero_grads();
+    const LossResult r = model.step(row, true, 1.0);
+    if (c == Checkpointing::None) {
+      ref_loss = r.loss_sum;
+      for (size_t i = 0; i < model.specs().size(); ++i) ref.push_back(model.grad_f32(i));
+      continue;
+    }
+    EXPECT_EQ(r.loss_sum, ref_loss) << checkpointing_name(c);
+    for (size_t i = 0; i < model.specs().size(); ++i)
+      EXPECT_LT(rel_diff(model.grad_f32(i), ref[i]), 1e-6) << checkpointing_name(c) << " " << model.specs()[i].name;
+  }
+  EXPECT_EQ(choose_checkpointing(g.dir.config, be, 8192), Checkpointing::None);  // host memory: no budget
+  EXPECT_EQ(checkpointing_from_name("selective"), Checkpointing::Selective);
+  EXPECT_FALSE(checkpointing_from_name("some"));
+}
+
 TEST(ModelBadInput, RowErrorsNameThePosition) {
   Golden g = load_golden("tiny_tied");
   CpuBackend be;

@@ -1,5 +1,5 @@
 // qwentune bench --preset NAME [--backend auto|cpu|cuda] [--steps N] [--warmup N]
-//                [--tokens-per-batch N] [--seed N] [--no-graph]
+//                [--tokens-per-batch N] [--seed N] [--no-graph] [--checkpointing auto|none|selective|full]
 // End-to-end training throughput on a random-init model: synthetic chat-like length mix packed
 // into rows of exactly tokens_per_batch tokens, forward + backward + AdamW per step, run by the
 // trainer's TrainStep (on CUDA: one CUDA-graph launch per step after the first).
@@ -44,13 +44,18 @@ struct BenchArgs {
   int64_t steps = 5, warmup = 2, tokens_per_batch = 8192;
   uint64_t seed = 0;
   bool no_graph = false;
+  std::string checkpointing = "auto";
 };
 
 void run_bench(const BenchArgs& a) {
   const ModelConfig cfg = preset_config(a.preset);
   const std::string backend_name = a.backend == "auto" ? default_backend_name() : a.backend;
   auto be = make_backend(backend_name);
-  Qwen35Model model(cfg, *be, a.tokens_per_batch);
+  std::string why = "as asked";
+  const Checkpointing ckpt = a.checkpointing == "auto" ? choose_checkpointing(cfg, *be, a.tokens_per_batch, &why)
+                                                       : *checkpointing_from_name(a.checkpointing);
+  log_info("activation checkpointing: ", checkpointing_name(ckpt), " (", why, ")");
+  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt);
   const auto t_init = std::chrono::steady_clock::now();
   for (size_t i = 0; i < model.specs().size(); ++i) {
     std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
@@ -118,6 +123,7 @@ void run_bench(const BenchArgs& a) {
   j["trained_tokens_per_s"] = double(trained) / total;
   j["mfu_6nd"] = dense_flops / total / peak;
   j["mfu_with_mixers"] = flops / total / peak;
+  j["checkpointing"] = checkpointing_name(ckpt);
   j["step_mode"] = stepper.mode();
   j["graph_captures"] = stepper.captures();
   j["kernels_per_step"] = stepper.graph_kernels();  // kernel nodes of the captured graph (0: eager)
@@ -152,6 +158,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--tokens-per-batch", a->tokens_per_batch, "tokens per packed row")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "")->capture_default_str();
   cmd->add_flag("--no-graph", a->no_graph, "CUDA: launch every kernel eagerly instead of replaying a captured graph");
+  cmd->add_option("--checkpointing", a->checkpointing, "activation checkpointing: auto, none, selective, full")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
   cmd->callback([=] { run_bench(*a); });
 }
 

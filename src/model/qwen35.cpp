@@ -71,9 +71,133 @@ struct Qwen35Model::LayerActs {
   Tensor h, rstd_post, hn, mlp_gate, mlp_up, mlp_act;      // MLP half
 };
 
-Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens)
-    : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), specs_(param_table(cfg)) {
+namespace {
+
+// Who keeps an activation for the backward: Input (the layer input: always), Kept (GEMM and
+// mixer outputs and the small statistics: None and Selective), Cheap (one elementwise op of kept
+// tensors recomputes it: None only).
+enum class ActTier { Input, Kept, Cheap };
+
+bool keeps(Checkpointing c, ActTier t) {
+  return t == ActTier::Input || c == Checkpointing::None || (c == Checkpointing::Selective && t == ActTier::Kept);
+}
+
+// Calls f(field, dtype, shape, tier) for every activation a layer of this kind has.
+template <class F>
+void for_each_activation(Qwen35Model::LayerActs& A, LayerKind kind, const ModelConfig& c, int64_t T, DType at, F f) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, C = c.conv_dim();
+  const int64_t Hv = c.linear_num_value_heads, VD = c.value_dim();
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  const DType F32 = DType::F32;
+  f(A.x, at, Shape{T, H}, ActTier::Input);
+  f(A.rstd_in, F32, Shape{T}, ActTier::Kept);
+  f(A.xn, at, Shape{T, H}, ActTier::Cheap);
+  if (kind == LayerKind::GatedDeltaNet) {
+    f(A.mixed, at, Shape{T, C}, ActTier::Kept);
+    f(A.z, at, Shape{T, VD}, ActTier::Kept);
+    f(A.b, at, Shape{T, Hv}, ActTier::Kept);
+    f(A.a, at, Shape{T, Hv}, ActTier::Kept);
+    f(A.conv, at, Shape{T, C}, ActTier::Cheap);
+    f(A.beta, F32, Shape{T, Hv}, ActTier::Kept);
+    f(A.g, F32, Shape{T, Hv}, ActTier::Kept);
+    f(A.o, at, Shape{T, VD}, ActTier::Kept);
+    f(A.y, at, Shape{T, VD}, ActTier::Cheap);
+    f(A.gnorm_rstd, F32, Shape{T * Hv}, ActTier::Kept);
+  } else {
+    f(A.qg, at, Shape{T, 2 * Hq * D}, ActTier::Kept);
+    f(A.kr, at, Shape{T, Hkv * D}, ActTier::Kept);
+    f(A.v, at, Shape{T, Hkv * D}, ActTier::Kept);
+    f(A.q, at, Shape{T, Hq * D}, ActTier::Cheap);
+    f(A.k, at, Shape{T, Hkv * D}, ActTier::Cheap);
+    f(A.gate, at, Shape{T, Hq * D}, ActTier::Cheap);
+    f(A.q_rstd, F32, Shape{T * Hq}, ActTier::Kept);
+    f(A.k_rstd, F32, Shape{T * Hkv}, ActTier::Kept);
+    f(A.attn_o, at, Shape{T, Hq * D}, ActTier::Kept);
+    f(A.lse, F32, Shape{Hq * T}, ActTier::Kept);
+    f(A.attn_y, at, Shape{T, Hq * D}, ActTier::Cheap);
+  }
+  f(A.h, at, Shape{T, H}, ActTier::Kept);
+  f(A.rstd_post, F32, Shape{T}, ActTier::Kept);
+  f(A.hn, at, Shape{T, H}, ActTier::Cheap);
+  f(A.mlp_gate, at, Shape{T, I}, ActTier::Kept);
+  f(A.mlp_up, at, Shape{T, I}, ActTier::Kept);
+  f(A.mlp_act, at, Shape{T, I}, ActTier::Cheap);
+}
+
+}  // namespace
+
+const char* checkpointing_name(Checkpointing c) {
+  switch (c) {
+    case Checkpointing::None: return "none";
+    case Checkpointing::Selective: return "selective";
+    case Checkpointing::Full: return "full";
+  }
+  return "?";
+}
+
+std::optional<Checkpointing> checkpointing_from_name(const std::string& name) {
+  if (name == "none") return Checkpointing::None;
+  if (name == "selective") return Checkpointing::Selective;
+  if (name == "full") return Checkpointing::Full;
+  return std::nullopt;
+}
+
+Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens,
+                                   std::string* why) {
+  const int64_t free_bytes = backend.free_memory_bytes();
+  if (free_bytes < 0) {
+    if (why != nullptr) *why = "host memory: none";
+    return Checkpointing::None;
+  }
+  const DType act = backend.activation_dtype();
+  const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
+                                 2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
+  // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
+  // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
+  const int64_t fixed = param_count(cfg) * (static_cast<int64_t>(dtype_size(act)) + 4 + 12) +
+                        max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act)) +
+                        (int64_t(4) << 30);
+  std::string detail;
+  Checkpointing pick = Checkpointing::Full;
+  for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
+    const int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
+    detail += str(detail.empty() ? "" : ", ", checkpointing_name(c), " needs ", need >> 20, " MiB");
+    if (need <= free_bytes) {
+      pick = c;
+      break;
+    }
+  }
+  if (why != nullptr)
+    *why = str(detail, " of ", free_bytes >> 20, " MiB free: ", checkpointing_name(pick),
+               fixed + activation_bytes(cfg, act, max_tokens, pick) > free_bytes ? " (may not fit)" : "");
+  return pick;
+}
+
+int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt) {
+  int64_t bytes = 0;
+  auto add = [&](Tensor&, DType dt, const Shape& shape, ActTier) {
+    bytes += shape_numel(shape) * static_cast<int64_t>(dtype_size(dt));
+  };
+  Qwen35Model::LayerActs probe;
+  for (int kind = 0; kind < 2; ++kind)
+    for_each_activation(probe, static_cast<LayerKind>(kind), cfg, max_tokens, act,
+                        [&](Tensor& t, DType dt, const Shape& s, ActTier tier) {
+                          if (tier != ActTier::Input && !keeps(ckpt, tier)) add(t, dt, s, tier);
+                        });
+  for (LayerKind kind : cfg.layer_types)
+    for_each_activation(probe, kind, cfg, max_tokens, act, [&](Tensor& t, DType dt, const Shape& s, ActTier tier) {
+      if (keeps(ckpt, tier)) add(t, dt, s, tier);
+    });
+  // final_in, final_out (act), final_rstd, token_loss (f32)
+  bytes += max_tokens * (2 * cfg.hidden_size * static_cast<int64_t>(dtype_size(act)) + 8);
+  return bytes;
+}
+
+Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens, Checkpointing ckpt)
+    : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), ckpt_(ckpt),
+      specs_(param_table(cfg)) {
   QT_CHECK(max_tokens > 0, "max_tokens must be positive");
+  plan_.checkpointing = ckpt;
   // Every buffer is allocated here, counted by kind for the memory plan.
   auto planned = [&](int64_t& bytes, DType t, const Shape& shape) {
     bytes += shape_numel(shape) * static_cast<int64_t>(dtype_size(t));
@@ -100,44 +224,25 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     grads_.push_back(Tensor(static_cast<char*>(grads_flat_.data) + offsets[i], gt, specs_[i].shape, grads_flat_.device));
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
-  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
+  const int64_t Hq = cfg.num_attention_heads, D = cfg.head_dim;
   inputs_ = planned(plan_.inputs, DType::I32, {4 * T + 1});
+  // Activations: each layer owns what the policy keeps; the rest lives in one work set per layer
+  // kind, which the backward refills layer by layer (recompute).
   acts_.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  work_.resize(2);
+  for (int kind = 0; kind < 2; ++kind)
+    for_each_activation(work_[static_cast<size_t>(kind)], static_cast<LayerKind>(kind), cfg, T, at,
+                        [&](Tensor& t, DType dt, const Shape& shape, ActTier tier) {
+                          if (tier != ActTier::Input && !keeps(ckpt, tier)) t = planned(plan_.activations, dt, shape);
+                        });
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const LayerKind kind = cfg.layer_types[static_cast<size_t>(l)];
+    const LayerActs& work = work_[static_cast<size_t>(kind)];
     LayerActs& A = acts_[static_cast<size_t>(l)];
-    A.x = planned(plan_.activations, at, {T, H});
-    A.rstd_in = planned(plan_.activations, DType::F32, {T});
-    A.xn = planned(plan_.activations, at, {T, H});
-    if (cfg.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
-      A.mixed = planned(plan_.activations, at, {T, C});
-      A.z = planned(plan_.activations, at, {T, VD});
-      A.b = planned(plan_.activations, at, {T, Hv});
-      A.a = planned(plan_.activations, at, {T, Hv});
-      A.conv = planned(plan_.activations, at, {T, C});
-      A.beta = planned(plan_.activations, DType::F32, {T, Hv});
-      A.g = planned(plan_.activations, DType::F32, {T, Hv});
-      A.o = planned(plan_.activations, at, {T, VD});
-      A.y = planned(plan_.activations, at, {T, VD});
-      A.gnorm_rstd = planned(plan_.activations, DType::F32, {T * Hv});
-    } else {
-      A.qg = planned(plan_.activations, at, {T, 2 * Hq * D});
-      A.kr = planned(plan_.activations, at, {T, Hkv * D});
-      A.v = planned(plan_.activations, at, {T, Hkv * D});
-      A.q = planned(plan_.activations, at, {T, Hq * D});
-      A.k = planned(plan_.activations, at, {T, Hkv * D});
-      A.gate = planned(plan_.activations, at, {T, Hq * D});
-      A.q_rstd = planned(plan_.activations, DType::F32, {T * Hq});
-      A.k_rstd = planned(plan_.activations, DType::F32, {T * Hkv});
-      A.attn_o = planned(plan_.activations, at, {T, Hq * D});
-      A.lse = planned(plan_.activations, DType::F32, {Hq * T});
-      A.attn_y = planned(plan_.activations, at, {T, Hq * D});
-    }
-    A.h = planned(plan_.activations, at, {T, H});
-    A.rstd_post = planned(plan_.activations, DType::F32, {T});
-    A.hn = planned(plan_.activations, at, {T, H});
-    A.mlp_gate = planned(plan_.activations, at, {T, I});
-    A.mlp_up = planned(plan_.activations, at, {T, I});
-    A.mlp_act = planned(plan_.activations, at, {T, I});
+    A = work;  // the shared tensors; the kept ones are replaced below
+    for_each_activation(A, kind, cfg, T, at, [&](Tensor& t, DType dt, const Shape& shape, ActTier tier) {
+      if (keeps(ckpt, tier)) t = planned(plan_.activations, dt, shape);
+    });
   }
   final_in_ = planned(plan_.activations, at, {T, H});
   final_rstd_ = planned(plan_.activations, DType::F32, {T});
@@ -157,7 +262,7 @@ Qwen35Model::~Qwen35Model() = default;
 std::string MemoryPlan::describe() const {
   auto mib = [](int64_t b) { return str(static_cast<double>(b) / double(1 << 20)); };
   return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
-             " MiB | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
+             " MiB (checkpointing ", checkpointing_name(checkpointing), ") | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
              mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
 }
 
@@ -300,61 +405,76 @@ void Qwen35Model::enqueue_step(int slot, bool backward, double grad_scale) {
 
 void Qwen35Model::forward_layers(int64_t T) {
   const ModelConfig& c = cfg_;
+  profile::Scope phase(prof_, "forward");
+  be_.embedding_forward(rows(acts_[0].x, T), p(ParamRole::EmbedTokens, -1), rows(ids_, T));
+  for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) forward_layer(l, T, LayerPass::Forward);
+  be_.rmsnorm_forward(rows(final_out_, T), rows(final_rstd_, T), rows(final_in_, T), p(ParamRole::FinalNorm, -1),
+                      c.rms_norm_eps);
+}
+
+void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
+  const ModelConfig& c = cfg_;
   const GdnDims gd{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
   const AttnDims ad{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
   const int64_t Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
-  profile::Scope phase(prof_, "forward");
-  be_.embedding_forward(rows(acts_[0].x, T), p(ParamRole::EmbedTokens, -1), rows(ids_, T));
-  for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) {
-    LayerActs& A = acts_[static_cast<size_t>(l)];
-    profile::Scope layer(prof_, "layer", l, layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
-    const Tensor x = rows(A.x, T), xn = rows(A.xn, T);
-    be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
-    Tensor mix_out = rows(A.h, T);  // mixer output, turned into h = x + mixer in place
-    if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
-      const Tensor mixed = rows(A.mixed, T), z = rows(A.z, T), b = rows(A.b, T), a = rows(A.a, T);
-      const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
-      const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
+  // heavy: GEMMs, mixers, gates and adds, whose outputs selective checkpointing keeps.
+  const bool heavy = pass != LayerPass::RecomputeCheap;
+  LayerActs& A = acts_[static_cast<size_t>(l)];
+  profile::Scope layer(prof_, pass == LayerPass::Forward ? "layer" : "recompute", l,
+                       layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
+  const Tensor x = rows(A.x, T), xn = rows(A.xn, T);
+  be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
+  Tensor mix_out = rows(A.h, T);  // mixer output, turned into h = x + mixer in place
+  if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
+    const Tensor mixed = rows(A.mixed, T), z = rows(A.z, T), b = rows(A.b, T), a = rows(A.a, T);
+    const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
+    const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
+    if (heavy) {
       be_.linear_forward(mixed, xn, p(ParamRole::GdnInProjQkv, l));
       be_.linear_forward(z, xn, p(ParamRole::GdnInProjZ, l));
       be_.linear_forward(b, xn, p(ParamRole::GdnInProjB, l));
       be_.linear_forward(a, xn, p(ParamRole::GdnInProjA, l));
-      const Tensor& cw = p(ParamRole::GdnConv1d, l);
-      be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
+    }
+    const Tensor& cw = p(ParamRole::GdnConv1d, l);
+    be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
+    if (heavy) {
       be_.gdn_gates_forward(beta, gg, b, a, p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
       be_.gdn_forward(o, conv, gg, beta, gd, seqs_);
-      be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
-                                p(ParamRole::GdnNorm, l), c.rms_norm_eps);
-      be_.linear_forward(mix_out, y, p(ParamRole::GdnOutProj, l));
-    } else {
-      const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
-      const Tensor qg = rows(A.qg, T), kr = rows(A.kr, T), v = rows(A.v, T);
-      const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
-      const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
+    }
+    be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
+                              p(ParamRole::GdnNorm, l), c.rms_norm_eps);
+    if (heavy) be_.linear_forward(mix_out, y, p(ParamRole::GdnOutProj, l));
+  } else {
+    const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+    const Tensor qg = rows(A.qg, T), kr = rows(A.kr, T), v = rows(A.v, T);
+    const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
+    const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
+    if (heavy) {
       be_.linear_forward(qg, xn, p(ParamRole::AttnQProj, l));
       be_.linear_forward(kr, xn, p(ParamRole::AttnKProj, l));
       be_.linear_forward(v, xn, p(ParamRole::AttnVProj, l));
-      be_.attn_prep_forward(q, k, gate, slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), qg, kr,
-                            p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l), rows(positions_, T), ad,
-                            c.rms_norm_eps);
-      be_.attention_forward(o, slab(A.lse, {Hq, T}), q, k, v.view({T, Hkv, D}), ad, seqs_);
-      be_.attn_gate_forward(y, o.view({T, Hq * D}), gate);
-      be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
     }
-    const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
-    be_.add(h, x, mix_out);
-    be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
-    const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
+    be_.attn_prep_forward(q, k, gate, slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), qg, kr,
+                          p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l), rows(positions_, T), ad,
+                          c.rms_norm_eps);
+    if (heavy) be_.attention_forward(o, slab(A.lse, {Hq, T}), q, k, v.view({T, Hkv, D}), ad, seqs_);
+    be_.attn_gate_forward(y, o.view({T, Hq * D}), gate);
+    if (heavy) be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
+  }
+  const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
+  if (heavy) be_.add(h, x, mix_out);
+  be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
+  const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
+  if (heavy) {
     be_.linear_forward(mg, hn, p(ParamRole::MlpGate, l));
     be_.linear_forward(mu, hn, p(ParamRole::MlpUp, l));
-    be_.swiglu_forward(act, mg, mu);
-    const Tensor next = l + 1 < static_cast<int>(c.num_hidden_layers) ? rows(acts_[static_cast<size_t>(l) + 1].x, T)
-                                                                       : rows(final_in_, T);
-    be_.linear_forward(next, act, p(ParamRole::MlpDown, l));  // MLP output, then next = h + mlp
-    be_.add(next, next, h);
   }
-  be_.rmsnorm_forward(rows(final_out_, T), rows(final_rstd_, T), rows(final_in_, T), p(ParamRole::FinalNorm, -1),
-                      c.rms_norm_eps);
+  be_.swiglu_forward(act, mg, mu);
+  if (pass != LayerPass::Forward) return;  // the backward needs neither the MLP output nor the next input
+  const Tensor next = l + 1 < static_cast<int>(c.num_hidden_layers) ? rows(acts_[static_cast<size_t>(l) + 1].x, T)
+                                                                     : rows(final_in_, T);
+  be_.linear_forward(next, act, p(ParamRole::MlpDown, l));  // MLP output, then next = h + mlp
+  be_.add(next, next, h);
 }
 
 void Qwen35Model::backward_layers(int64_t T) {
@@ -367,6 +487,9 @@ void Qwen35Model::backward_layers(int64_t T) {
   const Tensor dn = rows(d_norm_out_, T);
   profile::Scope phase(prof_, "backward");
   for (int l = static_cast<int>(c.num_hidden_layers) - 1; l >= 0; --l) {
+    // Refill what the checkpointing policy dropped (into the shared work activations).
+    if (ckpt_ == Checkpointing::Full) forward_layer(l, T, LayerPass::Recompute);
+    if (ckpt_ == Checkpointing::Selective) forward_layer(l, T, LayerPass::RecomputeCheap);
     LayerActs& A = acts_[static_cast<size_t>(l)];
     profile::Scope layer(prof_, "layer", l, layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);

@@ -4,6 +4,7 @@
 // with fewer tokens uses the leading rows of each buffer.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,32 @@ struct PackedRow {
   void validate(int64_t vocab_size) const;  // throws qt::Error on any inconsistency
 };
 
+// Activation checkpointing: what the forward keeps for the backward.
+//   none:      every activation;
+//   selective: all but what one elementwise op recomputes from kept tensors (the norm outputs,
+//              the conv output, the gated-norm output, q/k/gate after prep, the gated attention
+//              output, the SwiGLU output); the backward recomputes them layer by layer (a few
+//              bandwidth-bound kernels; ~40 % less activation memory);
+//   full:      only each layer's input; the backward recomputes the whole layer but its last GEMM
+//              (about one more forward pass).
+enum class Checkpointing { None, Selective, Full };
+const char* checkpointing_name(Checkpointing c);
+std::optional<Checkpointing> checkpointing_from_name(const std::string& name);  // none|selective|full
+// Activation bytes a model planned for max_tokens with this policy would allocate.
+int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt);
+// The policy for training cfg on backend at max_tokens per row: the first of none, selective,
+// full whose activations fit in the backend's free memory next to the weights, fp32 gradients,
+// AdamW state (master, m, v) and a reserve for scratch and kernel workspaces; none where the
+// backend reports no device budget (CPU). `why` (optional) receives the figures.
+Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens,
+                                   std::string* why = nullptr);
+
 // Bytes the model allocates at construction, by kind (the step itself allocates nothing).
 struct MemoryPlan {
   int64_t weights = 0, grads = 0, activations = 0, scratch = 0, inputs = 0;
   int64_t total() const { return weights + grads + activations + scratch + inputs; }
   std::string describe() const;
+  Checkpointing checkpointing = Checkpointing::None;
 };
 
 struct LossResult {
@@ -46,7 +68,8 @@ struct LossResult {
 
 class Qwen35Model {
  public:
-  Qwen35Model(const ModelConfig& cfg, Backend& backend, int64_t max_tokens);
+  Qwen35Model(const ModelConfig& cfg, Backend& backend, int64_t max_tokens,
+              Checkpointing ckpt = Checkpointing::None);
   ~Qwen35Model();
   Qwen35Model(const Qwen35Model&) = delete;
   Qwen35Model& operator=(const Qwen35Model&) = delete;
@@ -57,6 +80,7 @@ class Qwen35Model {
   const Tensor& grad(size_t i) const { return grads_[i]; }
   int64_t max_tokens() const { return max_tokens_; }
   const MemoryPlan& memory_plan() const { return plan_; }
+  Checkpointing checkpointing() const { return ckpt_; }
   Backend& backend() { return be_; }
 
   // Copies (and converts) every trainable tensor from an HF directory.
@@ -93,8 +117,14 @@ class Qwen35Model {
   const Tensor& static_loss_sums() const { return loss_sums_; }  // f64 [slots] on the device
   Tensor grads_buffer() const { return grads_flat_; }            // every gradient, one u8 buffer
 
+  struct LayerActs;  // (internal) one layer's activation tensors
+
  private:
-  struct LayerActs;
+  // Forward: everything; Recompute: the layer again from its input, without the last GEMM and the
+  // residual add (the backward needs neither); RecomputeCheap: only the elementwise ops whose
+  // outputs selective checkpointing drops.
+  enum class LayerPass { Forward, Recompute, RecomputeCheap };
+  void forward_layer(int l, int64_t T, LayerPass pass);
   void upload(const PackedRow& row);
   void use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T);  // points ids_... into inputs
   // Forward from the uploaded inputs, the loss (returned, or into loss_dev when given: no sync),
@@ -111,6 +141,7 @@ class Qwen35Model {
   Backend& be_;
   profile::Profiler* prof_;  // non-null when be_ is a ProfiledBackend: layer/phase scopes
   int64_t max_tokens_;
+  Checkpointing ckpt_;
   MemoryPlan plan_;
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> params_, grads_;
@@ -126,7 +157,8 @@ class Qwen35Model {
   std::vector<int32_t*> staging_;
   Tensor loss_sums_;
   // Activations saved for backward
-  std::vector<LayerActs> acts_;
+  std::vector<LayerActs> acts_;  // per layer; tensors the policy does not keep alias work_
+  std::vector<LayerActs> work_;  // [layer kind]: the shared, recomputed activations
   Tensor final_in_, final_rstd_, final_out_, token_loss_, logits_buf_;
   // Gradient scratch shared by all layers
   Tensor d_res_, d_norm_out_, d_a_, d_b_, d_c_, d_d_, d_e_, d_f32_a_, d_f32_b_;

@@ -59,6 +59,8 @@ class Backend {
   // there once synchronize() returns.
   virtual void copy_to_host_async(void* dst, const Tensor& src) = 0;
   virtual void synchronize() = 0;  // waits for everything enqueued so far
+  // Free device memory in bytes, or -1 where tensors live in host memory (nothing to plan against).
+  virtual int64_t free_memory_bytes() const { return -1; }
 
   // ---- dense ---------------------------------------------------------------------------------
   // y[T,N] = x[T,K] W[N,K]^T.

@@ -34,6 +34,7 @@ class ProfiledBackend final : public Backend {
   void* alloc_host(size_t bytes) override { return inner_.alloc_host(bytes); }
   void copy_to_host_async(void* dst, const Tensor& src) override { inner_.copy_to_host_async(dst, src); }
   void synchronize() override { inner_.synchronize(); }
+  int64_t free_memory_bytes() const override { return inner_.free_memory_bytes(); }
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;

@@ -156,7 +156,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
     static const std::set<std::string> known = {
         "backend", "lr", "min_lr_ratio", "schedule", "warmup_steps", "weight_decay", "beta1", "beta2", "eps",
         "max_grad_norm", "global_batch_tokens", "epochs", "max_steps", "eval_fraction", "eval_every", "save_every",
-        "log_every", "seed", "save_dtype", "resume", "cuda_graph"};
+        "log_every", "seed", "save_dtype", "resume", "cuda_graph", "activation_checkpointing"};
     for (const auto& kv : t) {
       const std::string k = kv.first.as<std::string>();
       QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
@@ -184,6 +184,9 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.save_dtype = yaml_get<std::string>(t, "train", "save_dtype", "auto", path);
   c.resume = yaml_get<std::string>(t, "train", "resume", "", path);
   c.cuda_graph = yaml_get<bool>(t, "train", "cuda_graph", true, path);
+  c.activation_checkpointing = yaml_get<std::string>(t, "train", "activation_checkpointing", "auto", path);
+  QT_CHECK(c.activation_checkpointing == "auto" || checkpointing_from_name(c.activation_checkpointing), path,
+           ": train.activation_checkpointing '", c.activation_checkpointing, "' is not auto, none, selective or full");
   if (!c.resume.empty() && c.resume != "auto") c.resume = rel(c.resume);
   QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
   QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
@@ -229,7 +232,16 @@ TrainSummary train_run(const TrainConfig& cfg) {
   sched.total_steps = total_steps;
 
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
-  run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch);
+  Checkpointing ckpt = Checkpointing::None;
+  if (cfg.activation_checkpointing == "auto") {
+    std::string why;
+    ckpt = choose_checkpointing(mc, *run.backend, pack.tokens_per_batch, &why);
+    log_info("activation checkpointing (auto): ", why);
+  } else {
+    ckpt = *checkpointing_from_name(cfg.activation_checkpointing);
+  }
+  run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch,
+                                            ckpt);
   run.model->load(run.src);
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
   // Static sample bound: the fullest row plus its padding sample, rounded up to 8.

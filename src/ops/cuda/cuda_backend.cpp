@@ -220,6 +220,12 @@ void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
   synchronize();
 }
 
+int64_t CudaBackend::free_memory_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
 void CudaBackend::copy_to_host_async(void* dst, const Tensor& src) {
   check_storage("copy_to_host_async", "src", src, src.dtype);
   QT_CHECK(dst != nullptr || src.nbytes() == 0, "copy_to_host_async: dst is null");
