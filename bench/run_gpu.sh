@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine session in two phases, each logged to $OUT with a short summary:
 #   kernels: the CUDA op harness (OpsTest, CudaGdn, CudaAttention) and the kernel benchmarks;
-#   e2e:     qwentune bench --preset 2b, the transformers baseline, cuDNN attention baseline.
+#   e2e:     qwentune bench --preset 2b (CUDA graph, and --no-graph) and 4b, the transformers
+#            baseline on the same shapes, the cuDNN attention baseline.
 #   BIN=dir-with-binaries LIB=dir-with-extra-.so bench/run_gpu.sh kernels|e2e
 # Binaries are built elsewhere (the GPU machine lacks some -dev packages); LIB holds the shared
 # libraries they need that the machine lacks.
@@ -25,7 +26,9 @@ if [ "$phase" = kernels ]; then
   timeout 60 "$BIN/bench_attention" --iters 10 >"$OUT/bench_attn.log" 2>&1; echo "rc $?"; tail -8 "$OUT/bench_attn.log"
 else
   log "end to end"
-  timeout 240 "$BIN/qwentune" bench --preset 2b --steps 3 --warmup 1 >"$OUT/bench_2b.log" 2>&1; echo "rc $?"; tail -4 "$OUT/bench_2b.log"
+  timeout 240 "$BIN/qwentune" bench --preset 2b --steps 5 --warmup 2 >"$OUT/bench_2b.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_2b.log"
+  timeout 240 "$BIN/qwentune" bench --preset 2b --steps 3 --warmup 2 --no-graph >"$OUT/bench_2b_eager.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_2b_eager.log"
+  timeout 240 "$BIN/qwentune" bench --preset 4b --steps 3 --warmup 2 >"$OUT/bench_4b.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_4b.log"
   timeout 150 python3 tools/hf_baseline.py --preset 2b --steps 3 --warmup 1 >"$OUT/hf_2b.log" 2>&1; echo "rc $?"; tail -2 "$OUT/hf_2b.log"
   timeout 90 python3 tools/bench_sdpa.py --iters 10 >"$OUT/bench_sdpa.log" 2>&1; echo "rc $?"; tail -3 "$OUT/bench_sdpa.log"
 fi

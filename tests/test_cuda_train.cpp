@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include <cuda_runtime_api.h>
 
+#include "core/bf16.h"
 #include "model/init.h"
 #include "model/presets.h"
 #include "model/qwen35.h"
@@ -116,6 +118,53 @@ TEST(CudaTrainStep, CheckpointingPoliciesTrackNoneUnderGraph) {
   EXPECT_GT(c.graph_kernels(), a.graph_kernels());  // the recompute is in the graph
 }
 
+// The backward reading the forward's kept GDN state computes exactly what it computes when it
+// recomputes that state (same kernels, same precision).
+TEST(CudaTrainStep, KeptGdnStateBackwardIsBitEqualToRecompute) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend be;
+  const GdnDims d{2, 4, 32, 48};
+  const int64_t T = 301, C = d.conv_dim(), Hv = d.num_v_heads;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f), gate(-0.2f, -0.001f), b01(0.05f, 0.95f);
+  auto upload = [&](DType dt, const Shape& shape, auto gen) {
+    HostTensor h(dt, shape);
+    std::vector<float> v(static_cast<size_t>(h.t.numel()));
+    for (float& x : v) x = gen();
+    tensor_from_f32(h.t, v.data());
+    Tensor t = be.alloc(dt, shape);
+    be.copy_from_host(t, h.t.data);
+    return t;
+  };
+  const Tensor qkv = upload(DType::BF16, {T, C}, [&] { return u(rng); });
+  const Tensor g = upload(DType::F32, {T, Hv}, [&] { return gate(rng); });
+  const Tensor beta = upload(DType::F32, {T, Hv}, [&] { return b01(rng); });
+  const Tensor d_o = upload(DType::BF16, {T, Hv, d.v_head_dim}, [&] { return u(rng); });
+  const std::vector<int32_t> cu = {0, 1, 3, 130, 301, 301};  // a 1- and 2-token sample, a padded empty one
+  Tensor cu_dev = be.alloc(DType::I32, {6});
+  be.copy_from_host(cu_dev, cu.data());
+  SeqInfo seqs{cu_dev, 5, 171, static_cast<int>(T)};
+  const Tensor state = be.alloc(DType::U8, {be.gdn_state_bytes(d, T, 5)});
+  const Tensor o = be.alloc(DType::BF16, {T, Hv, d.v_head_dim});
+  Tensor dq[2], dg[2], db[2];
+  for (int k = 0; k < 2; ++k) {
+    dq[k] = be.alloc(DType::BF16, {T, C});
+    dg[k] = be.alloc(DType::F32, {T, Hv});
+    db[k] = be.alloc(DType::F32, {T, Hv});
+  }
+  be.gdn_forward_keep(o, qkv, g, beta, d, seqs, state);
+  be.gdn_backward_kept(dq[0], dg[0], db[0], d_o, qkv, g, beta, d, seqs, state);
+  be.gdn_backward(dq[1], dg[1], db[1], d_o, qkv, g, beta, d, seqs);
+  for (const auto& [a, b, name] : {std::tuple{dq[0], dq[1], "dqkv"}, {dg[0], dg[1], "dg"}, {db[0], db[1], "dbeta"}}) {
+    std::vector<char> ha(a.nbytes()), hb(b.nbytes());
+    be.copy_to_host(ha.data(), a);
+    be.copy_to_host(hb.data(), b);
+    EXPECT_EQ(ha, hb) << name;
+  }
+  const Tensor small = be.alloc(DType::U8, {16});
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward_keep(o, qkv, g, beta, d, seqs, small); }, "gdn_forward", "state");
+}
+
 TEST(CudaTrainStep, StaticStepMatchesPlainStep) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const int64_t T = 512;
@@ -139,7 +188,9 @@ TEST(CudaTrainStep, StaticStepMatchesPlainStep) {
       num += (double(g[j]) - grads[i][j]) * (double(g[j]) - grads[i][j]);
       den += double(grads[i][j]) * grads[i][j];
     }
-    EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 5e-3) << rig.model.specs()[i].name;
+    // bf16 activations, and the static step keeps the GDN forward state at the backward's
+    // precision (3xTF32) where the plain step's forward runs plain TF32: measured 0.7-0.8 %.
+    EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 2e-2) << rig.model.specs()[i].name;
   }
 }
 

@@ -214,7 +214,7 @@ TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
     for (size_t i = 0; i < model.specs().size(); ++i)
       EXPECT_LT(rel_diff(model.grad_f32(i), ref[i]), 1e-6) << checkpointing_name(c) << " " << model.specs()[i].name;
   }
-  EXPECT_EQ(choose_checkpointing(g.dir.config, be, 8192), Checkpointing::None);  // host memory: no budget
+  EXPECT_EQ(choose_checkpointing(g.dir.config, be, 8192, 64), Checkpointing::None);  // host memory: no budget
   EXPECT_EQ(checkpointing_from_name("selective"), Checkpointing::Selective);
   EXPECT_FALSE(checkpointing_from_name("some"));
 }

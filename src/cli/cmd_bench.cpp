@@ -51,23 +51,7 @@ void run_bench(const BenchArgs& a) {
   const ModelConfig cfg = preset_config(a.preset);
   const std::string backend_name = a.backend == "auto" ? default_backend_name() : a.backend;
   auto be = make_backend(backend_name);
-  std::string why = "as asked";
-  const Checkpointing ckpt = a.checkpointing == "auto" ? choose_checkpointing(cfg, *be, a.tokens_per_batch, &why)
-                                                       : *checkpointing_from_name(a.checkpointing);
-  log_info("activation checkpointing: ", checkpointing_name(ckpt), " (", why, ")");
-  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt);
-  const auto t_init = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < model.specs().size(); ++i) {
-    std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
-    init_param(model.specs()[i], cfg.initializer_range, a.seed, DType::F32, w.data());
-    model.set_param_f32(i, w);
-  }
-  AdamWConfig adamw;
-  adamw.lr = 1e-5;
-  auto opt = ModelOptimizer::create(model, adamw);
-  log_info("memory plan: ", model.memory_plan().describe());
-  log_info("bench: ", a.preset, " on ", be->name(), ", ", param_count(cfg), " parameters, init ",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), " s");
+  // Rows first: their sample counts bound the static shape (and the kept GDN state).
   std::mt19937_64 rng(a.seed);
   std::vector<PackedRow> rows;
   std::vector<std::vector<int64_t>> row_lens;
@@ -86,7 +70,26 @@ void run_bench(const BenchArgs& a) {
     max_samples = std::max(max_samples, static_cast<int>(row_lens.back().size()));
     rows.push_back(std::move(row));
   }
-  TrainStep stepper(model, *opt, 1, (max_samples + 1 + 7) / 8 * 8, !a.no_graph);
+  const int static_max_seqs = (max_samples + 1 + 7) / 8 * 8;
+  std::string why = "as asked";
+  const Checkpointing ckpt = a.checkpointing == "auto"
+                                 ? choose_checkpointing(cfg, *be, a.tokens_per_batch, static_max_seqs, &why)
+                                 : *checkpointing_from_name(a.checkpointing);
+  log_info("activation checkpointing: ", checkpointing_name(ckpt), " (", why, ")");
+  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt);
+  const auto t_init = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < model.specs().size(); ++i) {
+    std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
+    init_param(model.specs()[i], cfg.initializer_range, a.seed, DType::F32, w.data());
+    model.set_param_f32(i, w);
+  }
+  AdamWConfig adamw;
+  adamw.lr = 1e-5;
+  auto opt = ModelOptimizer::create(model, adamw);
+  log_info("bench: ", a.preset, " on ", be->name(), ", ", param_count(cfg), " parameters, init ",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), " s");
+  TrainStep stepper(model, *opt, 1, static_max_seqs, !a.no_graph);
+  log_info("memory plan: ", model.memory_plan().describe());
   std::vector<double> times, host_ms;
   double flops = 0, dense_flops = 0;
   int64_t trained = 0, tokens = 0;
@@ -134,7 +137,8 @@ void run_bench(const BenchArgs& a) {
   j["plan_mib"] = {{"weights", double(model.memory_plan().weights) / (1 << 20)},
                    {"grads", double(model.memory_plan().grads) / (1 << 20)},
                    {"activations", double(model.memory_plan().activations) / (1 << 20)},
-                   {"scratch", double(model.memory_plan().scratch) / (1 << 20)}};
+                   {"scratch", double(model.memory_plan().scratch) / (1 << 20)},
+                   {"gdn_state", double(model.memory_plan().mixer_state) / (1 << 20)}};
   j["loss"] = loss;
 #ifdef QT_HAVE_CUDA
   if (std::string(be->name()) == "cuda") {

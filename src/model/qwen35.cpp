@@ -142,7 +142,7 @@ std::optional<Checkpointing> checkpointing_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens,
+Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
                                    std::string* why) {
   const int64_t free_bytes = backend.free_memory_bytes();
   if (free_bytes < 0) {
@@ -157,10 +157,16 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   const int64_t fixed = param_count(cfg) * (static_cast<int64_t>(dtype_size(act)) + 4 + 12) +
                         max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act)) +
                         (int64_t(4) << 30);
+  const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                   cfg.linear_value_head_dim};
+  int64_t gdn_state = 0;
+  for (LayerKind k : cfg.layer_types)
+    if (k == LayerKind::GatedDeltaNet) gdn_state += backend.gdn_state_bytes(gd, max_tokens, max_seqs);
   std::string detail;
   Checkpointing pick = Checkpointing::Full;
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
-    const int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
+    int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
+    if (c == Checkpointing::None) need += gdn_state;
     detail += str(detail.empty() ? "" : ", ", checkpointing_name(c), " needs ", need >> 20, " MiB");
     if (need <= free_bytes) {
       pick = c;
@@ -262,7 +268,8 @@ Qwen35Model::~Qwen35Model() = default;
 std::string MemoryPlan::describe() const {
   auto mib = [](int64_t b) { return str(static_cast<double>(b) / double(1 << 20)); };
   return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
-             " MiB (checkpointing ", checkpointing_name(checkpointing), ") | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
+             " MiB (checkpointing ", checkpointing_name(checkpointing), ") | GDN state kept for the backward ",
+             mib(mixer_state), " MiB | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
              mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
 }
 
@@ -361,6 +368,27 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
     plan_.inputs += stride * 4;
   }
   loss_sums_ = be_.alloc(DType::F64, {slots});
+  gdn_state_.assign(static_cast<size_t>(cfg_.num_hidden_layers), Tensor());
+  if (ckpt_ != Checkpointing::None) return;  // the other policies trade this memory away too
+  const GdnDims gd{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
+                   cfg_.linear_value_head_dim};
+  const int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs);
+  if (bytes <= 0) return;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+    if (cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
+      gdn_state_[static_cast<size_t>(l)] = be_.alloc(DType::U8, {bytes});
+      plan_.mixer_state += bytes;
+    }
+}
+
+const Tensor* Qwen35Model::gdn_state_for(int layer, int64_t T) const {
+  if (static_cast<size_t>(layer) >= gdn_state_.size()) return nullptr;
+  const Tensor& st = gdn_state_[static_cast<size_t>(layer)];
+  if (st.data == nullptr) return nullptr;
+  const GdnDims gd{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
+                   cfg_.linear_value_head_dim};
+  // A row with more samples than the static bound (an eager fallback) does not fit: recompute.
+  return be_.gdn_state_bytes(gd, T, seqs_.num_seqs) <= static_cast<int64_t>(st.nbytes()) ? &st : nullptr;
 }
 
 int Qwen35Model::static_seqs_needed(const PackedRow& row) const {
@@ -439,7 +467,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
     if (heavy) {
       be_.gdn_gates_forward(beta, gg, b, a, p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
-      be_.gdn_forward(o, conv, gg, beta, gd, seqs_);
+      if (const Tensor* st = gdn_state_for(l, T)) be_.gdn_forward_keep(o, conv, gg, beta, gd, seqs_, *st);
+      else be_.gdn_forward(o, conv, gg, beta, gd, seqs_);
     }
     be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
                               p(ParamRole::GdnNorm, l), c.rms_norm_eps);
@@ -510,7 +539,10 @@ void Qwen35Model::backward_layers(int64_t T) {
       be_.gated_rmsnorm_backward(d_o, dz.view({T, Hv, dv}), g(ParamRole::GdnNorm, l), dy.view({T, Hv, dv}),
                                  rows(A.o, T).view({T, Hv, dv}), rows(A.z, T).view({T, Hv, dv}),
                                  p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
-      be_.gdn_backward(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_);
+      if (const Tensor* st = gdn_state_for(l, T))
+        be_.gdn_backward_kept(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_, *st);
+      else
+        be_.gdn_backward(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_);
       // db and da reuse the (now free) dy buffer: [T, Hv] each.
       const Tensor db = slab(d_a_, {T, Hv});
       const Tensor da = Tensor(static_cast<char*>(d_a_.data) + static_cast<size_t>(T * Hv) * dtype_size(d_a_.dtype),

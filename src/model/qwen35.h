@@ -46,17 +46,18 @@ const char* checkpointing_name(Checkpointing c);
 std::optional<Checkpointing> checkpointing_from_name(const std::string& name);  // none|selective|full
 // Activation bytes a model planned for max_tokens with this policy would allocate.
 int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt);
-// The policy for training cfg on backend at max_tokens per row: the first of none, selective,
-// full whose activations fit in the backend's free memory next to the weights, fp32 gradients,
-// AdamW state (master, m, v) and a reserve for scratch and kernel workspaces; none where the
+// The policy for training cfg on backend at max_tokens per row (at most max_seqs samples): the
+// first of none, selective, full whose activations fit in the backend's free memory next to the
+// weights, fp32 gradients, AdamW state (master, m, v) and a reserve for scratch and kernel
+// workspaces (none also keeps the GDN forward state, Backend::gdn_state_bytes); none where the
 // backend reports no device budget (CPU). `why` (optional) receives the figures.
-Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens,
+Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
                                    std::string* why = nullptr);
 
 // Bytes the model allocates at construction, by kind (the step itself allocates nothing).
 struct MemoryPlan {
-  int64_t weights = 0, grads = 0, activations = 0, scratch = 0, inputs = 0;
-  int64_t total() const { return weights + grads + activations + scratch + inputs; }
+  int64_t weights = 0, grads = 0, activations = 0, scratch = 0, inputs = 0, mixer_state = 0;
+  int64_t total() const { return weights + grads + activations + scratch + inputs + mixer_state; }
   std::string describe() const;
   Checkpointing checkpointing = Checkpointing::None;
 };
@@ -102,7 +103,8 @@ class Qwen35Model {
   // whose targets are all ignored) and cu_seqlens to max_seqs + 1 entries (repeating the row
   // end), so every kernel's grid and workspace are the same for every row. `slots` rows can be
   // staged at once (one per micro-batch of a step), each in its own page-locked host slot and
-  // device input buffer. Allocates (call once, at set-up).
+  // device input buffer. With checkpointing none it also allocates, per GDN layer, the forward
+  // state the backward reuses (Backend::gdn_state_bytes). Allocates (call once, at set-up).
   void set_static_shape(int max_seqs, int slots);
   int static_max_seqs() const { return static_max_seqs_; }
   int static_slots() const { return static_slots_; }
@@ -156,6 +158,8 @@ class Qwen35Model {
   std::vector<Tensor> static_inputs_;
   std::vector<int32_t*> staging_;
   Tensor loss_sums_;
+  std::vector<Tensor> gdn_state_;  // [layer]: the kept GDN forward state (empty: recomputed)
+  const Tensor* gdn_state_for(int layer, int64_t T) const;
   // Activations saved for backward
   std::vector<LayerActs> acts_;  // per layer; tensors the policy does not keep alias work_
   std::vector<LayerActs> work_;  // [layer kind]: the shared, recomputed activations

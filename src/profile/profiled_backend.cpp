@@ -213,6 +213,19 @@ void ProfiledBackend::attn_gate_backward(const Tensor& d_o, const Tensor& dgate,
   inner_.attn_gate_backward(d_o, dgate, dy, o, gate);
 }
 
+void ProfiledBackend::gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                                       const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
+  OpRange r(prof_, "gdn_forward", true);
+  inner_.gdn_forward_keep(o, qkv, g, beta, dims, seqs, state);
+}
+
+void ProfiledBackend::gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
+                                        const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
+                                        const SeqInfo& seqs, const Tensor& state) {
+  OpRange r(prof_, "gdn_backward", true);
+  inner_.gdn_backward_kept(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, state);
+}
+
 double ProfiledBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                              const Tensor& hidden, const Tensor& w, const Tensor& targets,
                                              double grad_scale) {

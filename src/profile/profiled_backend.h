@@ -35,6 +35,14 @@ class ProfiledBackend final : public Backend {
   void copy_to_host_async(void* dst, const Tensor& src) override { inner_.copy_to_host_async(dst, src); }
   void synchronize() override { inner_.synchronize(); }
   int64_t free_memory_bytes() const override { return inner_.free_memory_bytes(); }
+  int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
+    return inner_.gdn_state_bytes(dims, tokens, num_seqs);
+  }
+  void gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
+                        const SeqInfo& seqs, const Tensor& state) override;
+  void gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
+                         const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
+                         const SeqInfo& seqs, const Tensor& state) override;
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;

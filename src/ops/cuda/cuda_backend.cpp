@@ -500,8 +500,32 @@ cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s) {
 }
 }  // namespace
 
+int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const {
+  SeqInfo bound;
+  bound.num_seqs = num_seqs;
+  bound.total_tokens = static_cast<int>(tokens);
+  bound.max_seqlen = static_cast<int>(tokens);
+  return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_args(dims, bound)));
+}
+
+namespace {
+// The kept GDN state buffer: absent (recompute), or large enough for this call's shapes.
+void* gdn_state_ptr(const char* op, const Tensor& state, const cuda::GdnArgs& args) {
+  if (state.data == nullptr) return nullptr;
+  const size_t need = cuda::gdn_state_bytes(args);
+  QT_CHECK(state.nbytes() >= need, op, ": state is ", state.describe(), " (", state.nbytes(), " bytes), needs ", need,
+           " for ", args.total_tokens, " tokens in ", args.num_seqs, " samples");
+  return state.data;
+}
+}  // namespace
+
 void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                               const GdnDims& dims, const SeqInfo& seqs) {
+  gdn_forward_keep(o, qkv, g, beta, dims, seqs, Tensor());
+}
+
+void CudaBackend::gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                                   const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
   const char* op = "gdn_forward";
   check_gdn_dims(op, dims);
   const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
@@ -512,14 +536,21 @@ void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& 
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
+  void* st = gdn_state_ptr(op, state, args);
   void* ws = workspace(cuda::gdn_workspace_bytes(args));
-  cuda::gdn_forward(o.data, qkv.data, g.ptr<float>(), beta.ptr<float>(), args, ws, stream_);
+  cuda::gdn_forward(o.data, qkv.data, g.ptr<float>(), beta.ptr<float>(), args, ws, stream_, st);
   QT_LAUNCH_CHECK("gdn_forward");
 }
 
 void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                                const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
                                const SeqInfo& seqs) {
+  gdn_backward_kept(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, Tensor());
+}
+
+void CudaBackend::gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
+                                    const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
+                                    const SeqInfo& seqs, const Tensor& state) {
   const char* op = "gdn_backward";
   check_gdn_dims(op, dims);
   const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
@@ -533,9 +564,10 @@ void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tenso
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
+  const void* st = gdn_state_ptr(op, state, args);
   void* ws = workspace(cuda::gdn_workspace_bytes(args));
   cuda::gdn_backward(dqkv.data, dg.ptr<float>(), dbeta.ptr<float>(), d_o.data, qkv.data, g.ptr<float>(),
-                     beta.ptr<float>(), args, ws, stream_);
+                     beta.ptr<float>(), args, ws, stream_, st);
   QT_LAUNCH_CHECK("gdn_backward");
 }
 

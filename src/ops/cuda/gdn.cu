@@ -991,9 +991,12 @@ int max_chunks(const GdnArgs& a) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b, std::max(a.total_tokens, 1))));
 }
 
-// Lays the buffers out from base (nullptr: only sizes); returns the total bytes.
-size_t layout(const GdnArgs& a, char* base, Workspace* w) {
+// Lays the forward state (chunk table, qn, kn, Gc, W, UD, h: what the backward reuses when the
+// forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
+// only). Returns {state bytes, scratch bytes}.
+std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
   size_t off = 0;
+  char* base = state;
   auto take = [&](size_t bytes) {
     char* p = base ? base + off : nullptr;
     off += (bytes + 255) / 256 * 256;
@@ -1003,7 +1006,7 @@ size_t layout(const GdnArgs& a, char* base, Workspace* w) {
                Hv = static_cast<size_t>(a.num_v_heads), K = static_cast<size_t>(a.k_head_dim),
                V = static_cast<size_t>(a.v_head_dim);
   const int nc = max_chunks(a);
-  const size_t state = static_cast<size_t>(nc) * Hv * K * V * sizeof(float);
+  const size_t states = static_cast<size_t>(nc) * Hv * K * V * sizeof(float);
   Workspace ws{};
   ws.nc_max = nc;
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
@@ -1014,13 +1017,28 @@ size_t layout(const GdnArgs& a, char* base, Workspace* w) {
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   ws.W = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.UD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
-  ws.h = reinterpret_cast<float*>(take(state));
+  ws.h = reinterpret_cast<float*>(take(states));
+  const size_t state_bytes = off;
+  off = 0;
+  base = scratch;
   ws.dD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
-  ws.dh = reinterpret_cast<float*>(take(state));
+  ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   if (w) *w = ws;
-  return off;
+  return {state_bytes, off};
+}
+
+// The workspace of a call: the state from `state` when the caller keeps it, else its front part.
+Workspace place(const GdnArgs& a, void* workspace, void* state) {
+  Workspace w;
+  if (state != nullptr) {
+    layout(a, static_cast<char*>(state), static_cast<char*>(workspace), &w);
+  } else {
+    const size_t front = layout(a, nullptr, nullptr, nullptr).first;
+    layout(a, static_cast<char*>(workspace), static_cast<char*>(workspace) + front, &w);
+  }
+  return w;
 }
 
 template <typename Kernel>
@@ -1142,7 +1160,12 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
 
 }  // namespace
 
-size_t gdn_workspace_bytes(const GdnArgs& a) { return layout(a, nullptr, nullptr); }
+size_t gdn_workspace_bytes(const GdnArgs& a) {
+  const auto sizes = layout(a, nullptr, nullptr, nullptr);
+  return sizes.first + sizes.second;
+}
+
+size_t gdn_state_bytes(const GdnArgs& a) { return layout(a, nullptr, nullptr, nullptr).first; }
 
 // Benchmark hooks (declared by bench/bench_gdn.cu, not part of kernels.h): per-kernel timing.
 void gdn_stage_timing(bool on) { stage_times().on = on; }
@@ -1157,12 +1180,12 @@ void gdn_stage_report(const char* label, int calls) {
 }
 
 void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, void* state) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
-  Workspace w;
-  layout(a, static_cast<char*>(workspace), &w);
+  const Workspace w = place(a, workspace, state);
   const bf16* x = static_cast<const bf16*>(qkv);
-  forward_common(w, x, g, beta, a, split_products(false), stream);
+  // A kept state is computed at the backward's precision, so reusing it changes nothing.
+  forward_common(w, x, g, beta, a, split_products(state != nullptr), stream);
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_output_kernel, bytes);
@@ -1174,13 +1197,13 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
 }
 
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
-                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream) {
+                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream, const void* state) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
-  Workspace w;
-  layout(a, static_cast<char*>(workspace), &w);
+  // The backward only reads the state (the kernels below write dD, dh, dqn, dkn, never it).
+  const Workspace w = place(a, workspace, const_cast<void*>(state));
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
-  forward_common(w, x, g, beta, a, split_products(true), stream);
+  if (state == nullptr) forward_common(w, x, g, beta, a, split_products(true), stream);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
 

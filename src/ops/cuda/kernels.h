@@ -21,14 +21,20 @@ struct GdnArgs {
 };
 // Scratch for forward and backward (chunk states etc.), bytes.
 size_t gdn_workspace_bytes(const GdnArgs& a);
+// The part of it the forward can leave for the backward (chunk table, normalized q/k, gates, W,
+// U - W S, chunk states): the caller's `state` buffer, when given, takes that part.
+size_t gdn_state_bytes(const GdnArgs& a);
 // o [T, Hv, dv] bf16; qkv [T, 2*Hk*dk + Hv*dv] bf16 (q | k | v, raw: L2 norm and dk^-1/2 inside);
-// g, beta f32 [T, Hv].
+// g, beta f32 [T, Hv]. With `state` (gdn_state_bytes), the forward state is kept there, computed
+// at the backward's precision.
 void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
-                 cudaStream_t stream);
+                 cudaStream_t stream, void* state = nullptr);
 // dqkv [T, conv_dim] bf16, dg, dbeta f32 [T, Hv] (all overwritten); d_o [T, Hv, dv] bf16.
-// Recomputes what it needs from the forward inputs (no state is kept between the two calls).
+// Recomputes the forward state from the inputs, or with `state` reads what gdn_forward kept there
+// for these same inputs and args.
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
-                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream);
+                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream,
+                  const void* state = nullptr);
 
 // ---- causal varlen attention with GQA (semantics of Backend::attention_forward/backward) ----
 struct AttnArgs {
