@@ -212,15 +212,13 @@ __global__ void gdn_chunk_table_kernel(int4* table, int* nchunks, int* seq_off, 
 }
 
 // ---- L2 norm -----------------------------------------------------------------------------------
-// qn, kn [T, Hk, K] f32: q (|q|^2 + eps)^-1/2 K^-1/2 and k (|k|^2 + eps)^-1/2. One warp per
-// (token, key head, q or k).
-__global__ void gdn_l2norm_kernel(float* qn, float* kn, const bf16* qkv, int T, int Hk, int K, int conv_dim) {
-  const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
+// The row of warp `warp` (= (token, key head, q or k) in that order): lane's elements v (zero past
+// K) and the row's scale (|x|^2 + eps)^-1/2, times K^-1/2 for q.
+__device__ __forceinline__ float l2_row(int warp, const bf16* qkv, int Hk, int K, int conv_dim, float (&v)[4]) {
   const int lane = threadIdx.x & 31;
-  if (warp >= T * Hk * 2) return;
   const int which = warp & 1, th = warp >> 1, t = th / Hk, kh = th - t * Hk;
   const bf16* x = qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K;
-  float v[4], ss = 0.f;
+  float ss = 0.f;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int d = lane + 32 * r;
@@ -228,8 +226,21 @@ __global__ void gdn_l2norm_kernel(float* qn, float* kn, const bf16* qkv, int T, 
     ss += v[r] * v[r];
   }
   ss = warp_sum(ss);
-  const float scale = (1.f / sqrtf(ss + kL2Eps)) * (which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
-  float* y = (which == 0 ? qn : kn) + (static_cast<size_t>(t) * Hk + kh) * K;
+  return (1.f / sqrtf(ss + kL2Eps)) * (which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
+}
+
+// qn, kn [T, Hk, K] f32: q (|q|^2 + eps)^-1/2 K^-1/2 and k (|k|^2 + eps)^-1/2; rs [T, Hk, 2] the
+// scales alone (see gdn_row_scale_kernel). One warp per (token, key head, q or k).
+__global__ void gdn_l2norm_kernel(float* qn, float* kn, float* rs, const bf16* qkv, int T, int Hk, int K,
+                                  int conv_dim) {
+  const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (warp >= T * Hk * 2) return;
+  float v[4];
+  const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
+  if (lane == 0) rs[warp] = scale;
+  const int which = warp & 1, th = warp >> 1;
+  float* y = (which == 0 ? qn : kn) + static_cast<size_t>(th) * K;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int d = lane + 32 * r;
@@ -237,64 +248,21 @@ __global__ void gdn_l2norm_kernel(float* qn, float* kn, const bf16* qkv, int T, 
   }
 }
 
-// ---- prep: G, W, U per (chunk, value head) -----------------------------------------------------
-int prep_smem_floats(int K, int V) { return kC * (K + 2) + kC * (V + 2) + 2 * kC * kLdC + 3 * kC; }
-
-// Gc [T, Hv] = chunk-local cumsum of g; W [T, Hv, K] = T diag(b e^G) K^; U [T, Hv, V] = T diag(b) V.
-__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W, float* U, const int4* table,
-                                                            const int* nchunks, const float* kn, const bf16* qkv,
-                                                            const float* g, const float* beta, int Hk, int Hv,
-                                                            int K, int V, int conv_dim, bool split) {
-  const int c = blockIdx.x, head = blockIdx.y;
-  if (c >= *nchunks) return;
-  const int4 ch = table[c];
-  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
-  extern __shared__ float smem[];
-  Carve cv{smem};
-  float* Ks = cv.take(kC * (K + 2));
-  float* Vs = cv.take(kC * (V + 2));
-  float* As = cv.take(kC * kLdC);
-  float* Ts = cv.take(kC * kLdC);
-  float* gs = cv.take(kC);
-  float* bs = cv.take(kC);
-  float* kbs = cv.take(kC);
-  const int ldk = K + 2, ldv = V + 2;
-
-  load_gates(gs, bs, g, beta, bos, len, Hv, head);
-  load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
-  load_rows(Vs, ldv, qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V,
-            static_cast<size_t>(conv_dim), len, V, One{});
-  __syncthreads();
-  if (threadIdx.x < kC) {
-    const int i = threadIdx.x;
-    kbs[i] = bs[i] * expf(gs[i]);
-    if (i < len) Gc[static_cast<size_t>(bos + i) * Hv + head] = gs[i];
-  }
-  build_a(As, Ks, ldk, K, gs, bs, split);
-  __syncthreads();
-  solve_unit_lower(Ts, As);
-  __syncthreads();
-  // T is unit lower triangular (zeros above the diagonal), so row tile m0 needs columns < m0 + 16.
-  auto fT = [&](int i, int j) { return Ts[i * kLdC + j]; };
-  for_tiles<2>(
-      kC, K,
-      [&](auto& acc, int m0, int n0) {
-        mma_acc(acc, m0, n0, 0, m0 + 16, fT, [&](int j, int d) { return kbs[j] * Ks[j * ldk + d]; }, split);
-      },
-      [&](int i, int d, float v) {
-        if (i < len) W[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = v;
-      });
-  for_tiles<2>(
-      kC, V,
-      [&](auto& acc, int m0, int n0) {
-        mma_acc(acc, m0, n0, 0, m0 + 16, fT, [&](int j, int e) { return bs[j] * Vs[j * ldv + e]; }, split);
-      },
-      [&](int i, int e, float v) {
-        if (i < len) U[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = v;
-      });
+// rs [T, Hk, 2]: the scales alone (q^ = q rs[., 0], k^ = k rs[., 1]), for the kernels that stage the
+// raw bf16 rows (exact in TF32) and apply the scale per row. Same arithmetic as gdn_l2norm_kernel.
+__global__ void gdn_row_scale_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim) {
+  const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
+  if (warp >= T * Hk * 2) return;
+  float v[4];
+  const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
+  if ((threadIdx.x & 31) == 0) rs[warp] = scale;
 }
 
-// ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
+// Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
+// orientations ([row on the group index][d], [row on the thread-in-group index][d]) hit distinct banks.
+__host__ __device__ constexpr int raw_ld(int K) { return K + 8; }
+
+// ---- cp.async tile loads ----------------------------------------------------------------------
 // Row stride of the bv-wide tiles (S, D, dO): bv + 8 keeps the B-fragment reads ([k][n], k on the
 // thread-in-group index) free of bank conflicts.
 __host__ __device__ constexpr int bv_ld(int bv) { return bv + 8; }
@@ -332,6 +300,85 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// ---- prep: G, W, U per (chunk, value head) -----------------------------------------------------
+// Gc [T, Hv] = chunk-local cumsum of g; W [T, Hv, K] = T diag(b e^G) K^; U [T, Hv, V] = T diag(b) V,
+// per (chunk, value head), from the raw bf16 k and v rows (cp.async, 16-byte pieces) and the row
+// scales rs of gdn_l2norm_kernel: A's k k^T products are exact in TF32 (no split), W's and U's B
+// operands too (the k-index scales b e^G rs_k and b go into T's columns), so the split costs 2 mma
+// there. 69.6 KB of smem at K = V = 128 (3 CTAs per SM; fp32 k^, v tiles took 101 KB: 2).
+int prep_smem_floats(int K, int V) { return kC * raw_ld(K) / 2 + kC * raw_ld(V) / 2 + 2 * kC * kLdC + 4 * kC; }
+
+__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W, float* U, const int4* table,
+                                                            const int* nchunks, const float* rs, const bf16* qkv,
+                                                            const float* g, const float* beta, int Hk, int Hv,
+                                                            int K, int V, int conv_dim, bool split) {
+  const int c = blockIdx.x, head = blockIdx.y;
+  if (c >= *nchunks) return;
+  const int4 ch = table[c];
+  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  extern __shared__ float smem[];
+  Carve cv{smem};
+  const int ldk = raw_ld(K), ldv = raw_ld(V);
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldk / 2));
+  bf16* Vb = reinterpret_cast<bf16*>(cv.take(kC * ldv / 2));
+  float* As = cv.take(kC * kLdC);
+  float* Ts = cv.take(kC * kLdC);
+  float* gs = cv.take(kC);
+  float* bs = cv.take(kC);
+  float* kbs = cv.take(kC);
+  float* rk = cv.take(kC);
+  const size_t x_ld = static_cast<size_t>(conv_dim);
+  async_rows(Kb, ldk, qkv + static_cast<size_t>(bos) * x_ld + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
+  async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
+             V);
+  cp_async_commit();
+  load_gates(gs, bs, g, beta, bos, len, Hv, head);
+  if (threadIdx.x < kC) {
+    const int i = threadIdx.x;
+    rk[i] = i < len ? rs[(static_cast<size_t>(bos + i) * Hk + kh) * 2 + 1] : 0.f;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x < kC) {
+    const int i = threadIdx.x;
+    kbs[i] = bs[i] * expf(gs[i]) * rk[i];
+    if (i < len) Gc[static_cast<size_t>(bos + i) * Hv + head] = gs[i];
+  }
+  // A_ij = b_i rs_i rs_j (k_i . k_j) e^{G_i - G_j}: bf16 x bf16 products are exact, fp32 sums.
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldk + d]); },
+                [&](int d, int j) { return to_f(Kb[j * ldk + d]); }, false);
+      },
+      [&](int i, int j, float v) {
+        As[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
+      });
+  __syncthreads();
+  solve_unit_lower(Ts, As);
+  __syncthreads();
+  for_tiles<2>(
+      kC, K,
+      [&](auto& acc, int m0, int n0) {
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * kbs[j]; },
+                                   [&](int j, int d) { return to_f(Kb[j * ldk + d]); }, split);
+      },
+      [&](int i, int d, float v) {
+        if (i < len) W[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = v;
+      });
+  for_tiles<2>(
+      kC, V,
+      [&](auto& acc, int m0, int n0) {
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * bs[j]; },
+                                   [&](int j, int e) { return to_f(Vb[j * ldv + e]); }, split);
+      },
+      [&](int i, int e, float v) {
+        if (i < len) U[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = v;
+      });
+}
+
+// ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
 int scan_fwd_smem_floats(int K, int bv) { return K * bv_ld(bv) + 2 * kC * (K + 4) + 2 * kC * bv_ld(bv) + 2 * kC; }
 
 // h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place).
@@ -519,65 +566,79 @@ __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const i
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
+
+// q and k are staged as raw bf16 rows (half the bytes of q^, k^ in fp32; exact in TF32, so their
+// products need 2 mma instead of 3 under the split) and the L2 scales applied per row: at K = V =
+// 128, bv = 32 that is 115,200 bytes, so 2 CTAs fit on an SM (the fp32 tiles took 148 KB: 1 CTA).
 int scan_bwd_smem_floats(int K, int bv) {
-  return K * bv_ld(bv) + 3 * kC * (K + 4) + kC * bv_ld(bv) / 2 + 2 * kC * bv_ld(bv) + 3 * kC;
+  return K * bv_ld(bv) + kC * (K + 4) + kC * raw_ld(K) + kC * bv_ld(bv) / 2 + 2 * kC * bv_ld(bv) + 2 * kC;
 }
 
 // dh[chunk] = dL/d(state leaving the chunk); dD += diag(e^{G_L-G}) K^ dS (full dD, in place);
-// dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD.
-// Pipelined: Q, W, dO of chunk c load (cp.async) during the dD product, K and dD_local of chunk
-// c-1 during the dS update, the gates of chunk c-1 into registers during chunk c; the row scales
-// are applied in the products.
-__global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float* dD, const float* W, const float* qn,
-                                                                const float* kn, const float* Gc, const bf16* d_o,
-                                                                const int32_t* cu, const int* seq_off, int Hk,
-                                                                int Hv, int K, int V, int bv, bool split) {
+// dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD. q^ = q rs[., 0], k^ = k rs[., 1] (rs from
+// gdn_row_scale_kernel): the dD product takes the raw k and scales its rows in the epilogue, the
+// dS product folds e^{G_i} rs_i into the dO rows.
+// Pipelined: q, W, dO of chunk c load (cp.async) during the dD product, k and dD_local of chunk
+// c-1 during the dS update, the gates and row scales of chunk c-1 into registers during chunk c.
+__global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, float* dD, const float* W,
+                                                                   const bf16* qkv, const float* rs, const float* Gc,
+                                                                   const bf16* d_o, const int32_t* cu,
+                                                                   const int* seq_off, int Hk, int Hv, int K, int V,
+                                                                   int conv_dim, int bv, bool split) {
   const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int lds = bv_ld(bv), ldk = K + 4;
+  const int lds = bv_ld(bv), ldk = K + 4, ldr = raw_ld(K);
   float* dS = cv.take(K * lds);
   float* Ws = cv.take(kC * ldk);
-  float* Kr = cv.take(kC * ldk);
-  float* Qr = cv.take(kC * ldk);
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));  // raw k rows
+  bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));  // raw q rows
   bf16* dOs = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
   float* Ds = cv.take(kC * lds);
-  float* dDl = cv.take(kC * lds);  // dD_local columns e0.. of the chunk (cp.async with its K)
-  float* gs = cv.take(kC);
-  float* ks = cv.take(kC);
-  float* eq = cv.take(kC);
-  const size_t w_ld = static_cast<size_t>(Hv) * K, k_ld = static_cast<size_t>(Hk) * K;
+  float* dDl = cv.take(kC * lds);  // dD_local columns e0.. of the chunk (cp.async with its k)
+  float* ks = cv.take(kC);         // e^{G_L - G_i} rs_k(i)
+  float* eq = cv.take(kC);         // e^{G_i} rs_q(i)
+  const size_t w_ld = static_cast<size_t>(Hv) * K, x_ld = static_cast<size_t>(conv_dim);
   const size_t d_ld = static_cast<size_t>(Hv) * V;
+  const bf16* qraw = qkv + static_cast<size_t>(kh) * K;
+  const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * K;
+  const float2* rs2 = reinterpret_cast<const float2*>(rs);
   for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) dS[idx] = 0.f;
-  // Gates of the next chunk (in reverse order): G at its last valid row, G at row threadIdx.x.
+  // Next chunk (in reverse order): G at its last valid row, G and the row scales at row threadIdx.x.
   float gl_next = 0.f, gi_next = 0.f;
+  float2 r_next = make_float2(0.f, 0.f);
   if (n > 0) {
     const int c0 = bos + (n - 1) * kC, L0 = len - (n - 1) * kC;
-    async_rows(Kr, ldk, kn + (static_cast<size_t>(c0) * Hk + kh) * K, k_ld, L0, K);
+    async_rows(Kb, ldr, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L0, K);
     async_rows(dDl, lds, dD + static_cast<size_t>(c0) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, L0, bv);
     gl_next = Gc[static_cast<size_t>(c0 + L0 - 1) * Hv + head];
-    if (threadIdx.x < L0) gi_next = Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head];
+    if (threadIdx.x < L0) {
+      gi_next = Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head];
+      r_next = rs2[static_cast<size_t>(c0 + threadIdx.x) * Hk + kh];
+    }
   }
   cp_async_commit();
   for (int ci = n - 1; ci >= 0; --ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
     const float gl = gl_next;
-    if (threadIdx.x < kC) {
+    if (threadIdx.x < kC) {  // rows >= L: scales 0 (their q, k, dO, dD_local are zero too)
       const float gi = gi_next;
-      gs[threadIdx.x] = gi;
-      ks[threadIdx.x] = expf(gl - gi);
-      eq[threadIdx.x] = expf(gi);
+      ks[threadIdx.x] = expf(gl - gi) * r_next.y;
+      eq[threadIdx.x] = expf(gi) * r_next.x;
     }
     if (ci > 0) {  // chunk ci - 1 is full (only a sample's last chunk is partial)
       const int cp = c0 - kC;
       gl_next = Gc[static_cast<size_t>(cp + kC - 1) * Hv + head];
-      gi_next = threadIdx.x < kC ? Gc[static_cast<size_t>(cp + threadIdx.x) * Hv + head] : 0.f;
+      if (threadIdx.x < kC) {
+        gi_next = Gc[static_cast<size_t>(cp + threadIdx.x) * Hv + head];
+        r_next = rs2[static_cast<size_t>(cp + threadIdx.x) * Hk + kh];
+      }
     }
-    __syncthreads();  // scales ready; previous dS update finished (Ws, Qr, dOs free)
+    __syncthreads();  // scales ready; previous dS update finished (Ws, Qb, dOs free)
     async_rows(Ws, ldk, W + (static_cast<size_t>(c0) * Hv + head) * K, w_ld, L, K);
-    async_rows(Qr, ldk, qn + (static_cast<size_t>(c0) * Hk + kh) * K, k_ld, L, K);
+    async_rows(Qb, ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L, K);
     async_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv);
     cp_async_commit();
     float* dhc = dh + (chunk * Hv + head) * static_cast<size_t>(K) * V;
@@ -585,39 +646,39 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_bwd_kernel(float* dh, float
       const int d = idx / bv, e = idx - d * bv;
       dhc[static_cast<size_t>(d) * V + e0 + e] = dS[d * lds + e];
     }
-    cp_async_wait<1>();  // K and dD_local of this chunk
+    cp_async_wait<1>();  // k and dD_local of this chunk
     __syncthreads();
-    // dD += diag(e^{G_L - G}) K dS (rows >= L: 0).
+    // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0).
     for_tiles<2>(
         kC, bv,
         [&](auto& acc, int m0, int n0) {
           if (m0 >= L) return;
-          mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return ks[i] * Kr[i * ldk + d]; },
-                  [&](int d, int e) { return dS[d * lds + e]; }, split);
+          mma_acc<2, 4, true>(acc, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldr + d]); },
+                              [&](int d, int e) { return dS[d * lds + e]; }, split);
         },
         [&](int i, int e, float v) {
           float x = 0.f;
           if (i < L) {
-            x = dDl[i * lds + e] + v;
+            x = dDl[i * lds + e] + ks[i] * v;
             dD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
           }
           Ds[i * lds + e] = x;
         });
-    __syncthreads();  // Kr, dDl free, Ds complete
+    __syncthreads();  // Kb, dDl free, Ds complete
     if (ci > 0) {
-      async_rows(Kr, ldk, kn + (static_cast<size_t>(c0 - kC) * Hk + kh) * K, k_ld, kC, K);
+      async_rows(Kb, ldr, kraw + static_cast<size_t>(c0 - kC) * x_ld, x_ld, kC, K);
       async_rows(dDl, lds, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, kC,
                  bv);
     }
     cp_async_commit();
-    cp_async_wait<1>();  // Q, W, dO of this chunk
+    cp_async_wait<1>();  // q, W, dO of this chunk
     __syncthreads();
     const float decay = expf(gl);
     for_tiles<2>(
         K, bv,
         [&](auto& acc, int m0, int n0) {
-          mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return eq[i] * Qr[i * ldk + d]; },
-                  [&](int i, int e) { return __bfloat162float(dOs[i * lds + e]); }, split);
+          mma_acc<2, 4, true>(acc, m0, n0, 0, kC, [&](int d, int i) { return to_f(Qb[i * ldr + d]); },
+                              [&](int i, int e) { return eq[i] * to_f(dOs[i * lds + e]); }, split);
           mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return -Ws[i * ldk + d]; },
                   [&](int i, int e) { return Ds[i * lds + e]; }, split);
         },
@@ -1138,13 +1199,13 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   stage_end("gdn_chunk_table_kernel", stream);
   const int warps = T * Hk * 2;
   stage_begin(stream);
-  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.qn, w.kn, qkv, T, Hk, K, conv_dim);
+  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.qn, w.kn, w.dqn, qkv, T, Hk, K, conv_dim);
   QT_LAUNCH_CHECK("gdn_l2norm_kernel");
   stage_end("gdn_l2norm_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_prep_kernel, prep_bytes);
   stage_begin(stream);
-  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.W, w.UD, w.table, w.nchunks, w.kn,
+  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.W, w.UD, w.table, w.nchunks, w.dqn,
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim, split);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
@@ -1215,12 +1276,19 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   QT_LAUNCH_CHECK("gdn_dlocal_kernel");
   stage_end("gdn_dlocal_kernel", stream);
 
+  // Row scales of q, k for the reverse scan, in dqn's space (written by bwd_chunk only after it).
+  float* rs = w.dqn;
+  stage_begin(stream);
+  gdn_row_scale_kernel<<<(T * Hk * 2 + 7) / 8, kThreads, 0, stream>>>(rs, x, T, Hk, K, conv_dim);
+  QT_LAUNCH_CHECK("gdn_row_scale_kernel");
+  stage_end("gdn_row_scale_kernel", stream);
+
   const int bv = column_block(V, "QT_GDN_BV_BWD");
   const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
   stage_begin(stream);
   gdn_scan_bwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, sb_bytes, stream>>>(
-      w.dh, w.dD, w.W, w.qn, w.kn, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, bv, split_products(true));
+      w.dh, w.dD, w.W, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv, split_products(true));
   QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
   stage_end("gdn_scan_bwd_kernel", stream);
 

@@ -24,7 +24,9 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
 // acc (a 16 x 8NT warp tile at rows m0.., columns n0..) += sum_{k in [k0, k1)} fa(i, k) fb(k, j).
 // (k1 - k0) % 8 == 0. Fragment layout (PTX m16n8k8 .tf32): g = lane / 4, t = lane % 4;
 // A: (g, t) (g+8, t) (g, t+4) (g+8, t+4); B: (t, g) (t+4, g); C: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
-template <int NT, int kUnroll = 4, class FA, class FB>
+// kAExact (kBExact): every A (B) element is exact in TF32 (bf16 values), so its lo part is 0 and
+// the split needs 2 mma per step instead of 3, same result.
+template <int NT, int kUnroll = 4, bool kAExact = false, bool kBExact = false, class FA, class FB>
 __device__ __forceinline__ void mma_acc(float (&acc)[NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
                                         bool split) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -44,8 +46,8 @@ __device__ __forceinline__ void mma_acc(float (&acc)[NT][4], int m0, int n0, int
       const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
       mma_tf32(acc[nt], ah, bh0, bh1);
       if (split) {
-        mma_tf32(acc[nt], al, bh0, bh1);
-        mma_tf32(acc[nt], ah, to_tf32(b0 - __uint_as_float(bh0)), to_tf32(b1 - __uint_as_float(bh1)));
+        if (!kAExact) mma_tf32(acc[nt], al, bh0, bh1);
+        if (!kBExact) mma_tf32(acc[nt], ah, to_tf32(b0 - __uint_as_float(bh0)), to_tf32(b1 - __uint_as_float(bh1)));
       }
     }
   }
