@@ -170,11 +170,13 @@ TEST(CudaTrainStep, StaticStepMatchesPlainStep) {
   const int64_t T = 512;
   Rig rig(T);
   const std::vector<PackedRow> rows = make_rows(rig.cfg, 1, T, 2);
+  // Static shape first: the plain step then also keeps the GDN state (3xTF32 forward), so the two
+  // differ only by the padding and the shapes the GEMMs see.
+  rig.model.set_static_shape(24, 1);
   rig.model.zero_grads();
   const LossResult plain = rig.model.step(rows[0], true, 1.0);
   std::vector<std::vector<float>> grads;
   for (size_t i = 0; i < rig.model.specs().size(); ++i) grads.push_back(rig.model.grad_f32(i));
-  rig.model.set_static_shape(24, 1);
   rig.model.zero_grads();
   rig.model.stage(rows[0], 0);
   rig.model.enqueue_step(0, true, 1.0);
@@ -188,9 +190,9 @@ TEST(CudaTrainStep, StaticStepMatchesPlainStep) {
       num += (double(g[j]) - grads[i][j]) * (double(g[j]) - grads[i][j]);
       den += double(grads[i][j]) * grads[i][j];
     }
-    // bf16 activations, and the static step keeps the GDN forward state at the backward's
-    // precision (3xTF32) where the plain step's forward runs plain TF32: measured 0.7-0.8 %.
-    EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 2e-2) << rig.model.specs()[i].name;
+    // bf16 activations: a GEMM over 512 instead of 438 rows may round differently. (With the
+    // plain step's GDN forward in TF32 against the static one's 3xTF32 this reached 2.1 %.)
+    EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-2) << rig.model.specs()[i].name;
   }
 }
 

@@ -121,6 +121,7 @@ CudaBackend::~CudaBackend() {
     cublasLtMatmulDescDestroy(kv.second.desc);
   }
   for (auto& b : blocks_) cudaFree(b.base);
+  for (void* p : dedicated_) cudaFree(p);
   for (void* h : host_blocks_) cudaFreeHost(h);
   cudaFree(ws_);
   cudaFree(gemm_ws_);
@@ -132,6 +133,16 @@ Tensor CudaBackend::alloc(DType dtype, const Shape& shape) {
   Tensor probe(nullptr, dtype, shape);
   const size_t bytes = (probe.nbytes() + kAlign - 1) / kAlign * kAlign;
   if (bytes == 0) return Tensor(nullptr, dtype, shape, device());
+  if (bytes > block_bytes_ / 4) {
+    // A big tensor gets memory of its own: placed in a block it would strand the block's tail
+    // (up to a third of the GDN states' memory at 4B).
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    dedicated_.push_back(p);
+    dedicated_bytes_ += bytes;
+    CUDA_CHECK(cudaMemsetAsync(p, 0, probe.nbytes(), stream_));
+    return Tensor(p, dtype, shape, device());
+  }
   while (block_index_ < blocks_.size() && block_used_ + bytes > blocks_[block_index_].size) {
     ++block_index_;
     block_used_ = 0;
@@ -160,6 +171,9 @@ void* CudaBackend::alloc_host(size_t bytes) {
 
 void CudaBackend::reset_arena() {
   synchronize();
+  for (void* p : dedicated_) cudaFree(p);
+  dedicated_.clear();
+  dedicated_bytes_ = 0;
   block_index_ = 0;
   block_used_ = 0;
   Tensor s = alloc(DType::F64, {1});
@@ -167,7 +181,7 @@ void CudaBackend::reset_arena() {
 }
 
 size_t CudaBackend::arena_bytes_reserved() const {
-  size_t n = 0;
+  size_t n = dedicated_bytes_;
   for (const auto& b : blocks_) n += b.size;
   return n;
 }
@@ -517,6 +531,10 @@ void* gdn_state_ptr(const char* op, const Tensor& state, const cuda::GdnArgs& ar
            " for ", args.total_tokens, " tokens in ", args.num_seqs, " samples");
   return state.data;
 }
+// Workspace a GDN call needs: all of it, or without the state part when the caller keeps that.
+size_t gdn_scratch_bytes(const cuda::GdnArgs& args, bool state_kept) {
+  return cuda::gdn_workspace_bytes(args) - (state_kept ? cuda::gdn_state_bytes(args) : 0);
+}
 }  // namespace
 
 void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
@@ -537,7 +555,7 @@ void CudaBackend::gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Ten
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
   void* st = gdn_state_ptr(op, state, args);
-  void* ws = workspace(cuda::gdn_workspace_bytes(args));
+  void* ws = workspace(gdn_scratch_bytes(args, st != nullptr));
   cuda::gdn_forward(o.data, qkv.data, g.ptr<float>(), beta.ptr<float>(), args, ws, stream_, st);
   QT_LAUNCH_CHECK("gdn_forward");
 }
@@ -565,7 +583,7 @@ void CudaBackend::gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const 
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
   const void* st = gdn_state_ptr(op, state, args);
-  void* ws = workspace(cuda::gdn_workspace_bytes(args));
+  void* ws = workspace(gdn_scratch_bytes(args, st != nullptr));
   cuda::gdn_backward(dqkv.data, dg.ptr<float>(), dbeta.ptr<float>(), d_o.data, qkv.data, g.ptr<float>(),
                      beta.ptr<float>(), args, ws, stream_, st);
   QT_LAUNCH_CHECK("gdn_backward");

@@ -4,8 +4,8 @@
 // tensors. Weight-gradient ("acc") outputs may be bf16 or f32.
 //
 // Memory: alloc() bump-allocates zero-filled tensors from a device arena grown in large blocks
-// (QT_CUDA_ARENA_MB, default 1024 MiB per block; never one cudaMalloc per tensor); reset_arena()
-// frees every tensor at once. Scratch for GEMMs (a fixed 32 MiB cuBLASLt workspace), the
+// (QT_CUDA_ARENA_MB, default 1024 MiB per block; one cudaMalloc per tensor only for tensors above a
+// quarter block, which would otherwise strand block tails); reset_arena() frees every tensor at once. Scratch for GEMMs (a fixed 32 MiB cuBLASLt workspace), the
 // cross-entropy chunks, weight-gradient partial sums and the GDN / attention kernels comes from
 // one backend-owned workspace, grown only outside CUDA-graph capture. Every op is enqueued on the
 // backend's stream; copy_to_host and linear_cross_entropy synchronize it (linear_cross_entropy_to
@@ -152,6 +152,8 @@ class CudaBackend final : public Backend {
   };
   std::vector<Block> blocks_;
   std::vector<void*> host_blocks_;  // alloc_host
+  std::vector<void*> dedicated_;    // tensors larger than a quarter block, one cudaMalloc each
+  size_t dedicated_bytes_ = 0;
   size_t block_index_ = 0, block_used_ = 0;
   size_t block_bytes_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
