@@ -320,6 +320,37 @@ TEST_F(OpsTest, RmsNorm) {
   }
 }
 
+// The fused residual add + RMSNorm against the CPU's add then norm; h in place over r as the model
+// uses it, and widths off the fused kernel's fast path (fallback to the two ops).
+TEST_F(OpsTest, AddRmsNorm) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (int64_t H : {int64_t(96), int64_t(7), int64_t(520), int64_t(2048), int64_t(2056)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
+      Pair x = input({T, H}, -3, 3), r = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5);
+      Pair h = output({T, H}), y = output({T, H}), rstd = output({T}, DType::F32);
+      g_->add_rmsnorm_forward(h.gpu, y.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6);
+      c_->add_rmsnorm_forward(h.cpu, y.cpu, rstd.cpu, x.cpu, r.cpu, w.cpu, 1e-6);
+      expect_close("h", h);
+      // The op normalizes h as stored (bf16 on the GPU): the reference norm reads the rounded h.
+      Pair hr = output({T, H});
+      std::vector<float> hv(static_cast<size_t>(T * H));
+      std::memcpy(hv.data(), h.cpu.data, hv.size() * 4);
+      for (float& v : hv) v = round_bf16(v);
+      std::memcpy(hr.cpu.data, hv.data(), hv.size() * 4);
+      c_->rmsnorm_forward(y.cpu, rstd.cpu, hr.cpu, w.cpu, 1e-6);
+      expect_close("y", y);
+      expect_close("rstd", rstd);
+      // In place (h over r) gives the same bits as the separate output.
+      g_->add_rmsnorm_forward(r.gpu, y.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6);
+      std::vector<uint16_t> a(static_cast<size_t>(T * H)), b(a.size());
+      g_->copy_to_host(a.data(), r.gpu);
+      g_->copy_to_host(b.data(), h.gpu);
+      EXPECT_EQ(a, b);
+    }
+  }
+}
+
 TEST_F(OpsTest, GatedRmsNorm) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {

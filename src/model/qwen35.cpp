@@ -491,8 +491,10 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     if (heavy) be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
   }
   const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
-  if (heavy) be_.add(h, x, mix_out);
-  be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
+  if (heavy)  // h = x + mixer (in place over the mixer output), then its norm
+    be_.add_rmsnorm_forward(h, hn, rows(A.rstd_post, T), x, mix_out, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
+  else
+    be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
   const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
   if (heavy) {
     be_.linear_forward(mg, hn, p(ParamRole::MlpGate, l));

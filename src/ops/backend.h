@@ -77,6 +77,13 @@ class Backend {
   // (1+w) RMSNorm over the last dim: y = x * rstd * (1 + w); rstd f32 [rows].
   virtual void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
                                double eps) = 0;
+  // Residual add fused with (1+w) RMSNorm: h = x + r (stored in the activation dtype), then y and
+  // rstd as rmsnorm_forward(y, rstd, h, w, eps). h may alias x or r. The default runs the two ops.
+  virtual void add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x,
+                                   const Tensor& r, const Tensor& w, double eps) {
+    add(h, x, r);
+    rmsnorm_forward(y, rstd, h, w, eps);
+  }
   // dx (= or += per accumulate_dx), dw acc.
   virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                 const Tensor& w, const Tensor& rstd, bool accumulate_dx) = 0;

@@ -99,6 +99,12 @@ void ProfiledBackend::embedding_backward(const Tensor& dtable, const Tensor& dou
   inner_.embedding_backward(dtable, dout, ids);
 }
 
+void ProfiledBackend::add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x,
+                                          const Tensor& r, const Tensor& w, double eps) {
+  OpRange op(prof_, "add_rmsnorm_forward", true);
+  inner_.add_rmsnorm_forward(h, y, rstd, x, r, w, eps);
+}
+
 void ProfiledBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
                                       double eps) {
   OpRange r(prof_, "rmsnorm_forward", true);

@@ -380,6 +380,23 @@ void CudaBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Ten
                                cuda::NormKind::OnePlusW, stream_);
 }
 
+void CudaBackend::add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x,
+                                      const Tensor& r, const Tensor& w, double eps) {
+  const char* op = "add_rmsnorm_forward";
+  const int64_t cols = dim_of(op, "w", w, 0);
+  check_tensor(op, "w", w, BF16, {cols});
+  check_storage(op, "x", x, BF16);
+  const int64_t rows = last_dim_rows(op, x, cols);
+  check_tensor(op, "r", r, BF16, x.shape_vec());
+  check_tensor(op, "h", h, BF16, x.shape_vec());
+  check_tensor(op, "y", y, BF16, x.shape_vec());
+  check_tensor(op, "rstd", rstd, F32, {rows});
+  if (cuda::launch_add_rmsnorm_forward(h.data, y.data, rstd.ptr<float>(), x.data, r.data, w.data, rows, cols,
+                                       float(eps), stream_))
+    return;
+  Backend::add_rmsnorm_forward(h, y, rstd, x, r, w, eps);  // shapes outside the fused kernel
+}
+
 void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                    const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
   const char* op = "rmsnorm_backward";

@@ -50,6 +50,8 @@ class CudaBackend final : public Backend {
   void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) override;
   void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) override;
   void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override;
+  void add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& r,
+                           const Tensor& w, double eps) override;
   void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                         const Tensor& rstd, bool accumulate_dx) override;
   void swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) override;

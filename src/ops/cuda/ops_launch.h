@@ -55,6 +55,10 @@ void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s
 enum class NormKind { OnePlusW, Gated };  // y = x rstd (1 + w)  |  y = w x rstd silu(z)
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
                             int64_t cols, float eps, NormKind kind, cudaStream_t s);
+// h = x + r (bf16), then the (1+w) RMSNorm of h, in one pass; false (nothing launched) when the
+// shape or alignment is outside the fused kernel's fast path (cols % 8, cols <= 2048, 16-byte).
+bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, const void* r, const void* w,
+                                int64_t rows, int64_t cols, float eps, cudaStream_t s);
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols);
 // dx (= or += per accumulate_dx; may be null for OnePlusW), dz (Gated only, overwritten), dw acc (may be null).
 void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, bool dw_f32, const void* dy,

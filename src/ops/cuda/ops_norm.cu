@@ -157,23 +157,12 @@ void rmsnorm_bwd_launch(void* dx, bool accumulate_dx, void* dz, float* partials,
 // block's row range), then the block's warps are summed in warp order into one partial row.
 constexpr int kFastWarps = 4;
 
+// The norm of one row held in registers (lane owns the 16-byte vectors lane + 32 j, zero past the
+// row): rstd and y = x rstd (1 + w) or w x rstd silu(z).
 template <int NV, NormKind KIND>
-__global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_fwd_fast(bf16* __restrict__ y, float* __restrict__ rstd,
-                                                                     const bf16* __restrict__ x,
-                                                                     const bf16* __restrict__ z,
-                                                                     const bf16* __restrict__ w, int64_t rows,
-                                                                     int64_t cols, float eps) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kFastWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
+__device__ __forceinline__ void norm_row_from_regs(const uint4 (&xr)[NV], bf16* y, float* rstd, const bf16* z,
+                                                   const bf16* w, int64_t row, int64_t cols, float eps, int lane) {
   const int64_t cvec = cols / 8;
-  const uint4* xp = reinterpret_cast<const uint4*>(x + row * cols);
-  uint4 xr[NV];
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int64_t i = lane + 32 * j;
-    xr[j] = i < cvec ? xp[i] : make_uint4(0u, 0u, 0u, 0u);
-  }
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
@@ -204,6 +193,59 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_fwd_fast(bf16* __rest
     }
     yp[i] = dev::pack8(out);
   }
+}
+
+template <int NV, NormKind KIND>
+__global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_fwd_fast(bf16* __restrict__ y, float* __restrict__ rstd,
+                                                                     const bf16* __restrict__ x,
+                                                                     const bf16* __restrict__ z,
+                                                                     const bf16* __restrict__ w, int64_t rows,
+                                                                     int64_t cols, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kFastWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t cvec = cols / 8;
+  const uint4* xp = reinterpret_cast<const uint4*>(x + row * cols);
+  uint4 xr[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = lane + 32 * j;
+    xr[j] = i < cvec ? xp[i] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  norm_row_from_regs<NV, KIND>(xr, y, rstd, z, w, row, cols, eps, lane);
+}
+
+// Residual add + (1+w) RMSNorm, fast-path layout: h = bf16(x + r) is formed in registers, stored,
+// and normalized from its rounded values in rmsnorm_fwd_fast's summation order, so y and rstd
+// equal the unfused add + rmsnorm bit for bit. No __restrict__: h may alias x or r (each lane
+// reads its x/r vectors before it writes the same h vectors).
+template <int NV>
+__global__ void __launch_bounds__(kFastWarps * 32) add_rmsnorm_fwd_fast(bf16* h, bf16* y, float* rstd, const bf16* x,
+                                                                         const bf16* r, const bf16* w, int64_t rows,
+                                                                         int64_t cols, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kFastWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t cvec = cols / 8;
+  const uint4* xp = reinterpret_cast<const uint4*>(x + row * cols);
+  const uint4* rp = reinterpret_cast<const uint4*>(r + row * cols);
+  uint4* hp = reinterpret_cast<uint4*>(h + row * cols);
+  uint4 hr[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = lane + 32 * j;
+    hr[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (i < cvec) {
+      float a[8], b[8];
+      dev::unpack8(a, xp[i]);
+      dev::unpack8(b, rp[i]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) a[k] += b[k];
+      hr[j] = dev::pack8(a);
+      hp[i] = hr[j];
+    }
+  }
+  norm_row_from_regs<NV, NormKind::OnePlusW>(hr, y, rstd, nullptr, w, row, cols, eps, lane);
 }
 
 // smem (only with partials): kFastWarps x NV x 256 floats, each warp's dw partials (layout below).
@@ -381,6 +423,28 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
     else rmsnorm_fwd_kernel<1, NormKind::Gated><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
   }
   QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_forward" : "gated_rmsnorm_forward");
+}
+
+bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, const void* r, const void* w,
+                                int64_t rows, int64_t cols, float eps, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return true;
+  const bool vec = cols % 8 == 0 && aligned16(h) && aligned16(y) && aligned16(x) && aligned16(r) && aligned16(w);
+  const int nv = vec ? fast_nv(cols) : 0;
+  if (nv == 0) return false;
+  const unsigned grid = static_cast<unsigned>(ceil_div(rows, kFastWarps));
+  auto* hb = static_cast<bf16*>(h);
+  auto* yb = static_cast<bf16*>(y);
+  const auto* xb = static_cast<const bf16*>(x);
+  const auto* rb = static_cast<const bf16*>(r);
+  const auto* wb = static_cast<const bf16*>(w);
+  switch (nv) {
+    case 1: add_rmsnorm_fwd_fast<1><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
+    case 2: add_rmsnorm_fwd_fast<2><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
+    case 4: add_rmsnorm_fwd_fast<4><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
+    default: add_rmsnorm_fwd_fast<8><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
+  }
+  QT_LAUNCH_CHECK("add_rmsnorm_forward");
+  return true;
 }
 
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols) {
