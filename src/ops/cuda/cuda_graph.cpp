@@ -32,6 +32,8 @@ void StepGraph::capture(cudaStream_t stream, const std::function<void()>& enqueu
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
   QT_CHECK(graph_ != nullptr, "CUDA graph capture produced no graph");
   CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  // Upload the executable graph to the device now rather than inside the first replay.
+  CUDA_CHECK(cudaGraphUpload(exec_, stream));
   size_t n = 0;
   CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
