@@ -36,16 +36,14 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using gdn_mma::for_tiles;
-using gdn_mma::for_tiles2;
 using gdn_mma::for_tiles_m2;
+using gdn_mma::for_tiles_rc;
 using gdn_mma::mma_acc;
 using gdn_mma::mma_acc_m;
 
 constexpr int kC = 64;         // chunk rows
 constexpr int kLdC = kC + 2;   // padded stride of C x C tiles (2-way bank conflicts at worst)
 constexpr int kThreads = 256;  // per block, every kernel but the chunk table
-constexpr int kParts = kThreads / kC;  // 4 column groups in the row-thread mapping
-constexpr int kBwdThreads = 2 * kThreads;  // gdn_bwd_chunk_kernel: 16 warps (1 CTA per SM by smem)
 constexpr float kL2Eps = 1e-6f;
 
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
@@ -143,19 +141,6 @@ __device__ void load_gates(float* gs, float* bs, const float* g, const float* be
     bs[i0] = i0 < len ? beta[static_cast<size_t>(bos + i0) * Hv + head] : 0.f;
     bs[i1] = i1 < len ? beta[static_cast<size_t>(bos + i1) * Hv + head] : 0.f;
   }
-}
-
-// As[i][j] = b_i (k_i . k_j) exp(G_i - G_j) for j < i, else 0. Lanes walk i (conflict-free
-// with the padded stride; k_j is a broadcast).
-__device__ void build_a(float* As, const float* Ks, int ldk, int K, const float* gs, const float* bs, bool split) {
-  for_tiles<2>(
-      kC, kC,
-      [&](auto& acc, int m0, int n0) {
-        if (n0 > m0 + 15) return;  // strictly above the diagonal
-        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Ks[i * ldk + d]; },
-                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
-      },
-      [&](int i, int j, float v) { As[i * kLdC + j] = j < i ? bs[i] * v * expf(gs[i] - gs[j]) : 0.f; });
 }
 
 // Ts = (I + As)^-1 (unit lower triangular) by forward substitution, by threads 0 .. 4 kC - 1: the
@@ -688,63 +673,93 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
 }
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
+// 256 threads, 2 CTAs per SM: the kernel runs in two phases whose tiles share five smem regions.
+//   state phase (P1-P3: dP, Y, dq^, dk^ state part, xi): raw q, k, dO (bf16), D (fp32), Y;
+//   WY phase (A, T, P4-P11): raw k, dD (fp32), raw v, then a K/2-column piece of dW (fp32), T, dT.
+// q, k, dO, v are staged as their bf16 values (exact in TF32: a product with one of them costs 2 mma
+// under the split, q k^T and k k^T 1) with the L2 scales rs applied per row in the epilogues or
+// folded into the other operand; dW is produced and consumed in column pieces (P4, P5's k part and
+// P10's T^T dW part per piece); the row dot products (dG, dbeta, xi) and the dP . P / F row and
+// column sums are reduced in registers (for_tiles / for_tiles_m2 with a float-returning epilogue,
+// for_tiles_rc) into per-tile partials, summed in a fixed order, so the result stays deterministic. 109 KB at K = V = 128 (the fp32 layout with
+// scratch tiles for the reductions took 218 KB: 1 CTA per SM).
+__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int bwd_piece(int K) { return (K / 2 + 15) / 16 * 16; }  // dW columns per piece
+__host__ __device__ constexpr int bwd_r1(int K) { return imax(kC * raw_ld(K) / 2, kC * kLdC); }   // q; A, dT, Mx
+__host__ __device__ constexpr int bwd_r2(int K) { return kC * raw_ld(K) / 2; }                    // k
+__host__ __device__ constexpr int bwd_r3(int K, int V) {                                         // dO; v; dW piece
+  return imax(kC * raw_ld(V) / 2, kC * (bwd_piece(K) + 2));
+}
+__host__ __device__ constexpr int bwd_r4(int V) { return imax(kC * (V + 2), kC * kLdC); }  // D; dD; X1
 int bwd_chunk_smem_floats(int K, int V) {
-  return 3 * kC * (K + 2) + 2 * kC * (V + 2) + 3 * kC * kLdC + 4 * kC + 3 * kParts * kC + kBwdThreads;
+  const int slots = imax(K, V) / 16;
+  return bwd_r1(K) + bwd_r2(K) + bwd_r3(K, V) + bwd_r4(V) + kC * kLdC + 6 * kC + 8 * kC + 2 * slots * kC + 3 * kC +
+         kThreads;
 }
 
-// dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta.
-// kBwdThreads threads: the products spread over all 16 warps; the row-thread reductions use the
-// first kThreads (tid < kThreads), the solve the first 4 kC. kMT: row tiles per warp tile in the
-// products with S0 / dS_end (read from global): each B fragment feeds kMT mma row tiles, so a block
-// reads S0 kC / (16 kMT) times per product instead of 4 times (kMT = 1 is the 2c layout).
-// kBU: k-loop unroll of those products (loads of B in flight per warp).
+// dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
+// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_row_scale_kernel). kMT: row tiles per warp tile in the
+// products with S0 / dS_end (read from global): each B fragment feeds kMT mma row tiles. kBU: k-loop
+// unroll of those products.
 template <int kMT, int kBU>
-__global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
+__global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
-    const float* qn, const float* kn, const bf16* qkv, const float* g, const float* beta, const float* UD,
-    const float* dD, const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim,
-    bool split) {
+    const float* rs, const bf16* qkv, const float* g, const float* beta, const float* UD, const float* dD,
+    const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim, bool split) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Qs = cv.take(kC * (K + 2));
-  float* Ks = cv.take(kC * (K + 2));
-  float* dWs = cv.take(kC * (K + 2));
-  float* dOs = cv.take(kC * (V + 2));  // dO, later v (from P4 on)
-  float* Xs = cv.take(kC * (V + 2));   // D, later dD
-  constexpr int kNT = kMT >= 4 ? 1 : 2;
-  float* B0 = cv.take(kC * kLdC);     // A, then dP . P, dT, Mx
-  float* B1 = cv.take(kC * kLdC);     // T
-  float* B2 = cv.take(kC * kLdC);     // Y = dP . Gam, then X1 = dT T^T, then F = Mx . K K^T
+  const int ldr = raw_ld(K), ldo = raw_ld(V), ldv = V + 2, kw = bwd_piece(K), ldw = kw + 2;
+  float* R1 = cv.take(bwd_r1(K));
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(bwd_r2(K)));
+  float* R3 = cv.take(bwd_r3(K, V));
+  float* Xs = cv.take(bwd_r4(V));     // D (state phase), dD, then X1 = dT T^T (stride kLdC)
+  float* Ts = cv.take(kC * kLdC);     // Y = dP . Gam (state phase), then T
+  bf16* Qb = reinterpret_cast<bf16*>(R1);  // raw q; then A, dT, Mx as fp32 C x C tiles (Cs)
+  float* Cs = R1;
+  bf16* Ob = reinterpret_cast<bf16*>(R3);  // dO; then raw v; then a dW piece (dWp, stride ldw)
+  float* dWp = R3;
+  float* Ys = Ts;
+  float* X1 = Xs;
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
   float* eg = cv.take(kC);
   float* ekl = cv.take(kC);
-  float* dGp = cv.take(kParts * kC);  // partial dG per (part, row)
-  float* dbp = cv.take(kParts * kC);  // partial dbeta
-  float* xip = cv.take(kParts * kC);  // partial xi = k_i . (state part of dk_i)
-  float* red = cv.take(kBwdThreads);
-  const int ldk = K + 2, ldv = V + 2;
-  const int tid = threadIdx.x, ri = tid & (kC - 1), part = tid >> 6;
-  const size_t qk_ld = static_cast<size_t>(Hk) * K, vh_ld = static_cast<size_t>(Hv) * V;
+  float* rq = cv.take(kC);
+  float* rk = cv.take(kC);
+  const int slots = imax(K, V) / 16;
+  float* rowA = cv.take(4 * kC);  // C x C row sums per column tile (dP . P, then F)
+  float* colA = cv.take(4 * kC);  // C x C column sums per row tile
+  float* rowB = cv.take(slots * kC);  // q . (e^G S0 dO), then v . (T^T dD)
+  float* rowC = cv.take(slots * kC);  // k . (state part of dk), then k . (T^T dW)
+  float* dGa = cv.take(kC);
+  float* xia = cv.take(kC);
+  float* sva = cv.take(kC);
+  float* red = cv.take(kThreads);
+  const int tid = threadIdx.x;
+  const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * V;
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
   const float* dSe = dh + (static_cast<size_t>(c) * Hv + head) * K * V;
+  const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
+  float* dkrow = dkn + (static_cast<size_t>(bos) * Hv + head) * K;  // row i at dkrow + i * Hv * K
+  const size_t dk_ld = static_cast<size_t>(Hv) * K;
 
-  // The fp32 tiles stream in by cp.async while dO (bf16 -> fp32) and the gates load: one memory
-  // latency for the whole prologue instead of one per tile.
-  async_rows8(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, qk_ld, len, K);
-  async_rows8(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, qk_ld, len, K);
+  // Prologue: every tile by cp.async, one wait.
+  async_rows(Qb, ldr, xrow + static_cast<size_t>(kh) * K, x_ld, len, K);
+  async_rows(Kb, ldr, xrow + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
+  async_rows(Ob, ldo, d_o + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   async_rows8(Xs, ldv, UD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   cp_async_commit();
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
-  load_rows(dOs, ldv, d_o + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V, One{});
-  if (tid < kThreads) {
-    dGp[tid] = 0.f;
-    dbp[tid] = 0.f;
-    xip[tid] = 0.f;
+  if (tid < kC) {
+    const float2 r = tid < len ? reinterpret_cast<const float2*>(rs)[static_cast<size_t>(bos + tid) * Hk + kh]
+                               : make_float2(0.f, 0.f);
+    rq[tid] = r.x;
+    rk[tid] = r.y;
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -753,97 +768,100 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     eg[tid] = expf(gs[tid]);
     ekl[tid] = expf(gl - gs[tid]);
   }
-  build_a(B0, Ks, ldk, K, gs, bs, split);
-  __syncthreads();
-  if (tid < 4 * kC) solve_unit_lower(B1, B0);  // whole warps
   __syncthreads();
 
-  // P1: Y = dP . Gam and dP . P (masked j <= i), dP_ij = dO_i . D_j.
-  // Two passes over the same tile map (each element stays on one thread): QK^T into B0, then dP.
-  for_tiles<2>(
+  // P1: Y = dP . Gam (masked j <= i), dP_ij = dO_i . D_j; the row and column sums of
+  // dP . P = Y . (q^ k^T) for dG go to rowA / colA (q k^T of the raw rows: exact products, 1 mma).
+  // The diagonal is left out of both: it cancels exactly in rowsum - colsum, and summed into two
+  // different partials its O(1) value would leave a rounding residue far above dg when the gates
+  // are strongly negative (every other term carries a factor e^{G_i - G_j} there).
+  for_tiles_rc<2>(
       kC, kC,
-      [&](auto& acc, int m0, int n0) {
+      [&](auto& a1, auto& a2, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Qs[i * ldk + d]; },
-                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+        mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, [&](int i, int d) { return to_f(Qb[i * ldr + d]); },
+                                  [&](int d, int j) { return to_f(Kb[j * ldr + d]); }, false);
+        mma_acc<2, 4, true>(a2, m0, n0, 0, V, [&](int i, int e) { return to_f(Ob[i * ldo + e]); },
+                            [&](int e, int j) { return Xs[j * ldv + e]; }, split);
       },
-      [&](int i, int j, float v) { B0[i * kLdC + j] = v; });
-  for_tiles<2>(
-      kC, kC,
-      [&](auto& acc, int m0, int n0) {
-        if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, V, [&](int i, int e) { return dOs[i * ldv + e]; },
-                [&](int e, int j) { return Xs[j * ldv + e]; }, split);
+      [&](int i, int j, float qk, float dp, float& rc, float& cc) {
+        const float y = j <= i ? dp * expf(gs[i] - gs[j]) : 0.f;
+        Ys[i * kLdC + j] = y;
+        rc = cc = j < i ? y * qk * rq[i] * rk[j] : 0.f;
       },
-      [&](int i, int j, float v) {
-        const float y = j <= i ? v * expf(gs[i] - gs[j]) : 0.f;
-        B2[i * kLdC + j] = y;
-        B0[i * kLdC + j] = y * B0[i * kLdC + j];
-      });
+      rowA, colA);
   __syncthreads();
-  if (tid < kC) {  // dG += rowsum(dP . P) - colsum(dP . P)
-    float r = 0.f;
-    for (int j = 0; j < kC; ++j) r += B0[tid * kLdC + j] - B0[j * kLdC + tid];
-    dGp[tid] += r;
-  }
 
-  // P2: dq^_i = e^{G_i} S0 dO_i + sum_j Y_ij k_j;  dG_i += q_i . (e^{G_i} S0 dO_i).
-  // P3: dk^ partial = e^{G_L - G_i} (D dS_end^T)_i + sum_l Y_li q_l; xi_i = k_i . state part.
-  // The row dot products go through dWs (free until P4) as elementwise products, then are summed
-  // per (part, row) in a fixed order, so the result stays deterministic.
-  for_tiles_m2<kMT, kNT>(
+  // P2: dq^_i = e^{G_i} S0 dO_i + sum_j Y_ij k^_j;  dG_i += q^_i . (e^{G_i} S0 dO_i).
+  for_tiles_m2<kMT, 2>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc_m<kMT, kNT, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return eg[i] * dOs[i * ldv + e]; },
-                               [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+        mma_acc_m<kMT, 2, kBU, true>(a1, m0, n0, 0, V, [&](int i, int e) { return to_f(Ob[i * ldo + e]); },
+                                     [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
-          mma_acc(a2[mt], m, n0, 0, m + 16, [&](int i, int j) { return B2[i * kLdC + j]; },
-                  [&](int j, int d) { return Ks[j * ldk + d]; }, split);
+          mma_acc<2, 4, false, true>(a2[mt], m, n0, 0, m + 16, [&](int i, int j) { return Ys[i * kLdC + j] * rk[j]; },
+                                     [&](int j, int d) { return to_f(Kb[j * ldr + d]); }, split);
         }
       },
-      [&](int i, int d, float a, float yk) {
+      [&](int i, int d, float sd, float yk) {
+        const float a = eg[i] * sd;
         if (i < len) dqn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = a + yk;
-        dWs[i * ldk + d] = Qs[i * ldk + d] * a;
-      });
+        return to_f(Qb[i * ldr + d]) * a;
+      },
+      rowB);
   __syncthreads();
-  if (tid < kThreads) {
-    float r = 0.f;
-    for (int d = part; d < K; d += kParts) r += dWs[ri * ldk + d];
-    dGp[tid] += r;
+  if (tid < kC) {  // fold P1 and P2 (rowA / colA / rowB are next written after many barriers)
+    float s = 0.f, qa = 0.f;
+    for (int p = 0; p < 4; ++p) s += rowA[p * kC + tid] - colA[p * kC + tid];
+    for (int p = 0; p < K / 16; ++p) qa += rowB[p * kC + tid];
+    dGa[tid] = s + rq[tid] * qa;
   }
-  __syncthreads();
-  for_tiles_m2<kMT, kNT>(
+
+  // P3: dk^ state part = e^{G_L - G_i} (D dS_end^T)_i + sum_{l >= i} Y_li q^_l; xi_i = k^_i . (first term).
+  for_tiles_m2<kMT, 2>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc_m<kMT, kNT, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return ekl[i] * Xs[i * ldv + e]; },
+        mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
                                [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; }, split);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
-          mma_acc(a2[mt], m, n0, m, kC, [&](int i, int l) { return B2[l * kLdC + i]; },
-                  [&](int l, int d) { return Qs[l * ldk + d]; }, split);
+          mma_acc<2, 4, false, true>(a2[mt], m, n0, m, kC, [&](int i, int l) { return Ys[l * kLdC + i] * rq[l]; },
+                                     [&](int l, int d) { return to_f(Qb[l * ldr + d]); }, split);
         }
       },
-      [&](int i, int d, float z, float yq) {
-        if (i < len) dkn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = z + yq;
-        dWs[i * ldk + d] = Ks[i * ldk + d] * z;
-      });
+      [&](int i, int d, float ds, float yq) {
+        const float z = ekl[i] * ds;
+        if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d] = z + yq;
+        return to_f(Kb[i * ldr + d]) * z;
+      },
+      rowC);
   __syncthreads();
-  // dD (cp.async) and v (into dOs, free since P2; P5 and P11 read it from smem instead of 2-byte
-  // global gathers) load during the xi sums and <S0, dS_end>.
+
+  // WY phase. q, dO, D, Y are dead: dD (into Xs) and raw v (into R3) stream in by cp.async while
+  // A is built (into R1), P3 is folded and <S0, dS_end> summed.
   async_rows8(Xs, ldv, dD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Ob, ldo, xrow + 2 * static_cast<size_t>(Hk) * K + static_cast<size_t>(head) * V, x_ld, len, V);
   cp_async_commit();
-  const bf16* vbase = qkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
-  load_rows(dOs, ldv, vbase, static_cast<size_t>(conv_dim), len, V, One{});
-  if (tid < kThreads) {
-    float r = 0.f;
-    for (int d = part; d < K; d += kParts) r += dWs[ri * ldk + d];
-    xip[tid] += r;
+  if (tid < kC) {
+    float x = 0.f;
+    for (int p = 0; p < K / 16; ++p) x += rowC[p * kC + tid];
+    xia[tid] = rk[tid] * x;
   }
-  // <S0, dS_end> for the G_L term.
-  {
+  // A_ij = b_i rs_i rs_j (k_i . k_j) e^{G_i - G_j} for j < i (as gdn_prep_kernel).
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc<2, 4, true, true>(acc, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldr + d]); },
+                                  [&](int d, int j) { return to_f(Kb[j * ldr + d]); }, false);
+      },
+      [&](int i, int j, float v) {
+        Cs[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
+      });
+  {  // <S0, dS_end> for the G_L term.
     const float4* s4 = reinterpret_cast<const float4*>(S0);
     const float4* d4 = reinterpret_cast<const float4*>(dSe);
     const int n4 = K * V / 4;
@@ -861,131 +879,150 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     }
     red[tid] = acc;
   }
+  __syncthreads();
+  solve_unit_lower(Ts, Cs);  // 4 kC == kThreads: whole warps
   cp_async_wait<0>();
   __syncthreads();
 
-  // P4: dW = -dD S0^T (second accumulator unused).
-  for_tiles_m2<kMT, kNT>(
-      kC, K,
-      [&](auto& a1, auto&, int m0, int n0) {
-        mma_acc_m<kMT, kNT, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
-                               [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
-      },
-      [&](int i, int d, float v, float) { dWs[i * ldk + d] = -v; });
-  __syncthreads();
-  // P5: dT_ml = b_l (dD_m . v_l + e^{G_l} dW_m . k_l), strictly lower only (all that dA needs).
+  // (T^T X) for the kC x N tile X (B operand fx), epi with row dots into rowp (P11, P10's first term).
+  auto tt_product = [&](int N, auto fx, auto epi, float* rowp) {
+    for_tiles<2>(
+        kC, N,
+        [&](auto& acc, int m0, int n0) {
+          mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return Ts[l * kLdC + i]; }, fx, split);
+        },
+        epi, rowp);
+  };
+  // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i (rowB).
+  // P5 (v part): dT_ml = b_l dD_m . v_l, strictly lower only (all that dA needs), into R1 (A is dead).
   {
+    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
+    tt_product(
+        V, [&](int l, int e) { return Xs[l * ldv + e]; },
+        [&](int i, int e, float r) {
+          if (i < len) dvbase[static_cast<size_t>(i) * conv_dim + e] = __float2bfloat16(bs[i] * r);
+          return to_f(Ob[i * ldo + e]) * r;
+        },
+        rowB);
+  }
+  for_tiles<2>(
+      kC, kC,
+      [&](auto& acc, int m0, int n0) {
+        if (n0 > m0 + 15) return;
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, V, [&](int m, int e) { return Xs[m * ldv + e]; },
+                                   [&](int e, int l) { return to_f(Ob[l * ldo + e]); }, split);
+      },
+      [&](int m, int l, float v) { Cs[m * kLdC + l] = (l < m && l < len) ? bs[l] * v : 0.f; });
+  __syncthreads();
+  if (tid < kC) {
+    float s = 0.f;
+    for (int p = 0; p < V / 16; ++p) s += rowB[p * kC + tid];
+    sva[tid] = s;
+  }
+
+  // dW = -dD S0^T in column pieces [d0, d0 + w) (into R3: v is dead). Per piece:
+  // P4: the piece of dW; P5 (k part): dT_ml += b_l e^{G_l} dW_m . k^_l (l < m, l < len);
+  // P10 (first term): dk^_i += b_i e^{G_i} (T^T dW)_i, s2_i = k^_i . (T^T dW)_i (rowC slots of the piece).
+  for (int d0 = 0; d0 < K; d0 += kw) {
+    const int w = imin(kw, K - d0);
+    for_tiles_m2<kMT, 2>(
+        kC, w,
+        [&](auto& a1, auto&, int m0, int n0) {
+          mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
+                                 [&](int e, int d) { return S0[static_cast<size_t>(d0 + d) * V + e]; }, split);
+        },
+        [&](int i, int d, float v, float) { dWp[i * ldw + d] = -v; });
+    __syncthreads();
     for_tiles<2>(
         kC, kC,
         [&](auto& acc, int m0, int n0) {
           if (n0 > m0 + 15) return;
-          mma_acc(acc, m0, n0, 0, V, [&](int m, int e) { return Xs[m * ldv + e]; },
-                  [&](int e, int l) { return dOs[l * ldv + e]; }, split);
-          mma_acc(acc, m0, n0, 0, K, [&](int m, int d) { return dWs[m * ldk + d]; },
-                  [&](int d, int l) { return eg[l] * Ks[l * ldk + d]; }, split);
+          mma_acc<2, 4, false, true>(acc, m0, n0, 0, w, [&](int m, int d) { return dWp[m * ldw + d]; },
+                                     [&](int d, int l) { return to_f(Kb[l * ldr + d0 + d]); }, split);
         },
-        [&](int m, int l, float v) { B0[m * kLdC + l] = (l < m && l < len) ? bs[l] * v : 0.f; });
+        [&](int m, int l, float v) {
+          if (l < m && l < len) Cs[m * kLdC + l] += bs[l] * eg[l] * rk[l] * v;
+        });
+    tt_product(
+        w, [&](int l, int d) { return dWp[l * ldw + d]; },
+        [&](int i, int d, float r) {
+          if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d0 + d] += bs[i] * eg[i] * r;
+          return to_f(Kb[i * ldr + d0 + d]) * r;
+        },
+        rowC + (d0 / 16) * kC);
+    __syncthreads();  // dWp free for the next piece; dT complete after the last
   }
-  __syncthreads();
-  // P6: X1 = dT T^T.
+
+  // P6: X1 = dT T^T (into Xs: dD is dead).
   for_tiles<2>(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         // dT is strictly lower (l < m), T^T upper (l <= j): l < min(m0 + 16, n0 + 16).
-        mma_acc(acc, m0, n0, 0, min(m0, n0) + 16, [&](int m, int l) { return B0[m * kLdC + l]; },
-                [&](int l, int j) { return B1[j * kLdC + l]; }, split);
+        mma_acc(acc, m0, n0, 0, imin(m0, n0) + 16, [&](int m, int l) { return Cs[m * kLdC + l]; },
+                [&](int l, int j) { return Ts[j * kLdC + l]; }, split);
       },
-      [&](int m, int j, float v) { B2[m * kLdC + j] = v; });
+      [&](int m, int j, float v) { X1[m * kLdC + j] = v; });
   __syncthreads();
-  // P7: Mx_ij = -(T^T X1)_ij Gam_ij for j < i.
+  // P7: Mx_ij = -(T^T X1)_ij Gam_ij for j < i (into R1: dT is dead).
   for_tiles<2>(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, m0, kC, [&](int i, int m) { return B1[m * kLdC + i]; },
-                [&](int m, int j) { return B2[m * kLdC + j]; }, split);
+        mma_acc(acc, m0, n0, m0, kC, [&](int i, int m) { return Ts[m * kLdC + i]; },
+                [&](int m, int j) { return X1[m * kLdC + j]; }, split);
       },
-      [&](int i, int j, float v) { B0[i * kLdC + j] = j < i ? -v * expf(gs[i] - gs[j]) : 0.f; });
+      [&](int i, int j, float v) { Cs[i * kLdC + j] = j < i ? -v * expf(gs[i] - gs[j]) : 0.f; });
   __syncthreads();
-  // P8: F = Mx . (K K^T).
-  for_tiles<2>(
+  // P8/P9: F = Mx . (K^ K^T): rowA = row sums (dbeta_i += rowsum_i, dG_i += b_i rowsum_i),
+  // colA = sum_l b_l F_lj (dG_j -= it).
+  for_tiles_rc<2>(
       kC, kC,
-      [&](auto& acc, int m0, int n0) {
+      [&](auto& a1, auto&, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Ks[i * ldk + d]; },
-                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+        mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldr + d]); },
+                                  [&](int d, int j) { return to_f(Kb[j * ldr + d]); }, false);
       },
-      [&](int i, int j, float v) { B2[i * kLdC + j] = B0[i * kLdC + j] * v; });
-  __syncthreads();
-  // P9: dbeta_i += rowsum(F)_i; dG_i += b_i rowsum(F)_i - sum_l b_l F_li.
-  if (tid < kC) {
-    float r = 0.f, col = 0.f;
-    for (int j = 0; j < kC; ++j) {
-      r += B2[tid * kLdC + j];
-      col += bs[j] * B2[j * kLdC + tid];
-    }
-    dbp[tid] += r;
-    dGp[tid] += bs[tid] * r - col;
-  }
-  // P10: dk^ += b_i e^{G_i} (T^T dW)_i + b_i sum_j Mx_ij k_j + sum_l Mx_li b_l k_l;
-  // s2_i = k_i . (T^T dW)_i via elementwise products in Qs (free since P3).
-  for_tiles2<2>(
+      [&](int i, int j, float kk, float, float& rc, float& cc) {
+        const float f = Cs[i * kLdC + j] * rk[i] * rk[j] * kk;
+        rc = f;
+        cc = bs[i] * f;
+      },
+      rowA, colA);
+  // P10 (rest): dk^_i += b_i sum_j Mx_ij k^_j + sum_l Mx_li b_l k^_l.
+  for_tiles<2>(
       kC, K,
-      [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc(a1, m0, n0, m0, kC, [&](int i, int l) { return B1[l * kLdC + i]; },
-                [&](int l, int d) { return dWs[l * ldk + d]; }, split);
-        mma_acc(a2, m0, n0, 0, m0 + 16, [&](int i, int j) { return bs[i] * B0[i * kLdC + j]; },
-                [&](int j, int d) { return Ks[j * ldk + d]; }, split);
-        mma_acc(a2, m0, n0, m0, kC, [&](int i, int l) { return B0[l * kLdC + i]; },
-                [&](int l, int d) { return bs[l] * Ks[l * ldk + d]; }, split);
+      [&](auto& acc, int m0, int n0) {
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
+                                   [&](int i, int j) { return bs[i] * Cs[i * kLdC + j] * rk[j]; },
+                                   [&](int j, int d) { return to_f(Kb[j * ldr + d]); }, split);
+        mma_acc<2, 4, false, true>(acc, m0, n0, m0, kC, [&](int i, int l) { return Cs[l * kLdC + i] * bs[l] * rk[l]; },
+                                   [&](int l, int d) { return to_f(Kb[l * ldr + d]); }, split);
       },
-      [&](int i, int d, float r, float m) {
-        if (i < len) dkn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] += bs[i] * eg[i] * r + m;
-        Qs[i * ldk + d] = Ks[i * ldk + d] * r;
+      [&](int i, int d, float m) {
+        if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d] += m;
       });
-  // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i (v_i from dOs, each element replaced
-  // by its product by the thread that owns it).
-  {
-    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
-    for_tiles<2>(
-        kC, V,
-        [&](auto& acc, int m0, int n0) {
-          mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return B1[l * kLdC + i]; },
-                  [&](int l, int e) { return Xs[l * ldv + e]; }, split);
-        },
-        [&](int i, int e, float r) {
-          if (i < len) dvbase[static_cast<size_t>(i) * conv_dim + e] = __float2bfloat16(bs[i] * r);
-          dOs[i * ldv + e] *= r;  // v is zero past len
-        });
-  }
   __syncthreads();
-  if (tid < kThreads) {
-    float s2 = 0.f, sv = 0.f;
-    for (int d = part; d < K; d += kParts) s2 += Qs[ri * ldk + d];
-    for (int e = part; e < V; e += kParts) sv += dOs[ri * ldv + e];
-    dbp[tid] += eg[ri] * s2 + sv;
-    dGp[tid] += bs[ri] * eg[ri] * s2;
-  }
-  __syncthreads();
-  // Combine partials (fixed order), add the G_L terms to row C-1, reverse cumsum -> dg.
+  // Combine (fixed order), add the G_L terms to row C-1, reverse cumsum -> dg.
   if (tid < kC) {
-    float gsum = 0.f, bsum = 0.f;
-    for (int p = 0; p < kParts; ++p) {
-      gsum += dGp[p * kC + tid] - xip[p * kC + tid];
-      bsum += dbp[p * kC + tid];
+    float rf = 0.f, cf = 0.f, s2 = 0.f;
+    for (int p = 0; p < 4; ++p) {
+      rf += rowA[p * kC + tid];
+      cf += colA[p * kC + tid];
     }
-    dGp[tid] = gsum;
-    dbp[tid] = bsum;
+    for (int p = 0; p < K / 16; ++p) s2 += rowC[p * kC + tid];
+    s2 *= rk[tid];
+    const float b = bs[tid], e = eg[tid];
+    dGa[tid] = dGa[tid] - xia[tid] + b * rf - cf + b * e * s2;
+    sva[tid] = rf + e * s2 + sva[tid];  // dbeta
   }
   __syncthreads();
   if (tid < 32) {  // warp 0: the G_L sums, then the reverse cumsum (lane l: rows 63-2l, 62-2l)
-    float xs = 0.f, sd = 0.f;
-    for (int q = 0; q < kThreads / 32; ++q) xs += xip[q * 32 + tid];
-    for (int q = 0; q < kBwdThreads / 32; ++q) sd += red[q * 32 + tid];
+    float xs = xia[tid] + xia[tid + 32], sd = 0.f;
+    for (int q = 0; q < kThreads / 32; ++q) sd += red[q * 32 + tid];
     xs = warp_sum(xs);
     sd = warp_sum(sd);
     const int r0 = kC - 1 - 2 * tid, r1 = r0 - 1;
-    const float a = dGp[r0] + (tid == 0 ? xs + egl * sd : 0.f), b = dGp[r1];
+    const float a = dGa[r0] + (tid == 0 ? xs + egl * sd : 0.f), b = dGa[r1];
     float incl = a + b;
     for (int o = 1; o < 32; o <<= 1) {
       const float v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -993,13 +1030,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(
     }
     const float excl = incl - (a + b);
     __syncwarp();
-    dGp[r0] = excl + a;
-    dGp[r1] = incl;
+    dGa[r0] = excl + a;
+    dGa[r1] = incl;
   }
   __syncthreads();
   if (tid < len) {
-    dg[static_cast<size_t>(bos + tid) * Hv + head] = dGp[tid];
-    dbeta[static_cast<size_t>(bos + tid) * Hv + head] = dbp[tid];
+    dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
+    dbeta[static_cast<size_t>(bos + tid) * Hv + head] = sva[tid];
   }
 }
 
@@ -1042,7 +1079,7 @@ struct Workspace {
   int4* table;
   int* nchunks;
   int* seq_off;
-  float *qn, *kn, *Gc, *W, *UD, *h, *dD, *dh, *dqn, *dkn;
+  float *qn, *kn, *Gc, *W, *UD, *h, *dD, *dh, *dqn, *dkn, *rs;
   int nc_max;
 };
 
@@ -1086,6 +1123,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
+  ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // backward row scales
   if (w) *w = ws;
   return {state_bytes, off};
 }
@@ -1118,13 +1156,13 @@ int column_block(int V, const char* env) {
   return bv;
 }
 
-// Row tiles per warp tile in bwd_chunk's S0 / dS_end products (1, 2 or 4; the kC x K outputs need
-// kC % (16 mt) == 0, true for all three); QT_GDN_BWD_MT overrides the default for tuning runs.
+// Row tiles per warp tile in bwd_chunk's S0 / dS_end products (1 or 2; 4 was slower in step 3 and
+// its 8-column tiles would need twice the row-dot partial slots); QT_GDN_BWD_MT overrides the default.
 int bwd_row_tiles() {
   int mt = 2;
   if (const char* e = std::getenv("QT_GDN_BWD_MT")) {
     const int want = std::atoi(e);
-    if (want == 1 || want == 2 || want == 4) mt = want;
+    if (want == 1 || want == 2) mt = want;
   }
   return mt;
 }
@@ -1276,8 +1314,8 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   QT_LAUNCH_CHECK("gdn_dlocal_kernel");
   stage_end("gdn_dlocal_kernel", stream);
 
-  // Row scales of q, k for the reverse scan, in dqn's space (written by bwd_chunk only after it).
-  float* rs = w.dqn;
+  // Row scales of q, k for the reverse scan and bwd_chunk (own scratch buffer: bwd_chunk writes dqn).
+  float* rs = w.rs;
   stage_begin(stream);
   gdn_row_scale_kernel<<<(T * Hk * 2 + 7) / 8, kThreads, 0, stream>>>(rs, x, T, Hk, K, conv_dim);
   QT_LAUNCH_CHECK("gdn_row_scale_kernel");
@@ -1294,14 +1332,13 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
   const int mt = bwd_row_tiles(), bu = bwd_unroll();
-  auto bwd_chunk = mt == 4   ? (bu == 16 ? gdn_bwd_chunk_kernel<4, 16> : gdn_bwd_chunk_kernel<4, 8>)
-                   : mt == 2 ? (bu == 16 ? gdn_bwd_chunk_kernel<2, 16> : gdn_bwd_chunk_kernel<2, 8>)
-                             : gdn_bwd_chunk_kernel<1, 8>;
+  auto bwd_chunk = mt == 2 ? (bu == 16 ? gdn_bwd_chunk_kernel<2, 16> : gdn_bwd_chunk_kernel<2, 8>)
+                           : gdn_bwd_chunk_kernel<1, 8>;
   set_smem(bwd_chunk, bc_bytes);
   stage_begin(stream);
-  bwd_chunk<<<dim3(w.nc_max, Hv), kBwdThreads, bc_bytes, stream>>>(
-      w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, w.qn, w.kn, x, g, beta, w.UD, w.dD, w.h,
-      w.dh, dO, Hk, Hv, K, V, conv_dim, split_products(true));
+  bwd_chunk<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
+      w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.UD, w.dD, w.h, w.dh, dO,
+      Hk, Hv, K, V, conv_dim, split_products(true));
   QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");
   stage_end("gdn_bwd_chunk_kernel", stream);
 
