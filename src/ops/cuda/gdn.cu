@@ -215,7 +215,8 @@ __device__ __forceinline__ float l2_row(int warp, const bf16* qkv, int Hk, int K
 }
 
 // qn, kn [T, Hk, K] f32: q (|q|^2 + eps)^-1/2 K^-1/2 and k (|k|^2 + eps)^-1/2; rs [T, Hk, 2] the
-// scales alone (see gdn_row_scale_kernel). One warp per (token, key head, q or k).
+// scales alone (q^ = q rs[., 0], k^ = k rs[., 1]), part of the kept state, for the kernels that stage
+// the raw bf16 rows (exact in TF32) and apply the scale per row. One warp per (token, key head, q or k).
 __global__ void gdn_l2norm_kernel(float* qn, float* kn, float* rs, const bf16* qkv, int T, int Hk, int K,
                                   int conv_dim) {
   const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
@@ -231,16 +232,6 @@ __global__ void gdn_l2norm_kernel(float* qn, float* kn, float* rs, const bf16* q
     const int d = lane + 32 * r;
     if (d < K) y[d] = v[r] * scale;
   }
-}
-
-// rs [T, Hk, 2]: the scales alone (q^ = q rs[., 0], k^ = k rs[., 1]), for the kernels that stage the
-// raw bf16 rows (exact in TF32) and apply the scale per row. Same arithmetic as gdn_l2norm_kernel.
-__global__ void gdn_row_scale_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim) {
-  const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
-  if (warp >= T * Hk * 2) return;
-  float v[4];
-  const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
-  if ((threadIdx.x & 31) == 0) rs[warp] = scale;
 }
 
 // Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
@@ -364,64 +355,76 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W,
 }
 
 // ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
-int scan_fwd_smem_floats(int K, int bv) { return K * bv_ld(bv) + 2 * kC * (K + 4) + 2 * kC * bv_ld(bv) + 2 * kC; }
+// k is staged as its raw bf16 rows (exact in TF32: the update costs 2 mma under the split instead of
+// 3) in two buffers, so chunk c+1's k streams in with its W and U during chunk c's update.
+int scan_fwd_smem_floats(int K, int bv) {
+  return K * bv_ld(bv) + kC * (K + 4) + kC * raw_ld(K) + 2 * kC * bv_ld(bv) + kC;
+}
 
 // h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place).
-// Pipelined: K of chunk c loads (cp.async) during D = U - W S, W and U of chunk c+1 during the
-// update; the gates of chunk c+1 are read into registers during chunk c, so no global load latency
-// sits on the per-chunk critical path outside the cp.async waits.
-__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const float* W, const float* kn,
-                                                                const float* Gc, const int32_t* cu,
-                                                                const int* seq_off, int Hk, int Hv, int K, int V,
-                                                                int bv, bool split) {
+// k^ = k rs[., 1] (rs from gdn_l2norm_kernel): the update takes the raw k rows as its A operand and
+// folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and k of chunk c+1 load
+// (cp.async, one group) during chunk c's update and are waited on at the top of chunk c+1; the
+// gates and row scales of chunk c+1 are read into registers during chunk c.
+__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const float* W,
+                                                                const bf16* qkv, const float* rs, const float* Gc,
+                                                                const int32_t* cu, const int* seq_off, int Hk,
+                                                                int Hv, int K, int V, int conv_dim, int bv,
+                                                                bool split) {
   const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int lds = bv_ld(bv), ldk = K + 4;
+  const int lds = bv_ld(bv), ldk = K + 4, ldr = raw_ld(K);
   float* Ss = cv.take(K * lds);
   float* Ws = cv.take(kC * ldk);
-  float* Kr = cv.take(kC * ldk);  // raw k^ rows; the e^{G_L - G_i} scale is applied in the product
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr));  // two raw k buffers (chunk parity)
   float* Ds = cv.take(kC * lds);
   float* Us = cv.take(kC * lds);  // U columns e0.. of the chunk (cp.async with its W)
-  float* gs = cv.take(kC);
-  float* ks = cv.take(kC);
-  const size_t w_ld = static_cast<size_t>(Hv) * K, k_ld = static_cast<size_t>(Hk) * K;
+  float* ks = cv.take(kC);        // e^{G_L - G_i} rs_k(i)
+  const size_t w_ld = static_cast<size_t>(Hv) * K, x_ld = static_cast<size_t>(conv_dim);
   const size_t u_ld = static_cast<size_t>(Hv) * V;
+  const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * K;
+  const float* rk = rs + static_cast<size_t>(kh) * 2 + 1;  // rs[(t * Hk + kh) * 2 + 1]
+  const size_t r_ld = static_cast<size_t>(Hk) * 2;
   for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) Ss[idx] = 0.f;
-  // Gates of the next chunk: gl_next = G at its last valid row, gi_next = G at row threadIdx.x.
-  float gl_next = 0.f, gi_next = 0.f;
+  // Next chunk: gl_next = G at its last valid row; gi_next, ri_next = G and rs_k at row threadIdx.x.
+  float gl_next = 0.f, gi_next = 0.f, ri_next = 0.f;
   if (n > 0) {
     const int L0 = min(kC, len);
     async_rows(Ws, ldk, W + (static_cast<size_t>(bos) * Hv + head) * K, w_ld, L0, K);
     async_rows(Us, lds, UD + static_cast<size_t>(bos) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L0, bv);
+    async_rows(Kb, ldr, kraw + static_cast<size_t>(bos) * x_ld, x_ld, L0, K);
     gl_next = Gc[static_cast<size_t>(bos + L0 - 1) * Hv + head];
-    if (threadIdx.x < L0) gi_next = Gc[static_cast<size_t>(bos + threadIdx.x) * Hv + head];
+    if (threadIdx.x < L0) {
+      gi_next = Gc[static_cast<size_t>(bos + threadIdx.x) * Hv + head];
+      ri_next = rk[static_cast<size_t>(bos + threadIdx.x) * r_ld];
+    }
   }
   cp_async_commit();
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
-    const float gl = gl_next;
-    if (threadIdx.x < kC) {
-      gs[threadIdx.x] = gi_next;
-      ks[threadIdx.x] = expf(gl - gi_next);
-    }
+    const float gl = gl_next, ksi = expf(gl - gi_next) * ri_next;  // rows >= L: rs 0, so ks 0
     if (ci + 1 < n) {  // consumed next iteration: the loads overlap this chunk's work
       const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
       gl_next = Gc[static_cast<size_t>(c1 + L1 - 1) * Hv + head];
-      gi_next = threadIdx.x < L1 ? Gc[static_cast<size_t>(c1 + threadIdx.x) * Hv + head] : 0.f;
+      gi_next = 0.f;
+      ri_next = 0.f;
+      if (threadIdx.x < L1) {
+        gi_next = Gc[static_cast<size_t>(c1 + threadIdx.x) * Hv + head];
+        ri_next = rk[static_cast<size_t>(c1 + threadIdx.x) * r_ld];
+      }
     }
-    __syncthreads();  // gs ready; previous chunk's update finished (Kr, Ds free)
-    async_rows(Kr, ldk, kn + (static_cast<size_t>(c0) * Hk + kh) * K, k_ld, L, K);
-    cp_async_commit();
+    cp_async_wait<0>();  // W, U, k of this chunk
+    __syncthreads();     // (A) tiles visible; the previous update finished (Ss final, Ds and ks free)
+    if (threadIdx.x < kC) ks[threadIdx.x] = ksi;  // read after (B) only
+    const bf16* Kc = Kb + (ci & 1) * (kC * ldr);
     float* hc = h + (chunk * Hv + head) * static_cast<size_t>(K) * V;
     for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
       const int d = idx / bv, e = idx - d * bv;
       hc[static_cast<size_t>(d) * V + e0 + e] = Ss[d * lds + e];
     }
-    cp_async_wait<1>();  // W and U of this chunk (K may still be in flight)
-    __syncthreads();
     // D = U - W S (rows >= L: D = 0, so they drop out of the update below).
     for_tiles<2>(
         kC, bv,
@@ -438,22 +441,21 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
           }
           Ds[i * lds + e] = x;
         });
-    __syncthreads();  // Ws, Us free, Ds complete
+    __syncthreads();  // (B) Ds, ks complete; Ws, Us and the other k buffer free
     if (ci + 1 < n) {
       const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
       async_rows(Ws, ldk, W + (static_cast<size_t>(c1) * Hv + head) * K, w_ld, L1, K);
       async_rows(Us, lds, UD + static_cast<size_t>(c1) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L1, bv);
+      async_rows(Kb + ((ci + 1) & 1) * (kC * ldr), ldr, kraw + static_cast<size_t>(c1) * x_ld, x_ld, L1, K);
     }
     cp_async_commit();
-    cp_async_wait<1>();  // K of this chunk
-    __syncthreads();
-    // S = e^{G_L} S + (diag(e^{G_L - G}) K)^T D.
+    // S = e^{G_L} S + k^T (diag(e^{G_L - G} rs_k) D).
     const float decay = expf(gl);
     for_tiles<2>(
         K, bv,
         [&](auto& acc, int m0, int n0) {
-          mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return ks[i] * Kr[i * ldk + d]; },
-                  [&](int i, int e) { return Ds[i * lds + e]; }, split);
+          mma_acc<2, 4, true>(acc, m0, n0, 0, kC, [&](int d, int i) { return to_f(Kc[i * ldr + d]); },
+                              [&](int i, int e) { return ks[i] * Ds[i * lds + e]; }, split);
         },
         [&](int d, int e, float v) { Ss[d * lds + e] = decay * Ss[d * lds + e] + v; });
   }
@@ -561,10 +563,11 @@ int scan_bwd_smem_floats(int K, int bv) {
 
 // dh[chunk] = dL/d(state leaving the chunk); dD += diag(e^{G_L-G}) K^ dS (full dD, in place);
 // dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD. q^ = q rs[., 0], k^ = k rs[., 1] (rs from
-// gdn_row_scale_kernel): the dD product takes the raw k and scales its rows in the epilogue, the
+// gdn_l2norm_kernel, kept in the state): the dD product takes the raw k and scales its rows in the epilogue, the
 // dS product folds e^{G_i} rs_i into the dO rows.
-// Pipelined: q, W, dO of chunk c load (cp.async) during the dD product, k and dD_local of chunk
-// c-1 during the dS update, the gates and row scales of chunk c-1 into registers during chunk c.
+// Pipelined, two barriers per chunk: q, W, dO of chunk c load (cp.async) during the dD product and
+// are waited on before (B), k and dD_local of chunk c-1 during the dS update (waited on before the
+// next (A)), the gates and row scales of chunk c-1 into registers during chunk c.
 __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, float* dD, const float* W,
                                                                    const bf16* qkv, const float* rs, const float* Gc,
                                                                    const bf16* d_o, const int32_t* cu,
@@ -608,11 +611,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
     const float gl = gl_next;
-    if (threadIdx.x < kC) {  // rows >= L: scales 0 (their q, k, dO, dD_local are zero too)
-      const float gi = gi_next;
-      ks[threadIdx.x] = expf(gl - gi) * r_next.y;
-      eq[threadIdx.x] = expf(gi) * r_next.x;
-    }
+    // Rows >= L: scales 0 (their q, k, dO, dD_local are zero too). ks is last read by the previous
+    // chunk's dD product (before its barrier (B)), eq by its dS update, so eq waits for (A).
+    const float eqi = expf(gi_next) * r_next.x;
+    if (threadIdx.x < kC) ks[threadIdx.x] = expf(gl - gi_next) * r_next.y;
     if (ci > 0) {  // chunk ci - 1 is full (only a sample's last chunk is partial)
       const int cp = c0 - kC;
       gl_next = Gc[static_cast<size_t>(cp + kC - 1) * Hv + head];
@@ -621,7 +623,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
         r_next = rs2[static_cast<size_t>(cp + threadIdx.x) * Hk + kh];
       }
     }
-    __syncthreads();  // scales ready; previous dS update finished (Ws, Qb, dOs free)
+    cp_async_wait<0>();  // k and dD_local of this chunk
+    __syncthreads();     // (A) they and ks are visible; the previous dS update finished (Ws, Qb, dOs, eq free)
+    if (threadIdx.x < kC) eq[threadIdx.x] = eqi;  // read after (B) only
     async_rows(Ws, ldk, W + (static_cast<size_t>(c0) * Hv + head) * K, w_ld, L, K);
     async_rows(Qb, ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L, K);
     async_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv);
@@ -631,8 +635,6 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
       const int d = idx / bv, e = idx - d * bv;
       dhc[static_cast<size_t>(d) * V + e0 + e] = dS[d * lds + e];
     }
-    cp_async_wait<1>();  // k and dD_local of this chunk
-    __syncthreads();
     // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0).
     for_tiles<2>(
         kC, bv,
@@ -649,15 +651,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
           }
           Ds[i * lds + e] = x;
         });
-    __syncthreads();  // Kb, dDl free, Ds complete
+    cp_async_wait<0>();  // q, W, dO of this chunk
+    __syncthreads();     // (B) they, Ds and eq are visible; Kb, dDl free
     if (ci > 0) {
       async_rows(Kb, ldr, kraw + static_cast<size_t>(c0 - kC) * x_ld, x_ld, kC, K);
       async_rows(dDl, lds, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, kC,
                  bv);
     }
     cp_async_commit();
-    cp_async_wait<1>();  // q, W, dO of this chunk
-    __syncthreads();
     const float decay = expf(gl);
     for_tiles<2>(
         K, bv,
@@ -699,7 +700,7 @@ int bwd_chunk_smem_floats(int K, int V) {
 }
 
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
-// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_row_scale_kernel). kMT: row tiles per warp tile in the
+// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_l2norm_kernel). kMT: row tiles per warp tile in the
 // products with S0 / dS_end (read from global): each B fragment feeds kMT mma row tiles. kBU: k-loop
 // unroll of those products.
 template <int kMT, int kBU>
@@ -1089,7 +1090,7 @@ int max_chunks(const GdnArgs& a) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b, std::max(a.total_tokens, 1))));
 }
 
-// Lays the forward state (chunk table, qn, kn, Gc, W, UD, h: what the backward reuses when the
+// Lays the forward state (chunk table, qn, kn, Gc, W, UD, h, rs: what the backward reuses when the
 // forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
 // only). Returns {state bytes, scratch bytes}.
 std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
@@ -1116,6 +1117,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.W = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.UD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
   ws.h = reinterpret_cast<float*>(take(states));
+  ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
   const size_t state_bytes = off;
   off = 0;
   base = scratch;
@@ -1123,7 +1125,6 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
-  ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // backward row scales
   if (w) *w = ws;
   return {state_bytes, off};
 }
@@ -1237,13 +1238,13 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   stage_end("gdn_chunk_table_kernel", stream);
   const int warps = T * Hk * 2;
   stage_begin(stream);
-  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.qn, w.kn, w.dqn, qkv, T, Hk, K, conv_dim);
+  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.qn, w.kn, w.rs, qkv, T, Hk, K, conv_dim);
   QT_LAUNCH_CHECK("gdn_l2norm_kernel");
   stage_end("gdn_l2norm_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_prep_kernel, prep_bytes);
   stage_begin(stream);
-  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.W, w.UD, w.table, w.nchunks, w.dqn,
+  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.W, w.UD, w.table, w.nchunks, w.rs,
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim, split);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
@@ -1252,7 +1253,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   set_smem(gdn_scan_fwd_kernel, scan_bytes);
   stage_begin(stream);
   gdn_scan_fwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, scan_bytes, stream>>>(
-      w.h, w.UD, w.W, w.kn, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, bv, split);
+      w.h, w.UD, w.W, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv, split);
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
   stage_end("gdn_scan_fwd_kernel", stream);
 }
@@ -1314,13 +1315,9 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   QT_LAUNCH_CHECK("gdn_dlocal_kernel");
   stage_end("gdn_dlocal_kernel", stream);
 
-  // Row scales of q, k for the reverse scan and bwd_chunk (own scratch buffer: bwd_chunk writes dqn).
-  float* rs = w.rs;
-  stage_begin(stream);
-  gdn_row_scale_kernel<<<(T * Hk * 2 + 7) / 8, kThreads, 0, stream>>>(rs, x, T, Hk, K, conv_dim);
-  QT_LAUNCH_CHECK("gdn_row_scale_kernel");
-  stage_end("gdn_row_scale_kernel", stream);
-
+  // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
+  // state (kept by the forward, or recomputed above).
+  const float* rs = w.rs;
   const int bv = column_block(V, "QT_GDN_BV_BWD");
   const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
