@@ -3,8 +3,9 @@
 // GEMMs FLOP-weighted over forward + backward (one GDN layer, one attention layer, the MLP),
 // RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear
 // cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory.
-// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,ce]   (prints: key  value  unit  ceiling;
-// --only runs just the named sections after the ceilings)
+// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,ce] [--ce-rows N]   (prints: key  value
+// unit  ceiling; --only runs just the named sections after the ceilings; --ce-rows sets the
+// cross-entropy chunk, 0 = the backend's default)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -74,13 +75,16 @@ struct Row {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
+  int64_t ce_rows = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = "," + std::string(argv[++i]) + ",";
+    else if (std::strcmp(argv[i], "--ce-rows") == 0 && i + 1 < argc) ce_rows = std::atoll(argv[++i]);
   }
   auto run = [&](const char* section) { return only.empty() || only.find("," + std::string(section) + ",") != std::string::npos; };
   const int iters = quick ? 3 : 10;
   CudaBackend be;
+  be.set_cross_entropy_chunk_rows(ce_rows);
   std::vector<Row> rows;
 
   // ---- ceilings ----
@@ -226,6 +230,7 @@ int main(int argc, char** argv) {
     const double flops = 6.0 * double(T) * double(H) * double(V);
     rows.push_back({"linear_ce_tflops", flops / (ms * 1e-3) / 1e12, "TFLOP/s",
                     "gemm_peak_tflops " + std::to_string(gemm_peak)});
+    std::printf("  linear_ce chunk %lld rows: %.3f ms\n", static_cast<long long>(be.cross_entropy_chunk_rows(V, T)), ms);
     rows.push_back({"linear_ce_extra_gib", be.cross_entropy_workspace_bytes(V, T) / double(1 << 30), "GiB",
                     "workspace " + std::to_string(extra / double(1 << 30)) + " GiB (< 1 GiB goal)"});
     be.reset_arena();

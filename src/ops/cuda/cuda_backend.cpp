@@ -768,7 +768,9 @@ void CudaBackend::attn_gate_backward(const Tensor& d_o, const Tensor& dgate, con
 int64_t CudaBackend::cross_entropy_chunk_rows(int64_t V, int64_t T) const {
   int64_t rows = ce_chunk_rows_;
   if (rows <= 0) {
-    const int64_t budget = int64_t(960) << 20;  // fp32 logits of one chunk
+    // fp32 logits of one chunk: 1000 MiB keeps the op's extra memory under 1 GiB and gives 1024
+    // rows at V = 248,320, i.e. exactly 8 chunks at 8192 tokens (960 MiB gave 896: 9 + a 128-row tail).
+    const int64_t budget = int64_t(1000) << 20;
     rows = std::max<int64_t>(128, budget / (4 * std::max<int64_t>(V, 1)) / 128 * 128);
   }
   return std::max<int64_t>(1, std::min(rows, T));

@@ -104,7 +104,7 @@ class CudaBackend final : public Backend {
                                double grad_scale) override;
 
   // Tokens per logits chunk in linear_cross_entropy; 0 (default) picks the largest multiple of
-  // 128 rows whose fp32 logits fit in 960 MiB (896 rows at V = 248320).
+  // 128 rows whose fp32 logits fit in 1000 MiB (1024 rows at V = 248320).
   void set_cross_entropy_chunk_rows(int64_t rows) { ce_chunk_rows_ = rows; }
   int64_t cross_entropy_chunk_rows(int64_t V, int64_t T) const;
   // Scratch bytes linear_cross_entropy needs for V and T tokens (its peak extra device memory).
