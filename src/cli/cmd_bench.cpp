@@ -101,6 +101,7 @@ void run_bench(const BenchArgs& a) {
     loss = r.loss_sum / double(r.trained);
     log_info("bench step ", s + 1, (s < a.warmup ? " (warmup)" : ""), ": ", dt, " s, loss ", loss,
              r.replayed ? " (graph replay)" : "", ", host ", r.host_ms, " ms");
+    if (s == 0) log_info("memory after the first step: ", stepper.memory_report());
     if (s < a.warmup) continue;
     times.push_back(dt);
     host_ms.push_back(r.host_ms);

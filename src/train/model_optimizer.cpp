@@ -47,6 +47,12 @@ class HostOptimizer final : public ModelOptimizer {
     return norm;
   }
 
+  int64_t state_bytes() const override {
+    int64_t n = 0;
+    for (const auto& w : master_) n += static_cast<int64_t>(w.size());
+    return 12 * n;
+  }
+
   void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
     master = master_[i];
     m = m_[i];
@@ -98,6 +104,12 @@ class DeviceOptimizer final : public ModelOptimizer {
     if (!std::isfinite(norm_clip[0])) fail_non_finite_gradients(model_, step, norm_clip[0]);
     adamw_->update(lr, cfg_.weight_decay, cfg_, step, be_.stream());
     return norm_clip[0];
+  }
+
+  int64_t state_bytes() const override {
+    int64_t n = 0;
+    for (const Tensor& t : master_) n += t.numel();
+    return 12 * n;
   }
 
   bool supports_enqueue() const override { return true; }

@@ -21,6 +21,9 @@ class ModelOptimizer {
   // Returns the gradient norm before clipping. Throws naming the step and tensor on NaN/inf.
   virtual double step(double lr, double max_grad_norm, int64_t step) = 0;
 
+  // Bytes of optimizer state (fp32 master, m, v), wherever it lives.
+  virtual int64_t state_bytes() const = 0;
+
   // Sync-free step for captured (CUDA-graph) training; only the device optimizer has it.
   // set_step writes lr, the step number and the gradient multiplier (the update uses grad_mult *
   // gradient, e.g. 1 / trained tokens) to host staging; it is host-only, and the previous step

@@ -56,6 +56,17 @@ double TrainStep::device_memory_gib() const {
   return 0.0;
 }
 
+std::string TrainStep::memory_report() const {
+  const double mib = 1.0 / double(1 << 20);
+  std::string out = str("optimizer state ", double(opt_.state_bytes()) * mib, " MiB");
+#ifdef QT_HAVE_CUDA
+  if (auto* cuda_be = dynamic_cast<CudaBackend*>(&profile::unwrap_backend(model_.backend())))
+    out += str(" | kernel workspace ", double(cuda_be->workspace_bytes()) * mib, " MiB | device in use ",
+               device_memory_gib(), " GiB");
+#endif
+  return out;
+}
+
 StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step) {
   StepResult r;
   for (const PackedRow& row : rows) {

@@ -47,6 +47,9 @@ class TrainStep {
   int64_t captures() const { return captures_; }
   // Device memory in use (GiB, whole device as cudaMemGetInfo sees it); 0 off the GPU.
   double device_memory_gib() const;
+  // What comes on top of the model's memory plan: optimizer state, the backend's kernel
+  // workspace (as grown so far), device memory in use. One line, for the log after a step.
+  std::string memory_report() const;
 
  private:
   StepResult run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);

@@ -344,6 +344,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
     for (const Batch& b : batches) rows.push_back(to_row(b));
     const double lr = cfg.adamw.lr * lr_multiplier(sched, step);
     const StepResult sr = stepper.run(rows, lr, cfg.max_grad_norm, step);
+    if (step == start_step) log_info("memory after the first step: ", stepper.memory_report());
     const double loss = sr.loss_sum / double(trained);
     const double norm = sr.grad_norm;
     profile_window.end(step);
