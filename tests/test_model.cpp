@@ -215,6 +215,21 @@ TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
       EXPECT_LT(rel_diff(model.grad_f32(i), ref[i]), 1e-6) << checkpointing_name(c) << " " << model.specs()[i].name;
   }
   EXPECT_EQ(choose_checkpointing(g.dir.config, be, 8192, 64), Checkpointing::None);  // host memory: no budget
+  // From explicit budgets: the first policy that fits; a clear error when none does.
+  const ModelConfig& cfg = g.dir.config;
+  const int64_t T = 4096, state = int64_t(64) << 20, mib = int64_t(1) << 20;
+  std::string why;
+  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, int64_t(1) << 50, &why), Checkpointing::None);
+  // The requirement of none, as reported (MiB, rounded down), gives the part shared by all three.
+  const int64_t need_none = std::stoll(why.substr(why.find("none needs ") + 11)) * mib;
+  const int64_t fixed = need_none - activation_bytes(cfg, DType::BF16, T, Checkpointing::None) - state;
+  EXPECT_GT(fixed, (int64_t(4) << 30) - mib);  // at least the 4 GiB reserve
+  const int64_t sel = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Selective);
+  const int64_t full = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Full);
+  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, sel + 2 * mib), Checkpointing::Selective);
+  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, full + 2 * mib), Checkpointing::Full);
+  EXPECT_ERROR_CONTAINS([&] { choose_checkpointing_within(cfg, DType::BF16, T, state, full - 2 * mib); },
+                        "does not fit on this device", "full needs", "MiB free");
   EXPECT_EQ(checkpointing_from_name("selective"), Checkpointing::Selective);
   EXPECT_FALSE(checkpointing_from_name("some"));
 }

@@ -149,7 +149,16 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
     if (why != nullptr) *why = "host memory: none";
     return Checkpointing::None;
   }
-  const DType act = backend.activation_dtype();
+  const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                   cfg.linear_value_head_dim};
+  int64_t gdn_state = 0;
+  for (LayerKind k : cfg.layer_types)
+    if (k == LayerKind::GatedDeltaNet) gdn_state += backend.gdn_state_bytes(gd, max_tokens, max_seqs);
+  return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens, gdn_state, free_bytes, why);
+}
+
+Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
+                                          int64_t free_bytes, std::string* why) {
   const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
                                  2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
@@ -157,26 +166,20 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   const int64_t fixed = param_count(cfg) * (static_cast<int64_t>(dtype_size(act)) + 4 + 12) +
                         max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act)) +
                         (int64_t(4) << 30);
-  const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                   cfg.linear_value_head_dim};
-  int64_t gdn_state = 0;
-  for (LayerKind k : cfg.layer_types)
-    if (k == LayerKind::GatedDeltaNet) gdn_state += backend.gdn_state_bytes(gd, max_tokens, max_seqs);
   std::string detail;
-  Checkpointing pick = Checkpointing::Full;
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
     int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
-    if (c == Checkpointing::None) need += gdn_state;
+    if (c == Checkpointing::None) need += gdn_state_bytes;
     detail += str(detail.empty() ? "" : ", ", checkpointing_name(c), " needs ", need >> 20, " MiB");
     if (need <= free_bytes) {
-      pick = c;
-      break;
+      if (why != nullptr) *why = str(detail, " of ", free_bytes >> 20, " MiB free: ", checkpointing_name(c));
+      return c;
     }
   }
-  if (why != nullptr)
-    *why = str(detail, " of ", free_bytes >> 20, " MiB free: ", checkpointing_name(pick),
-               fixed + activation_bytes(cfg, act, max_tokens, pick) > free_bytes ? " (may not fit)" : "");
-  return pick;
+  QT_FAIL("the model does not fit on this device even with full activation checkpointing: ", detail, ", ",
+          free_bytes >> 20, " MiB free (", param_count(cfg), " parameters take ", fixed >> 30,
+          " GiB with bf16 weights, fp32 gradients and AdamW state before any activation); use a smaller model or "
+          "fewer tokens per row, or set train.activation_checkpointing to full to try anyway");
 }
 
 int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt) {

@@ -53,6 +53,10 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
 // backend reports no device budget (CPU). `why` (optional) receives the figures.
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
                                    std::string* why = nullptr);
+// The same decision from explicit figures (GDN state of all layers, free bytes). Throws, naming
+// the figures, when even full checkpointing does not fit.
+Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
+                                          int64_t free_bytes, std::string* why = nullptr);
 
 // Bytes the model allocates at construction, by kind (the step itself allocates nothing).
 struct MemoryPlan {
