@@ -182,6 +182,23 @@ class OpsTest : public ::testing::Test {
                         << ", k " << k << ", atol " << atol;
   }
 
+  // (1+w) RMSNorm forward, then backward into fresh and accumulated dx, dw of type dw_type.
+  void rmsnorm_case(int64_t T, int64_t H, DType dw_type) {
+    SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
+    Pair x = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5), y = output({T, H}), rstd = output({T}, DType::F32);
+    g_->rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6);
+    c_->rmsnorm_forward(y.cpu, rstd.cpu, x.cpu, w.cpu, 1e-6);
+    expect_close("y", y);
+    expect_close("rstd", rstd);
+    for (bool acc : {false, true}) {
+      Pair dy = input({T, H}), dx = output({T, H}, DType::BF16, acc), dw = output({H}, dw_type, true);
+      g_->rmsnorm_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, rstd.gpu, acc);
+      c_->rmsnorm_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, rstd.cpu, acc);
+      expect_close(acc ? "dx (acc)" : "dx", dx);
+      expect_close("dw", dw);
+    }
+  }
+
   // Sample lengths: many short samples (1- and 2-token ones included), then one long sample.
   std::vector<int32_t> varlen_cu(int64_t T) {
     const int pattern[] = {1, 2, 1, 3, 2, 1, 5, 2, 4, 1, 2, 7, 3};
@@ -302,22 +319,16 @@ TEST_F(OpsTest, AddSwiGluAttnGate) {
 TEST_F(OpsTest, RmsNorm) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {
-    for (int64_t H : {int64_t(96), int64_t(200), int64_t(7), int64_t(520), int64_t(2048)}) {
-      SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
-      Pair x = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5), y = output({T, H}), rstd = output({T}, DType::F32);
-      g_->rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6);
-      c_->rmsnorm_forward(y.cpu, rstd.cpu, x.cpu, w.cpu, 1e-6);
-      expect_close("y", y);
-      expect_close("rstd", rstd);
-      for (bool acc : {false, true}) {
-        Pair dy = input({T, H}), dx = output({T, H}, DType::BF16, acc), dw = output({H}, DType::BF16, true);
-        g_->rmsnorm_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, rstd.gpu, acc);
-        c_->rmsnorm_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, rstd.cpu, acc);
-        expect_close(acc ? "dx (acc)" : "dx", dx);
-        expect_close("dw", dw);
-      }
-    }
+    for (int64_t H : {int64_t(96), int64_t(200), int64_t(7), int64_t(520), int64_t(2048)})
+      rmsnorm_case(T, H, DType::BF16);
   }
+}
+
+// Enough rows that every warp of the ring backward's one-wave grid (one block of 8 warps per SM
+// at 2048 columns) cycles its row stages several times, and the warps get unequal row counts.
+TEST_F(OpsTest, RmsNormManyRows) {
+  QT_REQUIRE_GPU();
+  for (int64_t H : {int64_t(2048), int64_t(1032)}) rmsnorm_case(7001, H, DType::F32);
 }
 
 // The fused residual add + RMSNorm against the CPU's add then norm; h in place over r as the model

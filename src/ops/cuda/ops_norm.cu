@@ -397,6 +397,186 @@ int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* p
   return blocks;
 }
 
+// ---- backward, ring variant: cols % 8 == 0, cols <= 2048, (1+w) only ---------------------------
+// The register kernel above keeps one row per warp in flight and loads it only when the previous
+// one is done, so the warps' loads come in bursts (44.3 us for [8192, 2048] on the H200).
+// Here a persistent grid (one wave) gives each warp a ring of D stages, each one row of x and dy
+// filled by cp.async.bulk on an mbarrier: the warp's rows gw, gw + GW, ... (GW warps in the grid)
+// are requested D ahead, the stage is handed back as soon as the row sits in registers, and dw is
+// summed in registers over the warp's rows, then over the block's warps in warp order into one
+// partial row per block. (1+w) is kept once per block in shared memory as fp32. Used with 8 warps
+// x 2 stages (34-35 us; 3 stages 36.5 us, 6 warps x 4 stages 37.5 us: notes/dense_kernels.md).
+__device__ __forceinline__ unsigned rg_saddr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void rg_wait(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(rg_saddr(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// Lane 0: x and dy of one row (bytes each) into dst, dst + bytes, completing on bar.
+__device__ __forceinline__ void rg_issue_row(char* dst, const bf16* xr, const bf16* dyr, unsigned bytes,
+                                             uint64_t* bar) {
+  const unsigned b = rg_saddr(bar), d = rg_saddr(dst);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(2u * bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(d),
+               "l"(xr), "r"(bytes), "r"(b)
+               : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   d + bytes),
+               "l"(dyr), "r"(bytes), "r"(b)
+               : "memory");
+}
+
+template <int NV>
+constexpr int rg_w_bytes() { return NV * 64 * 16; }
+
+// smem: (1+w) as NV x 64 float4 (slot (2 j + h) * 32 + lane: columns (lane + 32 j) * 8 + 4 h ..),
+// then NW x D stages of 2 * cols bf16, then NW x D mbarriers.
+template <int NV, int NW, int D>
+__global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict__ dx, bool accumulate_dx,
+                                                               float* __restrict__ partials,
+                                                               const bf16* __restrict__ dy,
+                                                               const bf16* __restrict__ x,
+                                                               const bf16* __restrict__ w,
+                                                               const float* __restrict__ rstd, int64_t rows,
+                                                               int64_t cols) {
+  extern __shared__ __align__(128) char rg_sm[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t cvec = cols / 8;
+  const unsigned rbytes = unsigned(cols) * 2u, stage = 2u * rbytes;
+  float4* wp1 = reinterpret_cast<float4*>(rg_sm);
+  char* ring = rg_sm + rg_w_bytes<NV>() + size_t(warp) * D * stage;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(rg_sm + rg_w_bytes<NV>() + size_t(NW) * D * stage) + warp * D;
+  for (int idx = threadIdx.x; idx < NV * 32; idx += blockDim.x) {
+    const int j = idx / 32, l = idx % 32;
+    const int64_t i = l + 32 * j;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = 0.0f;
+    if (i < cvec) dev::unpack8(v, reinterpret_cast<const uint4*>(w)[i]);
+    wp1[(2 * j) * 32 + l] = make_float4(1.0f + v[0], 1.0f + v[1], 1.0f + v[2], 1.0f + v[3]);
+    wp1[(2 * j + 1) * 32 + l] = make_float4(1.0f + v[4], 1.0f + v[5], 1.0f + v[6], 1.0f + v[7]);
+  }
+  if (lane == 0) {
+    for (int s = 0; s < D; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(rg_saddr(bars + s)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t gw = int64_t(blockIdx.x) * NW + warp, GW = int64_t(gridDim.x) * NW;
+  if (lane == 0)
+    for (int k = 0; k < D; ++k) {
+      const int64_t row = gw + k * GW;
+      if (row < rows) rg_issue_row(ring + k * stage, x + row * cols, dy + row * cols, rbytes, bars + k);
+    }
+  float dwr[NV][8];
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dwr[j][k] = 0.0f;
+  for (int64_t k = 0;; ++k) {
+    const int64_t row = gw + k * GW;
+    if (row >= rows) break;
+    const float rs = rstd[row];
+    const int s = int(k % D);
+    rg_wait(bars + s, unsigned(k / D) & 1u);
+    const uint4* xs = reinterpret_cast<const uint4*>(ring + s * stage);
+    const uint4* ds = reinterpret_cast<const uint4*>(ring + s * stage + rbytes);
+    uint4 xr[NV], dr[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t i = lane + 32 * j;
+      const bool ok = i < cvec;
+      xr[j] = ok ? xs[i] : make_uint4(0u, 0u, 0u, 0u);
+      dr[j] = ok ? ds[i] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float dot = 0.0f;  // sum x dy (1 + w); times rs below
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      float xv[8], dv[8];
+      dev::unpack8(xv, xr[j]);
+      dev::unpack8(dv, dr[j]);
+      const float4 a = wp1[(2 * j) * 32 + lane], b = wp1[(2 * j + 1) * 32 + lane];
+      const float wv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot += xv[e] * (dv[e] * wv[e]);
+    }
+    __syncwarp();  // every lane holds its part of the row: the stage can be refilled
+    if (lane == 0 && row + D * GW < rows)
+      rg_issue_row(ring + s * stage, x + (row + D * GW) * cols, dy + (row + D * GW) * cols, rbytes, bars + s);
+    const float mean = dev::warp_sum(dot) * rs / float(cols);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t i = lane + 32 * j;
+      if (i >= cvec) break;
+      float xv[8], dv[8], dxv[8];
+      dev::unpack8(xv, xr[j]);
+      dev::unpack8(dv, dr[j]);
+      const float4 a = wp1[(2 * j) * 32 + lane], b = wp1[(2 * j + 1) * 32 + lane];
+      const float wv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      float old[8];
+      if (dx != nullptr && accumulate_dx) dev::unpack8(old, reinterpret_cast<const uint4*>(dx + row * cols)[i]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float n = xv[e] * rs;
+        dxv[e] = rs * (dv[e] * wv[e] - n * mean);
+        if (dx != nullptr && accumulate_dx) dxv[e] += old[e];
+        dwr[j][e] += dv[e] * n;
+      }
+      if (dx != nullptr) reinterpret_cast<uint4*>(dx + row * cols)[i] = dev::pack8(dxv);
+    }
+  }
+  if (partials == nullptr) return;
+  // The warp's dw row into its own (drained) ring: column c at float c.
+  float4* mine = reinterpret_cast<float4*>(rg_sm + rg_w_bytes<NV>() + size_t(warp) * D * stage);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = lane + 32 * j;
+    if (i >= cvec) break;
+    mine[2 * i] = make_float4(dwr[j][0], dwr[j][1], dwr[j][2], dwr[j][3]);
+    mine[2 * i + 1] = make_float4(dwr[j][4], dwr[j][5], dwr[j][6], dwr[j][7]);
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NW; ++q)
+      acc += reinterpret_cast<const float*>(rg_sm + rg_w_bytes<NV>() + size_t(q) * D * stage)[c];
+    partials[int64_t(blockIdx.x) * cols + c] = acc;
+  }
+}
+
+template <int NV, int NW, int D>
+int64_t rmsnorm_bwd_ring_launch(void* dx, bool accumulate_dx, float* partials, const void* dy, const void* x,
+                                const void* w, const float* rstd, int64_t rows, int64_t cols, cudaStream_t s) {
+  auto kernel = rmsnorm_bwd_ring<NV, NW, D>;
+  const size_t smem = size_t(rg_w_bytes<NV>()) + size_t(NW) * D * (4 * size_t(cols) + 8);
+  // One wave: blocks resident per SM at this shared-memory size (cached per size), at most
+  // bwd_blocks(rows) (the workspace's row count).
+  static size_t cached_smem = 0;
+  static int capacity = 0;
+  if (cached_smem != smem) {
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NW * 32, smem));
+    capacity = std::max(1, sms * std::max(1, per_sm));
+    cached_smem = smem;
+  }
+  const int64_t blocks = std::min<int64_t>(bwd_blocks(rows), capacity);
+  kernel<<<static_cast<unsigned>(blocks), NW * 32, smem, s>>>(
+      static_cast<bf16*>(dx), accumulate_dx, partials, static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+      static_cast<const bf16*>(w), rstd, rows, cols);
+  QT_LAUNCH_CHECK("rmsnorm_backward");
+  return blocks;
+}
+
 }  // namespace
 
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
@@ -467,7 +647,13 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
   blocks = kind == NormKind::OnePlusW                                                                      \
                ? rmsnorm_bwd_fast_launch<NV, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s) \
                : rmsnorm_bwd_fast_launch<NV, NormKind::Gated>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s);
-    if (nv == 1) { QT_BWD_FAST(1) } else if (nv == 2) { QT_BWD_FAST(2) } else if (nv == 4) { QT_BWD_FAST(4) } else { QT_BWD_FAST(8) }
+    // (1+w): the ring kernel, 8 warps x 2 row stages per block (3 stages, or 6 warps x 4, measured slower).
+#define QT_BWD_RING(NV) \
+  blocks = rmsnorm_bwd_ring_launch<NV, 8, 2>(dx, accumulate_dx, partials, dy, x, w, rstd, rows, cols, s);
+    if (kind == NormKind::OnePlusW) {
+      if (nv == 1) { QT_BWD_RING(1) } else if (nv == 2) { QT_BWD_RING(2) } else if (nv == 4) { QT_BWD_RING(4) } else { QT_BWD_RING(8) }
+    } else if (nv == 1) { QT_BWD_FAST(1) } else if (nv == 2) { QT_BWD_FAST(2) } else if (nv == 4) { QT_BWD_FAST(4) } else { QT_BWD_FAST(8) }
+#undef QT_BWD_RING
 #undef QT_BWD_FAST
   } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_bwd_launch<8, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
