@@ -583,24 +583,22 @@ __global__ void __launch_bounds__(kConvWarps * 32) conv1d_bwd_kernel(bf16* __res
 }
 
 
-// ---- causal conv1d + SiLU, tiled through shared memory (C % 8 == 0, 16-byte aligned rows) ------
+// ---- causal conv1d + SiLU forward, tiled through shared memory (C % 8 == 0, 16-byte aligned rows) -
 // Block = kCtChan adjacent channels (512 contiguous bytes of every token row) x one time span of
-// SPAN tiles of TT = G * R tokens. Each tile (plus its K-1 = 3 row halo: before it for x, after it
-// for the backward's dy and x) is copied into shared memory by cp.async, double buffered, so the
-// next tile's loads are in flight while this one is computed. Thread (q, g) then owns 4 channels
-// (8 bytes, column q) and the R tokens g*R .. g*R+R-1 of the tile, walking them with the 3 previous
-// x rows in registers. dist[i] = min(3, t - start(t)) for the tile's tokens masks every tap and
-// every dx contribution that would cross a sample start (warp-uniform: a warp shares its tokens).
-// The backward recomputes dc for its R tokens + 3 (the 3 after feed its own dx), so no dc leaves
-// registers; dw sums over the thread's own tokens, then over the block's G groups in group order
-// into one fp32 partial row per span (deterministic; launch_column_reduce sums the spans).
-// Used: VEC 4, G 4, R 8 (256 threads, 32-token tiles), 4 tiles per forward span, kCtSpanB per
-// backward span, MINB 0 (no minimum-blocks bound: 64 / 111 registers). VEC 2 (4-byte columns, more
-// warps) and minimum-block bounds of 3-6 measured slower on the H200 (notes/dense_kernels.md).
+// SPAN tiles of TT = G * R tokens. Each tile (plus the K-1 = 3 x rows before it) is copied into
+// shared memory by cp.async, double buffered, so the next tile's loads are in flight while this
+// one is computed. Thread (q, g) then owns 4 channels (8 bytes, column q) and the R tokens
+// g*R .. g*R+R-1 of the tile, walking them with the 3 previous x rows in registers.
+// dist[i] = min(3, t - start(t)) for the tile's tokens masks every tap that would cross a sample
+// start (warp-uniform: a warp shares its tokens). The backward (conv1d_bwd_stream below) uses the
+// same row layout and masks.
+// Used: VEC 4, G 4, R 8 (256 threads, 32-token tiles), 4 tiles per span, MINB 0 (64 registers).
+// VEC 2 (4-byte columns, more warps) and minimum-block bounds of 3-6 measured slower on the H200
+// (notes/dense_kernels.md).
 constexpr int kCtChan = 256;
 constexpr int kCtRowBytes = kCtChan * 2;
 constexpr int kCtChunks = kCtRowBytes / 16;
-constexpr int kCtSpanB = 8;  // backward tiles (of 4 x 8 = 32 tokens) per span: one dw partial row each
+constexpr int kCtSpanB = 8;  // backward span = kCtSpanB * 32 tokens (conv1d_bwd_stream): one dw partial row each
 
 __device__ __forceinline__ void ct_cp16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -624,24 +622,23 @@ __device__ __forceinline__ void ct_load_rows(char* dst, const bf16* __restrict__
   }
 }
 
-// dist[i] = min(3, t - start(t)) for t = t_first + i, 3 at or past T; the sample of every such
-// t < T lies in [lo, hi] (the span's first and last samples).
+// min(3, t - start(t)), 3 at or past T; the sample of t < T lies in [lo, hi] (the span's first and
+// last samples).
+__device__ __forceinline__ int ct_dist(int64_t t, const int32_t* __restrict__ cu, int lo, int hi, int64_t T) {
+  if (t >= T) return 3;
+  int a = lo, b = hi;
+  while (a < b) {
+    const int mid = (a + b + 1) >> 1;
+    if (cu[mid] <= t) a = mid; else b = mid - 1;
+  }
+  const int64_t dd = t - cu[a];
+  return dd < 3 ? int(dd) : 3;
+}
+
+// dist[i] = ct_dist(t_first + i) for i < n.
 __device__ __forceinline__ void ct_fill_dist(int* dist, int n, int64_t t_first, const int32_t* __restrict__ cu,
                                              int lo, int hi, int64_t T) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t t = t_first + i;
-    int d = 3;
-    if (t < T) {
-      int a = lo, b = hi;
-      while (a < b) {
-        const int mid = (a + b + 1) >> 1;
-        if (cu[mid] <= t) a = mid; else b = mid - 1;
-      }
-      const int64_t dd = t - cu[a];
-      d = dd < 3 ? int(dd) : 3;
-    }
-    dist[i] = d;
-  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dist[i] = ct_dist(t_first + i, cu, lo, hi, T);
 }
 
 // VEC (4 or 2) channels of tile row r at column q (8- or 4-byte shared loads).
@@ -680,8 +677,6 @@ __device__ __forceinline__ void ct_store(bf16* p, const float (&v)[VEC]) {
 
 template <int TT>
 constexpr int ct_fwd_stage_bytes() { return (TT + 3) * kCtRowBytes + (TT * 4 + 15) / 16 * 16; }
-template <int TT>
-constexpr int ct_bwd_stage_bytes() { return (2 * TT + 9) * kCtRowBytes + ((TT + 3) * 4 + 15) / 16 * 16; }
 
 // Forward walk of one thread over its R tokens (tile rows u0 .. u0+R-1; x row u+3 is token u).
 template <int VEC, int R, bool MASK>
@@ -758,109 +753,148 @@ __global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
   }
 }
 
-// Backward walk: k = 0 .. R+2 over tile tokens u = u0 + k (x row u+3, dy row u, dist[u]); dc[u]
-// feeds dx[u - m] (m = 0..3) for the thread's own tokens, dw only for its own tokens (k < R).
-template <int VEC, int R, bool MASK>
-__device__ __forceinline__ void ct_bwd_walk(bf16* __restrict__ dx, float (&dw)[VEC][4], const char* xrows,
-                                            const char* dyrows, const int* dist, int u0, int q, int64_t t_base,
-                                            int64_t T, int64_t C, int64_t cq, const float (&wr)[VEC][4]) {
-  float h[3][VEC];
-#pragma unroll
-  for (int j = 0; j < 3; ++j) ct_row<VEC>(h[j], xrows, u0 + j, q);
-  float dxa[R][VEC];
-#pragma unroll
-  for (int k = 0; k < R; ++k)
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) dxa[k][v] = 0.0f;
+// ---- conv1d backward, streamed per token group (C % 8 == 0, 16-byte aligned rows) ---------------
+// Block = kCtChan channels x a span of G * L tokens (L = NSTEP * R). Group g (64 threads, 4 channels
+// each) owns the L consecutive tokens s0 + g L .. and walks them in NSTEP steps of R tokens, keeping
+// the 3 previous x rows and the 4 pending dx rows in registers across steps, so every dc is computed
+// once (plus 3 tail tokens per group, whose dc reaches the group's last dx rows: 67 evaluations per
+// 64 tokens instead of 11 per 8 in the earlier tiled backward). Each group double buffers its own rows
+// (3 history x rows in its first step, R x and dy rows, 3 more of each in its last step) by
+// cp.async and syncs only its 2 warps (named barrier 1 + g), so no block barrier inside the walk.
+// Masking by dist[k] = min(3, t - start(t)): tap j of token t and dc[t] -> dx[t - m] only within
+// t's sample. dw: per thread over its own tokens, then over the G groups in group order into one
+// fp32 partial row per span (deterministic; launch_column_reduce sums the spans).
+// Used: G 2, R 8, NSTEP 16 (128 threads, 128 tokens per group, 256-token spans = kCtSpanB * 32;
+// 137 registers, 3 blocks per SM). G 4 x 64 tokens (256 threads, 128 registers) and G 4, R 4 with a
+// 3-blocks bound (spills) measured slower on the H200 (notes/dense_kernels.md).
+template <int R>
+constexpr int cs_stage_bytes() { return (2 * R + 9) * kCtRowBytes + 64; }  // x: 3 + R + 3, dy: R + 3, dist
+
+__device__ __forceinline__ void cs_bar(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
+
+// rows token rows from t_first into dst, by the 64 threads of a group (q = 0..63; 2 rows per pass).
+__device__ __forceinline__ void cs_load_rows(char* dst, const bf16* __restrict__ src, int64_t t_first, int rows,
+                                             int64_t T, int64_t C, int64_t c0, int q) {
+  const int ch = q & 31;
+  const int64_t c = c0 + int64_t(ch) * 8;
+  for (int r = q >> 5; r < rows; r += 2) {
+    const int64_t t = t_first + r;
+    const bool ok = t >= 0 && t < T && c < C;
+    ct_cp16(dst + r * kCtRowBytes + ch * 16, ok ? src + t * C + c : src, ok);
+  }
+}
+
+// One step of a group's walk: tokens tb + k (x row 3 + k, dy row k, dist[k]), k < R own, then
+// (last step only) 3 tail tokens that only feed pending dx. p[m] = pending dx of token t - m;
+// dx[t - 3] is complete after token t and is stored when it lies in [gs, T).
+template <int R, bool MASK>
+__device__ __forceinline__ void cs_step(bf16* __restrict__ dx, float (&h)[3][4], float (&p)[4][4],
+                                        float (&dw)[4][4], const float (&wr)[4][4], const char* xr,
+                                        const char* yr, const int* dist, int q, int64_t tb, int64_t gs,
+                                        int64_t T, int64_t C, int64_t cq, bool last) {
 #pragma unroll
   for (int k = 0; k < R + 3; ++k) {
-    float cur[VEC], g[VEC];
-    ct_row<VEC>(cur, xrows, u0 + k + 3, q);
-    ct_row<VEC>(g, dyrows, u0 + k, q);
-    const int d = MASK ? dist[u0 + k] : 3;
+    if (k >= R && !last) break;
+    float cur[4], gy[4];
+    ct_row<4>(cur, xr, 3 + k, q);
+    ct_row<4>(gy, yr, k, q);
+    const int d = MASK ? dist[k] : 3;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
+    for (int v = 0; v < 4; ++v) {
       const float t0 = (!MASK || d >= 3) ? h[0][v] : 0.0f;
       const float t1 = (!MASK || d >= 2) ? h[1][v] : 0.0f;
       const float t2 = (!MASK || d >= 1) ? h[2][v] : 0.0f;
       const float pre = wr[v][0] * t0 + wr[v][1] * t1 + wr[v][2] * t2 + wr[v][3] * cur[v];
-      const float dc = g[v] * dev::silu_grad_fast(pre);
+      const float dc = gy[v] * dev::silu_grad_fast(pre);
       if (k < R) {
         dw[v][0] += dc * t0;
         dw[v][1] += dc * t1;
         dw[v][2] += dc * t2;
         dw[v][3] += dc * cur[v];
       }
+      p[0][v] += dc * wr[v][3];
+      if (!MASK || d >= 1) p[1][v] += dc * wr[v][2];
+      if (!MASK || d >= 2) p[2][v] += dc * wr[v][1];
+      if (!MASK || d >= 3) p[3][v] += dc * wr[v][0];
+    }
+    const int64_t tau = tb + k - 3;
+    if (tau >= gs && tau < T) ct_store<4>(dx + tau * C + cq, p[3]);
 #pragma unroll
-      for (int m = 0; m < 4; ++m)
-        if (m <= k && k - m < R && (!MASK || m <= d)) dxa[k - m][v] += dc * wr[v][3 - m];
+    for (int v = 0; v < 4; ++v) {
+      p[3][v] = p[2][v];
+      p[2][v] = p[1][v];
+      p[1][v] = p[0][v];
+      p[0][v] = 0.0f;
     }
-    if (k >= 3) {
-      const int64_t tau = t_base + u0 + k - 3;
-      if (tau < T) ct_store<VEC>(dx + tau * C + cq, dxa[k - 3]);
-    }
-    ct_shift<VEC>(h, cur);
+    ct_shift<4>(h, cur);
   }
 }
 
-template <int VEC, int G, int R, int SPAN, int MINB>
-__global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
-    conv1d_bwd_tiled(bf16* __restrict__ dx, float* __restrict__ partials,
-                                                                 const bf16* __restrict__ dy,
-                                                                 const bf16* __restrict__ x,
-                                                                 const bf16* __restrict__ w,
-                                                                 const int32_t* __restrict__ cu, int num_seqs,
-                                                                 int64_t T, int64_t C) {
-  constexpr int TT = G * R, kX = (TT + 6) * kCtRowBytes, kY = (TT + 3) * kCtRowBytes;
-  constexpr int kStage = ct_bwd_stage_bytes<TT>();
-  static_assert(2 * kStage >= G * kCtChan * 16, "dw reduction buffer does not fit");
+template <int G, int R, int NSTEP, int MINB>
+__global__ void __launch_bounds__(64 * G, MINB)
+    conv1d_bwd_stream(bf16* __restrict__ dx, float* __restrict__ partials, const bf16* __restrict__ dy,
+                      const bf16* __restrict__ x, const bf16* __restrict__ w, const int32_t* __restrict__ cu,
+                      int num_seqs, int64_t T, int64_t C) {
+  constexpr int L = R * NSTEP, kXB = (R + 6) * kCtRowBytes, kYB = (R + 3) * kCtRowBytes;
+  constexpr int kStage = cs_stage_bytes<R>();
+  static_assert(R + 3 <= 16, "dist slots");
+  static_assert(2 * G * kStage >= G * kCtChan * 16, "dw reduction buffer does not fit");
   extern __shared__ __align__(16) char ct_sm[];
-  constexpr int NQ = kCtChan / VEC;  // threads across the block's channels
-  const int q = threadIdx.x % NQ, g = threadIdx.x / NQ;
-  const int64_t c0 = int64_t(blockIdx.x) * kCtChan, cq = c0 + VEC * q;
+  const int q = threadIdx.x & 63, g = threadIdx.x >> 6;
+  const int64_t c0 = int64_t(blockIdx.x) * kCtChan, cq = c0 + 4 * q;
   const bool chan_ok = cq < C;
-  const int64_t s0 = int64_t(blockIdx.y) * SPAN * TT, s1 = min(T, s0 + int64_t(SPAN) * TT);
-  const int ntiles = int((s1 - s0 + TT - 1) / TT);
+  const int64_t s0 = int64_t(blockIdx.y) * G * L, s1 = min(T, s0 + int64_t(G) * L);
   const int lo = find_seq(cu, num_seqs, s0), hi = find_seq(cu, num_seqs, min(T - 1, s1 + 2));
-  float wr[VEC][4], dw[VEC][4];
+  const int64_t gs = s0 + int64_t(g) * L, ge = min(s1, gs + L);
+  const int ns = ge > gs ? int((ge - gs + R - 1) / R) : 0;
+  float wr[4][4], dw[4][4], h[3][4], p[4][4];
 #pragma unroll
-  for (int v = 0; v < VEC; ++v)
+  for (int v = 0; v < 4; ++v)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       wr[v][j] = chan_ok ? to_f(w[(cq + v) * 4 + j]) : 0.0f;
       dw[v][j] = 0.0f;
+      p[j][v] = 0.0f;
     }
-  auto issue = [&](char* st, int64_t t0) {
-    ct_load_rows(st, x, t0 - 3, TT + 6, T, C, c0);
-    ct_load_rows(st + kX, dy, t0, TT + 3, T, C, c0);
-    ct_fill_dist(reinterpret_cast<int*>(st + kX + kY), TT + 3, t0, cu, lo, hi, T);
+  char* gsm = ct_sm + g * 2 * kStage;
+  auto issue = [&](char* st, int j) {
+    const int64_t tb = gs + int64_t(j) * R;
+    const int n = j == ns - 1 ? R + 3 : R;
+    if (j == 0) cs_load_rows(st, x, tb - 3, 3, T, C, c0, q);
+    cs_load_rows(st + 3 * kCtRowBytes, x, tb, n, T, C, c0, q);
+    cs_load_rows(st + kXB, dy, tb, n, T, C, c0, q);
+    if (q < R + 3) reinterpret_cast<int*>(st + kXB + kYB)[q] = ct_dist(tb + q, cu, lo, hi, T);
   };
-  issue(ct_sm, s0);
+  if (ns > 0) issue(gsm, 0);
   ct_commit();
-  for (int i = 0; i < ntiles; ++i) {
-    if (i + 1 < ntiles) issue(ct_sm + ((i + 1) & 1) * kStage, s0 + int64_t(i + 1) * TT);
+  for (int j = 0; j < ns; ++j) {
+    if (j + 1 < ns) issue(gsm + ((j + 1) & 1) * kStage, j + 1);
     ct_commit();
     ct_wait<1>();
-    __syncthreads();
-    const char* st = ct_sm + (i & 1) * kStage;
-    const int* dist = reinterpret_cast<const int*>(st + kX + kY);
-    const int u0 = g * R;
+    cs_bar(1 + g);
+    const char* st = gsm + (j & 1) * kStage;
+    const int* dist = reinterpret_cast<const int*>(st + kXB + kYB);
+    if (j == 0) {
+#pragma unroll
+      for (int r = 0; r < 3; ++r) ct_row<4>(h[r], st, r, q);
+    }
     int dmin = 3;
 #pragma unroll
-    for (int k = 0; k < R + 3; ++k) dmin = min(dmin, dist[u0 + k]);
-    const int64_t t_base = s0 + int64_t(i) * TT;
+    for (int k = 0; k < R + 3; ++k) dmin = min(dmin, dist[k]);
+    const int64_t tb = gs + int64_t(j) * R;
+    const bool last = j == ns - 1;
     if (chan_ok) {
-      if (dmin >= 3) ct_bwd_walk<VEC, R, false>(dx, dw, st, st + kX, dist, u0, q, t_base, T, C, cq, wr);
-      else ct_bwd_walk<VEC, R, true>(dx, dw, st, st + kX, dist, u0, q, t_base, T, C, cq, wr);
+      if (dmin >= 3) cs_step<R, false>(dx, h, p, dw, wr, st, st + kXB, dist, q, tb, gs, T, C, cq, last);
+      else cs_step<R, true>(dx, h, p, dw, wr, st, st + kXB, dist, q, tb, gs, T, C, cq, last);
     }
-    __syncthreads();
+    cs_bar(1 + g);
   }
   if (partials == nullptr) return;
   ct_wait<0>();
   __syncthreads();
-  float4* red = reinterpret_cast<float4*>(ct_sm);  // [G][NQ][VEC float4]
+  float4* red = reinterpret_cast<float4*>(ct_sm);  // [G][64][4 float4]
 #pragma unroll
-  for (int v = 0; v < VEC; ++v) red[(g * NQ + q) * VEC + v] = make_float4(dw[v][0], dw[v][1], dw[v][2], dw[v][3]);
+  for (int v = 0; v < 4; ++v) red[(g * 64 + q) * 4 + v] = make_float4(dw[v][0], dw[v][1], dw[v][2], dw[v][3]);
   __syncthreads();
   const float* redf = reinterpret_cast<const float*>(ct_sm);
   float* part = partials + int64_t(blockIdx.y) * C * 4 + c0 * 4;
@@ -871,6 +905,19 @@ __global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
     for (int k = 0; k < G; ++k) acc += redf[k * kCtChan * 4 + e];
     part[e] = acc;
   }
+}
+
+// Returns the number of partial rows written (one per span of G * R * NSTEP tokens).
+template <int G, int R, int NSTEP, int MINB>
+int64_t cs_bwd_launch(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w, const int32_t* cu,
+                      int num_seqs, int64_t T, int64_t C, cudaStream_t s) {
+  const int smem = 2 * G * cs_stage_bytes<R>();
+  auto kernel = conv1d_bwd_stream<G, R, NSTEP, MINB>;
+  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t spans = ceil_div(T, int64_t(G) * R * NSTEP);
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kCtChan)), static_cast<unsigned>(spans));
+  kernel<<<grid, 64 * G, smem, s>>>(dx, partials, dy, x, w, cu, num_seqs, T, C);
+  return spans;
 }
 
 template <int VEC, int G, int R, int SPAN, int MINB>
@@ -884,19 +931,6 @@ void ct_fwd_launch(bf16* y, const bf16* x, const bf16* w, const int32_t* cu, int
   kernel<<<grid, kCtChan / VEC * G, smem, s>>>(y, x, w, cu, num_seqs, T, C);
 }
 
-// Returns the number of partial rows written (one per span).
-template <int VEC, int G, int R, int SPAN, int MINB>
-int64_t ct_bwd_launch(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w, const int32_t* cu,
-                      int num_seqs, int64_t T, int64_t C, cudaStream_t s) {
-  constexpr int TT = G * R;
-  const int smem = 2 * ct_bwd_stage_bytes<TT>();
-  auto kernel = conv1d_bwd_tiled<VEC, G, R, SPAN, MINB>;
-  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int64_t spans = ceil_div(T, int64_t(SPAN) * TT);
-  const dim3 grid(static_cast<unsigned>(ceil_div(C, kCtChan)), static_cast<unsigned>(spans));
-  kernel<<<grid, kCtChan / VEC * G, smem, s>>>(dx, partials, dy, x, w, cu, num_seqs, T, C);
-  return spans;
-}
 }  // namespace
 
 void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int32_t* cu, int num_seqs, int64_t T,
@@ -924,7 +958,7 @@ void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int
 }
 
 size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K) {
-  // One partial row per span of the tiled kernel (kCtSpanB tiles of 32 tokens) or per block of the
+  // One partial row per span of the streamed kernel (kCtSpanB * 32 tokens) or per block of the
   // register kernel, whichever is more.
   const int64_t rows = std::max(ceil_div(std::max<int64_t>(T, 1), int64_t(kCtSpanB) * 32),
                                 ceil_div(std::max<int64_t>(T, 1), kConvBlockTokensB));
@@ -938,7 +972,8 @@ void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy
   if (K != 4) QT_FAIL("conv1d_silu_backward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
   if (C % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x)) {
     float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
-    const int64_t spans = ct_bwd_launch<4, 4, 8, kCtSpanB, 0>(
+    static_assert(2 * 8 * 16 == kCtSpanB * 32, "workspace rows assume 256-token spans");
+    const int64_t spans = cs_bwd_launch<2, 8, 16, 0>(
         static_cast<bf16*>(dx), partials, static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
         static_cast<const bf16*>(w), cu, num_seqs, T, C, s);
     QT_LAUNCH_CHECK("conv1d_silu_backward");
