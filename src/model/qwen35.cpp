@@ -73,6 +73,13 @@ struct Qwen35Model::LayerActs {
 
 namespace {
 
+GdnDims gdn_dims(const ModelConfig& c) {
+  return {c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
+}
+AttnDims attn_dims(const ModelConfig& c) {
+  return {c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
+}
+
 // Who keeps an activation for the backward: Input (the layer input: always), Kept (GEMM and
 // mixer outputs and the small statistics: None and Selective), Cheap (one elementwise op of kept
 // tensors recomputes it: None only).
@@ -124,6 +131,29 @@ void for_each_activation(Qwen35Model::LayerActs& A, LayerKind kind, const ModelC
   f(A.mlp_act, at, Shape{T, I}, ActTier::Cheap);
 }
 
+// Lays out every layer's activations for the policy: what it keeps in the layer's own tensors,
+// the rest in the shared work set of the layer's kind (refilled per layer by the backward).
+// make(dtype, shape) returns the tensor: allocated by the model, or just counted.
+template <class Make>
+void lay_out_activations(const ModelConfig& cfg, int64_t T, DType at, Checkpointing ckpt,
+                         std::vector<Qwen35Model::LayerActs>& work, std::vector<Qwen35Model::LayerActs>& acts,
+                         Make make) {
+  work.assign(2, Qwen35Model::LayerActs{});
+  for (int kind = 0; kind < 2; ++kind)
+    for_each_activation(work[static_cast<size_t>(kind)], static_cast<LayerKind>(kind), cfg, T, at,
+                        [&](Tensor& t, DType dt, const Shape& shape, ActTier tier) {
+                          if (tier != ActTier::Input && !keeps(ckpt, tier)) t = make(dt, shape);
+                        });
+  acts.assign(cfg.layer_types.size(), Qwen35Model::LayerActs{});
+  for (size_t l = 0; l < cfg.layer_types.size(); ++l) {
+    const LayerKind kind = cfg.layer_types[l];
+    acts[l] = work[static_cast<size_t>(kind)];  // the shared tensors; the kept ones are replaced below
+    for_each_activation(acts[l], kind, cfg, T, at, [&](Tensor& t, DType dt, const Shape& shape, ActTier tier) {
+      if (keeps(ckpt, tier)) t = make(dt, shape);
+    });
+  }
+}
+
 }  // namespace
 
 const char* checkpointing_name(Checkpointing c) {
@@ -149,8 +179,7 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
     if (why != nullptr) *why = "host memory: none";
     return Checkpointing::None;
   }
-  const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                   cfg.linear_value_head_dim};
+  const GdnDims gd = gdn_dims(cfg);
   int64_t gdn_state = 0;
   for (LayerKind k : cfg.layer_types)
     if (k == LayerKind::GatedDeltaNet) gdn_state += backend.gdn_state_bytes(gd, max_tokens, max_seqs);
@@ -184,19 +213,11 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
 
 int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt) {
   int64_t bytes = 0;
-  auto add = [&](Tensor&, DType dt, const Shape& shape, ActTier) {
+  std::vector<Qwen35Model::LayerActs> work, acts;
+  lay_out_activations(cfg, max_tokens, act, ckpt, work, acts, [&](DType dt, const Shape& shape) {
     bytes += shape_numel(shape) * static_cast<int64_t>(dtype_size(dt));
-  };
-  Qwen35Model::LayerActs probe;
-  for (int kind = 0; kind < 2; ++kind)
-    for_each_activation(probe, static_cast<LayerKind>(kind), cfg, max_tokens, act,
-                        [&](Tensor& t, DType dt, const Shape& s, ActTier tier) {
-                          if (tier != ActTier::Input && !keeps(ckpt, tier)) add(t, dt, s, tier);
-                        });
-  for (LayerKind kind : cfg.layer_types)
-    for_each_activation(probe, kind, cfg, max_tokens, act, [&](Tensor& t, DType dt, const Shape& s, ActTier tier) {
-      if (keeps(ckpt, tier)) add(t, dt, s, tier);
-    });
+    return Tensor();
+  });
   // final_in, final_out (act), final_rstd, token_loss (f32)
   bytes += max_tokens * (2 * cfg.hidden_size * static_cast<int64_t>(dtype_size(act)) + 8);
   return bytes;
@@ -235,24 +256,8 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
   const int64_t Hq = cfg.num_attention_heads, D = cfg.head_dim;
   inputs_ = planned(plan_.inputs, DType::I32, {4 * T + 1});
-  // Activations: each layer owns what the policy keeps; the rest lives in one work set per layer
-  // kind, which the backward refills layer by layer (recompute).
-  acts_.resize(static_cast<size_t>(cfg.num_hidden_layers));
-  work_.resize(2);
-  for (int kind = 0; kind < 2; ++kind)
-    for_each_activation(work_[static_cast<size_t>(kind)], static_cast<LayerKind>(kind), cfg, T, at,
-                        [&](Tensor& t, DType dt, const Shape& shape, ActTier tier) {
-                          if (tier != ActTier::Input && !keeps(ckpt, tier)) t = planned(plan_.activations, dt, shape);
-                        });
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const LayerKind kind = cfg.layer_types[static_cast<size_t>(l)];
-    const LayerActs& work = work_[static_cast<size_t>(kind)];
-    LayerActs& A = acts_[static_cast<size_t>(l)];
-    A = work;  // the shared tensors; the kept ones are replaced below
-    for_each_activation(A, kind, cfg, T, at, [&](Tensor& t, DType dt, const Shape& shape, ActTier tier) {
-      if (keeps(ckpt, tier)) t = planned(plan_.activations, dt, shape);
-    });
-  }
+  lay_out_activations(cfg, T, at, ckpt, work_, acts_,
+                      [&](DType dt, const Shape& shape) { return planned(plan_.activations, dt, shape); });
   final_in_ = planned(plan_.activations, at, {T, H});
   final_rstd_ = planned(plan_.activations, DType::F32, {T});
   final_out_ = planned(plan_.activations, at, {T, H});
@@ -373,8 +378,7 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   loss_sums_ = be_.alloc(DType::F64, {slots});
   gdn_state_.assign(static_cast<size_t>(cfg_.num_hidden_layers), Tensor());
   if (ckpt_ != Checkpointing::None) return;  // the other policies trade this memory away too
-  const GdnDims gd{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
-                   cfg_.linear_value_head_dim};
+  const GdnDims gd = gdn_dims(cfg_);
   const int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs);
   if (bytes <= 0) return;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
@@ -388,8 +392,7 @@ const Tensor* Qwen35Model::gdn_state_for(int layer, int64_t T) const {
   if (static_cast<size_t>(layer) >= gdn_state_.size()) return nullptr;
   const Tensor& st = gdn_state_[static_cast<size_t>(layer)];
   if (st.data == nullptr) return nullptr;
-  const GdnDims gd{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
-                   cfg_.linear_value_head_dim};
+  const GdnDims gd = gdn_dims(cfg_);
   // A row with more samples than the static bound (an eager fallback) does not fit: recompute.
   return be_.gdn_state_bytes(gd, T, seqs_.num_seqs) <= static_cast<int64_t>(st.nbytes()) ? &st : nullptr;
 }
@@ -445,8 +448,8 @@ void Qwen35Model::forward_layers(int64_t T) {
 
 void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   const ModelConfig& c = cfg_;
-  const GdnDims gd{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
-  const AttnDims ad{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
+  const GdnDims gd = gdn_dims(c);
+  const AttnDims ad = attn_dims(c);
   const int64_t Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
   // heavy: GEMMs, mixers, gates and adds, whose outputs selective checkpointing keeps.
   const bool heavy = pass != LayerPass::RecomputeCheap;
@@ -513,8 +516,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
 
 void Qwen35Model::backward_layers(int64_t T) {
   const ModelConfig& c = cfg_;
-  const GdnDims gd{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
-  const AttnDims ad{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta};
+  const GdnDims gd = gdn_dims(c);
+  const AttnDims ad = attn_dims(c);
   const int64_t I = c.intermediate_size, Hv = c.linear_num_value_heads;
   const int64_t dv = c.linear_value_head_dim, C = c.conv_dim(), VD = c.value_dim();
   const Tensor dr = rows(d_res_, T);   // gradient of the residual stream, updated in place

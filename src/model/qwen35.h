@@ -85,7 +85,6 @@ class Qwen35Model {
   const Tensor& grad(size_t i) const { return grads_[i]; }
   int64_t max_tokens() const { return max_tokens_; }
   const MemoryPlan& memory_plan() const { return plan_; }
-  Checkpointing checkpointing() const { return ckpt_; }
   Backend& backend() { return be_; }
 
   // Copies (and converts) every trainable tensor from an HF directory.
@@ -111,7 +110,6 @@ class Qwen35Model {
   // state the backward reuses (Backend::gdn_state_bytes). Allocates (call once, at set-up).
   void set_static_shape(int max_seqs, int slots);
   int static_max_seqs() const { return static_max_seqs_; }
-  int static_slots() const { return static_slots_; }
   // Samples the row needs in a static slot (its own plus the padding one).
   int static_seqs_needed(const PackedRow& row) const;
   // Host only: validates the row and writes it, padded, into the slot's staging.
@@ -121,7 +119,6 @@ class Qwen35Model {
   // gradient of grad_scale * loss_sum accumulated into the gradients.
   void enqueue_step(int slot, bool backward, double grad_scale);
   const Tensor& static_loss_sums() const { return loss_sums_; }  // f64 [slots] on the device
-  Tensor grads_buffer() const { return grads_flat_; }            // every gradient, one u8 buffer
 
   struct LayerActs;  // (internal) one layer's activation tensors
 
