@@ -20,9 +20,6 @@
 #include "ops/backend_factory.h"
 #include "train/model_optimizer.h"
 #include "train/train_step.h"
-#ifdef QT_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace qt::cli {
 namespace {
@@ -70,12 +67,8 @@ void run_bench(const BenchArgs& a) {
     max_samples = std::max(max_samples, static_cast<int>(row_lens.back().size()));
     rows.push_back(std::move(row));
   }
-  const int static_max_seqs = (max_samples + 1 + 7) / 8 * 8;
-  std::string why = "as asked";
-  const Checkpointing ckpt = a.checkpointing == "auto"
-                                 ? choose_checkpointing(cfg, *be, a.tokens_per_batch, static_max_seqs, &why)
-                                 : *checkpointing_from_name(a.checkpointing);
-  log_info("activation checkpointing: ", checkpointing_name(ckpt), " (", why, ")");
+  const int static_max_seqs = static_sample_bound(max_samples);
+  const Checkpointing ckpt = resolve_checkpointing(a.checkpointing, cfg, *be, a.tokens_per_batch, static_max_seqs);
   Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt);
   const auto t_init = std::chrono::steady_clock::now();
   for (size_t i = 0; i < model.specs().size(); ++i) {
@@ -141,13 +134,7 @@ void run_bench(const BenchArgs& a) {
                    {"scratch", double(model.memory_plan().scratch) / (1 << 20)},
                    {"gdn_state", double(model.memory_plan().mixer_state) / (1 << 20)}};
   j["loss"] = loss;
-#ifdef QT_HAVE_CUDA
-  if (std::string(be->name()) == "cuda") {
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    j["device_mem_used_gib"] = double(total_b - free_b) / double(1ull << 30);
-  }
-#endif
+  if (std::string(be->name()) == "cuda") j["device_mem_used_gib"] = stepper.device_memory_gib();
   std::printf("%s\n", j.dump().c_str());
 }
 

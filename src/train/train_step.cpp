@@ -22,6 +22,20 @@ struct TrainStep::GraphState {
 #endif
 };
 
+Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig& cfg, const Backend& backend,
+                                    int64_t tokens_per_row, int max_seqs) {
+  if (policy != "auto") {
+    const std::optional<Checkpointing> c = checkpointing_from_name(policy);
+    QT_CHECK(c.has_value(), "activation checkpointing '", policy, "' is not auto, none, selective or full");
+    log_info("activation checkpointing: ", policy, " (as asked)");
+    return *c;
+  }
+  std::string why;
+  const Checkpointing c = choose_checkpointing(cfg, backend, tokens_per_row, max_seqs, &why);
+  log_info("activation checkpointing (auto): ", why);
+  return c;
+}
+
 TrainStep::TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph)
     : model_(model), opt_(opt), micro_(micro_batches), gs_(std::make_unique<GraphState>()) {
   QT_CHECK(micro_batches >= 1, "TrainStep: micro_batches must be >= 1");
@@ -115,7 +129,7 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
   opt_.set_step(lr, step, 1.0 / double(trained));
   bool launched = false;
 #ifdef QT_HAVE_CUDA
-  if (graph_ && eager_static_runs_ > 0) {
+  if (graph_ && warmed_) {
     GraphState& g = *gs_;
     // A workspace reallocated since the capture (an eval row, a larger shape) or a new clip
     // threshold invalidates the graph: capture again (no growth can happen now).
@@ -138,7 +152,7 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
     // The first step runs eagerly: it grows every workspace and caches every GEMM plan, which a
     // capture cannot do.
     enqueue_all(max_grad_norm);
-    ++eager_static_runs_;
+    warmed_ = true;
   }
   r.replayed = launched;
   r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

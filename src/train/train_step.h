@@ -28,10 +28,19 @@ struct StepResult {
   bool replayed = false;   // ran as one CUDA-graph launch
 };
 
+// The static sample bound for rows of at most max_samples samples: one more for the padding
+// sample, rounded up to 8.
+inline int static_sample_bound(int max_samples) { return (max_samples + 1 + 7) / 8 * 8; }
+
+// The activation checkpointing policy named by `policy` (auto|none|selective|full); auto asks
+// choose_checkpointing for this backend's free memory. Logs the choice and its figures.
+Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig& cfg, const Backend& backend,
+                                    int64_t tokens_per_row, int max_seqs);
+
 class TrainStep {
  public:
   // micro_batches: rows per step; max_seqs: bound on samples per row incl. the padding sample
-  // (rows needing more run eagerly with exact shapes, and the bound grows for the next capture).
+  // (static_sample_bound); a step with a row needing more runs eagerly with exact shapes.
   TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
@@ -59,7 +68,8 @@ class TrainStep {
   ModelOptimizer& opt_;
   int64_t micro_;
   bool static_ = false, graph_ = false;
-  int64_t eager_static_runs_ = 0, captures_ = 0, graph_kernels_ = 0, graph_nodes_ = 0;
+  bool warmed_ = false;  // one eager static step ran: workspaces grown, GEMM plans cached
+  int64_t captures_ = 0, graph_kernels_ = 0, graph_nodes_ = 0;
   double* host_results_ = nullptr;  // page-locked: loss sums [micro], then the gradient norm
   struct GraphState;
   std::unique_ptr<GraphState> gs_;

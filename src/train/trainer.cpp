@@ -232,21 +232,13 @@ TrainSummary train_run(const TrainConfig& cfg) {
   sched.total_steps = total_steps;
 
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
-  // Static sample bound of the CUDA-graph step: the fullest row plus its padding sample, rounded up.
-  const int static_max_seqs = (max_row_samples + 1 + 7) / 8 * 8;
-  Checkpointing ckpt = Checkpointing::None;
-  if (cfg.activation_checkpointing == "auto") {
-    std::string why;
-    ckpt = choose_checkpointing(mc, *run.backend, pack.tokens_per_batch, static_max_seqs, &why);
-    log_info("activation checkpointing (auto): ", why);
-  } else {
-    ckpt = *checkpointing_from_name(cfg.activation_checkpointing);
-  }
+  const int static_max_seqs = static_sample_bound(max_row_samples);
+  const Checkpointing ckpt =
+      resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, pack.tokens_per_batch, static_max_seqs);
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch,
                                             ckpt);
   run.model->load(run.src);
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
-  // Static sample bound: the fullest row plus its padding sample, rounded up to 8.
   TrainStep stepper(*run.model, *run.optimizer, accum, static_max_seqs, cfg.cuda_graph);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
