@@ -733,6 +733,7 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
   using Tr = FwdTraits<D>;
   // Opt in above 48 KB of dynamic smem (cheap; repeated per call so every device gets it).
   cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+  static_assert(Tr::kBlockM >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
   const int2* tiles = build_tile_table(workspace, a, Tr::kBlockM, false, stream);
   FwdParams p{static_cast<bf16*>(o), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
@@ -757,6 +758,7 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
       dsum, lse2, dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse, a.total_tokens,
       a.num_q_heads);
   check_launch("attn_bwd_pre_kernel");
+  static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
   const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
   BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dq_acc, lse2, dsum,
               static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
