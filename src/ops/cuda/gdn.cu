@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1146,36 +1147,36 @@ void set_smem(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// A tuning knob of bench_gdn: the integer the environment variable names when it is one of
+// `allowed`, else 0 (keep the default). Read once per process.
+int env_knob(const char* name, std::initializer_list<int> allowed) {
+  const char* e = std::getenv(name);
+  if (e == nullptr) return 0;
+  const int want = std::atoi(e);
+  for (int a : allowed)
+    if (a == want) return want;
+  return 0;
+}
+
 // dv columns per scan CTA (16, 32 or 64, dividing V); QT_GDN_BV_FWD / QT_GDN_BV_BWD override the
 // default for tuning runs of bench_gdn.
-int column_block(int V, const char* env) {
-  int bv = V % 32 == 0 ? 32 : 16;
-  if (const char* e = std::getenv(env)) {
-    const int want = std::atoi(e);
-    if ((want == 16 || want == 32 || want == 64) && V % want == 0) bv = want;
-  }
-  return bv;
+int column_block(int V, bool backward) {
+  static const int fwd = env_knob("QT_GDN_BV_FWD", {16, 32, 64}), bwd = env_knob("QT_GDN_BV_BWD", {16, 32, 64});
+  const int want = backward ? bwd : fwd;
+  return want != 0 && V % want == 0 ? want : (V % 32 == 0 ? 32 : 16);
 }
 
 // Row tiles per warp tile in bwd_chunk's S0 / dS_end products (1 or 2; 4 was slower in step 3 and
 // its 8-column tiles would need twice the row-dot partial slots); QT_GDN_BWD_MT overrides the default.
 int bwd_row_tiles() {
-  int mt = 2;
-  if (const char* e = std::getenv("QT_GDN_BWD_MT")) {
-    const int want = std::atoi(e);
-    if (want == 1 || want == 2) mt = want;
-  }
-  return mt;
+  static const int mt = env_knob("QT_GDN_BWD_MT", {1, 2});
+  return mt != 0 ? mt : 2;
 }
 
 // k-loop unroll of those products (8 or 16); QT_GDN_BWD_UNROLL overrides the default.
 int bwd_unroll() {
-  int bu = 8;
-  if (const char* e = std::getenv("QT_GDN_BWD_UNROLL")) {
-    const int want = std::atoi(e);
-    if (want == 8 || want == 16) bu = want;
-  }
-  return bu;
+  static const int bu = env_knob("QT_GDN_BWD_UNROLL", {8, 16});
+  return bu != 0 ? bu : 8;
 }
 
 // Precision of the tensor-core products. The backward uses 3xTF32 (~fp32 products): with plain
@@ -1248,7 +1249,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim, split);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
-  const int bv = column_block(V, "QT_GDN_BV_FWD");
+  const int bv = column_block(V, false);
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_fwd_kernel, scan_bytes);
   stage_begin(stream);
@@ -1318,7 +1319,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
-  const int bv = column_block(V, "QT_GDN_BV_BWD");
+  const int bv = column_block(V, true);
   const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
   stage_begin(stream);
