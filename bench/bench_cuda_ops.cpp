@@ -2,8 +2,9 @@
 // 8192^3 bf16 GEMM: TFLOP/s), then Qwen3.5-2B shapes at T = 8192 tokens: the step's projection
 // GEMMs FLOP-weighted over forward + backward (one GDN layer, one attention layer, the MLP),
 // RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear
-// cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory.
-// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,ce] [--ce-rows N]   (prints: key  value
+// cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory; `layer`
+// times the layers' other elementwise ops (gated norm, GDN gates, attention prep, SwiGLU).
+// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,layer,ce] [--ce-rows N]   (prints: key  value
 // unit  ceiling; --only runs just the named sections after the ceilings; --ce-rows sets the
 // cross-entropy chunk, 0 = the backend's default)
 #include <cuda_runtime_api.h>
@@ -212,6 +213,80 @@ int main(int argc, char** argv) {
     rows.push_back({"adamw_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
                     "copy_tbs " + std::to_string(copy_tbs)});
     be.reset_arena();
+  }
+
+  // ---- the layers' other elementwise ops at 2B shapes: time and bytes moved (not a goal key) ----
+  if (run("layer")) {
+    auto report = [&](const char* name, double ms, double bytes) {
+      std::printf("  %-24s %7.1f us  %5.2f TB/s  %.3f of copy\n", name, ms * 1e3, bytes / (ms * 1e-3) / 1e12,
+                  bytes / (ms * 1e-3) / 1e12 / copy_tbs);
+    };
+    const int64_t Hv = 16, dv = 128, Hq = 8, Hkv = 2, Dh = 256;
+    {  // gated RMSNorm over each value head's dv: fwd x,z -> y; bwd x,z,dy -> dx,dz
+      Tensor x = be.alloc(DType::BF16, {T, Hv, dv}), z = be.alloc(DType::BF16, {T, Hv, dv}),
+             w = be.alloc(DType::BF16, {dv}), y = be.alloc(DType::BF16, {T, Hv, dv}),
+             rstd = be.alloc(DType::F32, {T * Hv}), dx = be.alloc(DType::BF16, {T, Hv, dv}),
+             dz = be.alloc(DType::BF16, {T, Hv, dv}), dw = be.alloc(DType::F32, {dv});
+      fill(be, x, 1.0f, 30);
+      fill(be, z, 2.0f, 31);
+      fill(be, w, 1.0f, 32);
+      const double n = double(T * Hv * dv);
+      report("gated_rmsnorm fwd", time_ms(be, [&] { be.gated_rmsnorm_forward(y, rstd, x, z, w, 1e-6); }, iters), 6 * n);
+      report("gated_rmsnorm bwd", time_ms(be, [&] { be.gated_rmsnorm_backward(dx, dz, dw, y, x, z, w, rstd); }, iters),
+             10 * n);
+      be.reset_arena();
+    }
+    {  // GDN gates: b, a -> beta, g (fp32); backward dbeta, dg (fp32), b, a -> db, da
+      Tensor b = be.alloc(DType::BF16, {T, Hv}), a = be.alloc(DType::BF16, {T, Hv}), alog = be.alloc(DType::BF16, {Hv}),
+             dtb = be.alloc(DType::BF16, {Hv}), beta = be.alloc(DType::F32, {T, Hv}), g = be.alloc(DType::F32, {T, Hv}),
+             db = be.alloc(DType::BF16, {T, Hv}), da = be.alloc(DType::BF16, {T, Hv}),
+             dalog = be.alloc(DType::F32, {Hv}), ddt = be.alloc(DType::F32, {Hv});
+      fill(be, b, 2.0f, 33);
+      fill(be, a, 2.0f, 34);
+      fill(be, alog, 1.0f, 35);
+      fill(be, dtb, 1.0f, 36);
+      be.gdn_gates_forward(beta, g, b, a, alog, dtb);
+      const double n = double(T * Hv);
+      report("gdn_gates fwd", time_ms(be, [&] { be.gdn_gates_forward(beta, g, b, a, alog, dtb); }, iters), 12 * n);
+      report("gdn_gates bwd",
+             time_ms(be, [&] { be.gdn_gates_backward(db, da, dalog, ddt, beta, g, b, a, alog, dtb); }, iters), 16 * n);
+      be.reset_arena();
+    }
+    {  // attention q/k norm + partial RoPE: qg [T, Hq, 2 D], kr [T, Hkv, D]
+      Tensor qg = be.alloc(DType::BF16, {T, Hq * 2 * Dh}), kr = be.alloc(DType::BF16, {T, Hkv * Dh}),
+             qw = be.alloc(DType::BF16, {Dh}), kw = be.alloc(DType::BF16, {Dh}),
+             q = be.alloc(DType::BF16, {T, Hq, Dh}), k = be.alloc(DType::BF16, {T, Hkv, Dh}),
+             gate = be.alloc(DType::BF16, {T, Hq * Dh}), qr = be.alloc(DType::F32, {T * Hq}),
+             krs = be.alloc(DType::F32, {T * Hkv}), pos = be.alloc(DType::I32, {T}),
+             dqg = be.alloc(DType::BF16, {T, Hq * 2 * Dh}), dkr = be.alloc(DType::BF16, {T, Hkv * Dh}),
+             dqw = be.alloc(DType::F32, {Dh}), dkw = be.alloc(DType::F32, {Dh});
+      fill(be, qg, 2.0f, 37);
+      fill(be, kr, 2.0f, 38);
+      fill(be, qw, 0.5f, 39);
+      fill(be, kw, 0.5f, 40);
+      std::vector<int32_t> p(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) p[size_t(t)] = int32_t(t % 1024);
+      be.copy_from_host(pos, p.data());
+      const AttnDims dims{Hq, Hkv, Dh, Dh / 4, 1e7};
+      const double n = double(T * (2 * Hq + Hkv) * Dh);  // elements of qg and kr
+      report("attn_prep fwd",
+             time_ms(be, [&] { be.attn_prep_forward(q, k, gate, qr, krs, qg, kr, qw, kw, pos, dims, 1e-6); }, iters),
+             4 * n);
+      report("attn_prep bwd", time_ms(be, [&] {
+               be.attn_prep_backward(dqg, dkr, dqw, dkw, q, k, gate, qg, kr, qw, kw, qr, krs, pos, dims);
+             }, iters), 6 * n);
+      be.reset_arena();
+    }
+    {  // SwiGLU over the MLP width, attention output gate over Hq * D
+      Tensor gt = be.alloc(DType::BF16, {T, I}), up = be.alloc(DType::BF16, {T, I}), h = be.alloc(DType::BF16, {T, I}),
+             dg = be.alloc(DType::BF16, {T, I}), du = be.alloc(DType::BF16, {T, I});
+      fill(be, gt, 2.0f, 41);
+      fill(be, up, 2.0f, 42);
+      const double n = double(T * I);
+      report("swiglu fwd", time_ms(be, [&] { be.swiglu_forward(h, gt, up); }, iters), 6 * n);
+      report("swiglu bwd", time_ms(be, [&] { be.swiglu_backward(dg, du, h, gt, up); }, iters), 10 * n);
+      be.reset_arena();
+    }
   }
 
   // ---- fused linear cross-entropy, T x H -> V ----
