@@ -364,9 +364,12 @@ TEST_F(OpsTest, AddRmsNorm) {
 
 TEST_F(OpsTest, GatedRmsNorm) {
   QT_REQUIRE_GPU();
-  for (int64_t T : kTokens) {
-    for (int64_t dv : {int64_t(32), int64_t(128), int64_t(20)}) {
-      const int64_t Hv = 4;
+  // dv 8..128 (multiples of 8) take the narrow-row kernels (1..16 lanes per row); 20 and 136 don't.
+  // 3001 x 16 rows give every block of the backward several passes and unequal row counts.
+  for (int64_t T : {int64_t(1), int64_t(7), int64_t(133), int64_t(1021), int64_t(3001)}) {
+    for (int64_t dv : {int64_t(8), int64_t(32), int64_t(72), int64_t(128), int64_t(20), int64_t(136)}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " dv " + std::to_string(dv));
+      const int64_t Hv = T == 3001 ? 16 : 4;
       Pair x = input({T, Hv, dv}, -3, 3), z = input({T, Hv, dv}, -4, 4), w = input({dv}, 0.5, 1.5);
       Pair y = output({T, Hv, dv}), rstd = output({T * Hv}, DType::F32);
       g_->gated_rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, z.gpu, w.gpu, 1e-6);
@@ -386,7 +389,7 @@ TEST_F(OpsTest, GatedRmsNorm) {
 TEST_F(OpsTest, GdnGates) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {
-    for (int64_t H : {int64_t(4), int64_t(16)}) {
+    for (int64_t H : {int64_t(4), int64_t(16), int64_t(48)}) {  // 48: a tile shorter than 64 rows
       Pair b = input({T, H}, -5, 5), a = input({T, H}, -6, 6), alog = input({H}, -1, 1.5), dtb = input({H}, -2, 2);
       Pair beta = output({T, H}, DType::F32), g = output({T, H}, DType::F32);
       g_->gdn_gates_forward(beta.gpu, g.gpu, b.gpu, a.gpu, alog.gpu, dtb.gpu);
@@ -462,8 +465,10 @@ TEST_F(OpsTest, Conv1dManySamples) {
 
 TEST_F(OpsTest, AttnPrep) {
   QT_REQUIRE_GPU();
-  for (int64_t T : {int64_t(1), int64_t(7), int64_t(133)}) {
+  // 9001 tokens: the backward's 1024 blocks get 9 tokens each, so warps reuse their cos/sin row.
+  for (int64_t T : {int64_t(1), int64_t(7), int64_t(133), int64_t(9001)}) {
     for (int64_t D : {int64_t(64), int64_t(256)}) {
+      if (T == 9001 && D == 64) continue;
       SCOPED_TRACE("T " + std::to_string(T) + " D " + std::to_string(D));
       const AttnDims dims{4, 2, D, D / 4, 1e7};
       std::vector<int32_t> pos(static_cast<size_t>(T));

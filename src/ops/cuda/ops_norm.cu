@@ -3,6 +3,7 @@
 // deterministically: per-warp fp32 rows in shared memory, summed in warp order into one partial
 // row per block, then the partial rows are summed in block order (launch_column_reduce).
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -157,6 +158,23 @@ void rmsnorm_bwd_launch(void* dx, bool accumulate_dx, void* dz, float* partials,
 // block's row range), then the block's warps are summed in warp order into one partial row.
 constexpr int kFastWarps = 4;
 
+// y for the 16-byte vector i of a row: x rstd (1 + w) or w x rstd silu(z) (zrow: the row of z).
+template <NormKind KIND>
+__device__ __forceinline__ uint4 norm_vec8(const float (&v)[8], float rs, const bf16* w, const bf16* zrow, int64_t i) {
+  float wv[8], out[8];
+  dev::unpack8(wv, reinterpret_cast<const uint4*>(w)[i]);
+  if constexpr (KIND == NormKind::OnePlusW) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = v[k] * rs * (1.0f + wv[k]);
+  } else {
+    float zv[8];
+    dev::unpack8(zv, reinterpret_cast<const uint4*>(zrow)[i]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = wv[k] * (v[k] * rs) * dev::siluf_(zv[k]);
+  }
+  return dev::pack8(out);
+}
+
 // The norm of one row held in registers (lane owns the 16-byte vectors lane + 32 j, zero past the
 // row): rstd and y = x rstd (1 + w) or w x rstd silu(z).
 template <int NV, NormKind KIND>
@@ -179,19 +197,9 @@ __device__ __forceinline__ void norm_row_from_regs(const uint4 (&xr)[NV], bf16* 
   for (int j = 0; j < NV; ++j) {
     const int64_t i = lane + 32 * j;
     if (i >= cvec) break;
-    float v[8], wv[8], out[8];
+    float v[8];
     dev::unpack8(v, xr[j]);
-    dev::unpack8(wv, reinterpret_cast<const uint4*>(w)[i]);
-    if constexpr (KIND == NormKind::OnePlusW) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) out[k] = v[k] * rs * (1.0f + wv[k]);
-    } else {
-      float zv[8];
-      dev::unpack8(zv, reinterpret_cast<const uint4*>(z + row * cols)[i]);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) out[k] = wv[k] * (v[k] * rs) * dev::siluf_(zv[k]);
-    }
-    yp[i] = dev::pack8(out);
+    yp[i] = norm_vec8<KIND>(v, rs, w, z + row * cols, i);
   }
 }
 
@@ -397,6 +405,148 @@ int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* p
   return blocks;
 }
 
+// ---- narrow rows: cols % 8 == 0, cols <= 128 (the gated norm runs per head over dv = 128) -----
+// The fast path above gives a row a whole warp; at 128 columns half of its lanes idle and each warp
+// has one row in flight. Here a row gets LPR lanes (one 16-byte vector each), a warp handles
+// 32 / LPR rows at once and the backward keeps two such passes of loads in flight. Row sums are
+// xor trees inside the lane group. The backward keeps dw in registers (the lane's 8 columns) over
+// all its rows, then sums the warp's groups (xor tree) and the block's warps in warp order: a fixed
+// order, so dw stays deterministic.
+constexpr int kNarrowWarps = 8;
+constexpr int kNarrowUnroll = 2;
+
+template <int LPR>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+int narrow_lanes(int64_t cols) {
+  if (cols % 8 != 0 || cols > 128) return 0;
+  int lpr = 1;
+  while (lpr * 8 < cols) lpr *= 2;
+  return lpr;
+}
+
+template <int LPR, NormKind KIND>
+__global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_fwd_narrow(bf16* __restrict__ y, float* __restrict__ rstd,
+                                                                        const bf16* __restrict__ x,
+                                                                        const bf16* __restrict__ z,
+                                                                        const bf16* __restrict__ w, int64_t rows,
+                                                                        int64_t cols, float eps) {
+  constexpr int kRows = 32 / LPR;
+  const int lane = threadIdx.x & 31, sub = lane % LPR;
+  const int64_t row = (int64_t(blockIdx.x) * kNarrowWarps + (threadIdx.x >> 5)) * kRows + lane / LPR;
+  const bool ok = row < rows && sub * 8 < cols;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const uint4 xr = ok ? reinterpret_cast<const uint4*>(x + row * cols)[sub] : zero;
+  float v[8];
+  dev::unpack8(v, xr);
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+  ss = group_sum<LPR>(ss);  // every lane takes part: no return before the shuffles
+  const float rs = 1.0f / sqrtf(ss / float(cols) + eps);
+  if (row < rows && sub == 0) rstd[row] = rs;
+  if (!ok) return;
+  reinterpret_cast<uint4*>(y + row * cols)[sub] = norm_vec8<KIND>(v, rs, w, z + row * cols, sub);
+}
+
+template <int LPR, NormKind KIND>
+__global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_bwd_narrow(
+    bf16* __restrict__ dx, bool accumulate_dx, bf16* __restrict__ dz, float* __restrict__ partials,
+    const bf16* __restrict__ dy, const bf16* __restrict__ x, const bf16* __restrict__ z, const bf16* __restrict__ w,
+    const float* __restrict__ rstd, int64_t rows, int64_t cols, int64_t rows_per_block) {
+  constexpr int kRows = 32 / LPR, kStride = kNarrowWarps * kRows;
+  constexpr bool kGated = KIND == NormKind::Gated;
+  __shared__ float sm_dw[kNarrowWarps][128];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR;
+  const bool col_ok = sub * 8 < cols;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  float wv[8], dw[8];
+  dev::unpack8(wv, col_ok ? reinterpret_cast<const uint4*>(w)[sub] : zero);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) dw[k] = 0.0f;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = min(rows, r0 + rows_per_block);
+  for (int64_t base = r0 + warp * kRows + lane / LPR; base - lane / LPR < r1; base += kNarrowUnroll * kStride) {
+    uint4 xr[kNarrowUnroll], dr[kNarrowUnroll], zr[kNarrowUnroll], oldr[kNarrowUnroll];
+    float rs[kNarrowUnroll];
+    bool ok[kNarrowUnroll];
+#pragma unroll
+    for (int u = 0; u < kNarrowUnroll; ++u) {  // all loads of both passes first
+      const int64_t row = base + u * kStride;
+      ok[u] = row < r1 && col_ok;
+      xr[u] = ok[u] ? reinterpret_cast<const uint4*>(x + row * cols)[sub] : zero;
+      dr[u] = ok[u] ? reinterpret_cast<const uint4*>(dy + row * cols)[sub] : zero;
+      zr[u] = kGated && ok[u] ? reinterpret_cast<const uint4*>(z + row * cols)[sub] : zero;
+      oldr[u] = !kGated && accumulate_dx && dx != nullptr && ok[u] ? reinterpret_cast<const uint4*>(dx + row * cols)[sub]
+                                                                   : zero;
+      rs[u] = row < r1 ? rstd[row] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kNarrowUnroll; ++u) {
+      const int64_t row = base + u * kStride;
+      float xv[8], dv[8], zv[8], sz[8];
+      dev::unpack8(xv, xr[u]);
+      dev::unpack8(dv, dr[u]);
+      dev::unpack8(zv, zr[u]);
+      float dot = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        sz[k] = kGated ? dev::siluf_(zv[k]) : 1.0f + wv[k];  // the factor y carries besides n
+        dot += (xv[k] * rs[u]) * (dv[k] * (kGated ? wv[k] * sz[k] : sz[k]));
+      }
+      const float mean = group_sum<LPR>(dot) / float(cols);
+      if (!ok[u]) continue;
+      float dxv[8], dzv[8], old[8];
+      dev::unpack8(old, oldr[u]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float n = xv[k] * rs[u];
+        if constexpr (kGated) {
+          dxv[k] = rs[u] * (dv[k] * wv[k] * sz[k] - n * mean);
+          dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
+          dw[k] += dv[k] * n * sz[k];
+        } else {
+          dxv[k] = rs[u] * (dv[k] * sz[k] - n * mean) + old[k];
+          dw[k] += dv[k] * n;
+        }
+      }
+      if constexpr (kGated) reinterpret_cast<uint4*>(dz + row * cols)[sub] = dev::pack8(dzv);
+      if (dx != nullptr) reinterpret_cast<uint4*>(dx + row * cols)[sub] = dev::pack8(dxv);
+    }
+  }
+  if (partials == nullptr) return;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int o = LPR; o < 32; o <<= 1) dw[k] += __shfl_xor_sync(0xffffffffu, dw[k], o);
+  if (lane < LPR && col_ok)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sm_dw[warp][sub * 8 + k] = dw[k];
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kNarrowWarps; ++q) acc += sm_dw[q][c];
+    partials[int64_t(blockIdx.x) * cols + c] = acc;
+  }
+}
+
+// Calls f with LPR as a compile-time constant; false when the row is not narrow.
+template <typename F>
+bool dispatch_narrow(int64_t cols, F&& f) {
+  switch (narrow_lanes(cols)) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    default: return false;
+  }
+}
+
 // ---- backward, ring variant: cols % 8 == 0, cols <= 2048, (1+w) only ---------------------------
 // The register kernel above keeps one row per warp in flight and loads it only when the previous
 // one is done, so the warps' loads come in bursts (44.3 us for [8192, 2048] on the H200).
@@ -588,6 +738,18 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
   const auto* zb = static_cast<const bf16*>(z);
   const auto* wb = static_cast<const bf16*>(w);
   auto* yb = static_cast<bf16*>(y);
+  const bool narrow = vec && dispatch_narrow(cols, [&](auto lpr) {
+    constexpr int kLpr = decltype(lpr)::value;
+    const unsigned blocks = static_cast<unsigned>(ceil_div(rows, int64_t(kNarrowWarps) * (32 / kLpr)));
+    if (kind == NormKind::OnePlusW)
+      rmsnorm_fwd_narrow<kLpr, NormKind::OnePlusW><<<blocks, kNarrowWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
+    else
+      rmsnorm_fwd_narrow<kLpr, NormKind::Gated><<<blocks, kNarrowWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
+  });
+  if (narrow) {
+    QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_forward" : "gated_rmsnorm_forward");
+    return;
+  }
   const int nv = vec ? fast_nv(cols) : 0;
   if (nv > 0) {
 #define QT_FWD_FAST(NV)                                                                                   \
@@ -640,9 +802,27 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
                    (dx == nullptr || aligned16(dx)) && (z == nullptr || aligned16(z)) && (dz == nullptr || aligned16(dz));
   int64_t blocks = bwd_blocks(rows);
   float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
+  const bool narrow = vec && dispatch_narrow(cols, [&](auto lpr) {
+    constexpr int kLpr = decltype(lpr)::value;
+    auto* dxb = static_cast<bf16*>(dx);
+    auto* dzb = static_cast<bf16*>(dz);
+    const auto* dyb = static_cast<const bf16*>(dy);
+    const auto* xb = static_cast<const bf16*>(x);
+    const auto* zb = static_cast<const bf16*>(z);
+    const auto* wb = static_cast<const bf16*>(w);
+    const int64_t per_block = ceil_div(rows, blocks);
+    if (kind == NormKind::OnePlusW)
+      rmsnorm_bwd_narrow<kLpr, NormKind::OnePlusW><<<static_cast<unsigned>(blocks), kNarrowWarps * 32, 0, s>>>(
+          dxb, accumulate_dx, dzb, partials, dyb, xb, zb, wb, rstd, rows, cols, per_block);
+    else
+      rmsnorm_bwd_narrow<kLpr, NormKind::Gated><<<static_cast<unsigned>(blocks), kNarrowWarps * 32, 0, s>>>(
+          dxb, accumulate_dx, dzb, partials, dyb, xb, zb, wb, rstd, rows, cols, per_block);
+  });
   // Gated keeps z in registers too: its fast path stops at NV 4 (1024 columns).
-  const int nv = vec ? fast_nv(cols) : 0;
-  if (nv > 0 && (kind == NormKind::OnePlusW || nv <= 4)) {
+  const int nv = vec && !narrow ? fast_nv(cols) : 0;
+  if (narrow) {
+    // launched above
+  } else if (nv > 0 && (kind == NormKind::OnePlusW || nv <= 4)) {
 #define QT_BWD_FAST(NV)                                                                                    \
   blocks = kind == NormKind::OnePlusW                                                                      \
                ? rmsnorm_bwd_fast_launch<NV, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s) \
@@ -681,72 +861,92 @@ __device__ __forceinline__ void rope_cs(float& c, float& s, int32_t pos, int j, 
   s = float(sd);
 }
 
-// Warp per (token, head); heads [0, Hq) are query heads (from qg, also copying the gate half),
-// [Hq, Hq + Hkv) key heads (from kr).
-__global__ void attn_prep_fwd_kernel(bf16* q, bf16* k, bf16* gate, float* q_rstd, float* k_rstd, const bf16* qg,
-                                     const bf16* kr, const bf16* qw, const bf16* kw, const int32_t* positions,
-                                     int64_t T, int Hq, int Hkv, int D, int rot, double theta, float eps) {
-  __shared__ float sm[kFwdWarps][kMaxHeadDim];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t item = int64_t(blockIdx.x) * kFwdWarps + warp;
-  const int H = Hq + Hkv;
-  if (item >= T * H) return;
-  const int64_t t = item / H;
-  const int hh = int(item % H);
-  const bool is_q = hh < Hq;
-  const bf16* src = is_q ? qg + (t * Hq + hh) * 2 * D : kr + (t * Hkv + (hh - Hq)) * D;
-  const bf16* w = is_q ? qw : kw;
-  bf16* dst = is_q ? q + (t * Hq + hh) * D : k + (t * Hkv + (hh - Hq)) * D;
-  float* n = sm[warp];
-  float ss = 0.0f;
-  for (int d = lane; d < D; d += 32) {
-    const float v = to_f(src[d]);
-    n[d] = v;
-    ss += v * v;
-  }
-  ss = dev::warp_sum(ss);
-  const float rs = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int d = lane; d < D; d += 32) n[d] = n[d] * rs * (1.0f + to_f(w[d]));
-  __syncwarp();
+// The cos/sin pairs of `ntok` consecutive tokens' rotary frequencies into cs[token][j], j < rot/2:
+// each is computed once per token (in double, like the CPU reference), not once per head and
+// rotated element.
+__device__ __forceinline__ void rope_table(float2 (*cs)[kMaxHeadDim / 2], const int32_t* positions, int64_t t0,
+                                           int ntok, int rot, double theta, int tid, int nthreads) {
   const int half = rot / 2;
-  const int32_t pos = positions[t];
-  for (int d = lane; d < D; d += 32) {
-    float out = n[d];
-    if (d < half) {
-      float c, s;
-      rope_cs(c, s, pos, d, rot, theta);
-      out = n[d] * c - n[d + half] * s;
-    } else if (d < rot) {
-      float c, s;
-      rope_cs(c, s, pos, d - half, rot, theta);
-      out = n[d] * c + n[d - half] * s;
-    }
-    dst[d] = to_bf(out);
-    if (is_q) gate[(t * Hq + hh) * D + d] = src[D + d];
-  }
-  if (lane == 0) {
-    if (is_q) q_rstd[t * Hq + hh] = rs;
-    else k_rstd[t * Hkv + (hh - Hq)] = rs;
+  for (int i = tid; i < ntok * half; i += nthreads) {
+    float c, sn;
+    rope_cs(c, sn, positions[t0 + i / half], i % half, rot, theta);
+    cs[i / half][i % half] = make_float2(c, sn);
   }
 }
 
-// Block = kBwdWarps warps over a range of tokens; warp handles whole tokens (all heads). smem per
-// warp: du[D] and the dw partial row [2D] (query weight, then key weight).
-__global__ void attn_prep_bwd_kernel(bf16* dqg, bf16* dkr, float* partials, const bf16* dq, const bf16* dk,
-                                     const bf16* dgate, const bf16* qg, const bf16* kr, const bf16* qw,
-                                     const bf16* kw, const float* q_rstd, const float* k_rstd,
-                                     const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rot,
-                                     double theta, int64_t tokens_per_block) {
-  __shared__ float sm_du[kBwdWarps][kMaxHeadDim];
-  __shared__ float sm_dw[kBwdWarps][2 * kMaxHeadDim];
+// The rotated element d of a normalized head row n (rotate-half over the first rot elements).
+__device__ __forceinline__ float rope_apply(const float* n, const float2* cs, int d, int rot) {
+  const int half = rot / 2;
+  if (d < half) return n[d] * cs[d].x - n[d + half] * cs[d].y;
+  if (d < rot) return n[d] * cs[d - half].x + n[d - half] * cs[d - half].y;
+  return n[d];
+}
+
+// Block = kPrepTokens tokens: their cos/sin rows first, then warps take (token, head) items; heads
+// [0, Hq) are query heads (from qg, also copying the gate half), [Hq, Hq + Hkv) key heads (from kr).
+constexpr int kPrepTokens = 8;
+__global__ void __launch_bounds__(kFwdWarps * 32) attn_prep_fwd_kernel(
+    bf16* q, bf16* k, bf16* gate, float* q_rstd, float* k_rstd, const bf16* qg, const bf16* kr, const bf16* qw,
+    const bf16* kw, const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rot, double theta, float eps) {
+  __shared__ float sm[kFwdWarps][kMaxHeadDim];
+  __shared__ float2 cs[kPrepTokens][kMaxHeadDim / 2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t0 = int64_t(blockIdx.x) * kPrepTokens;
+  const int ntok = T - t0 < kPrepTokens ? int(T - t0) : kPrepTokens;
+  rope_table(cs, positions, t0, ntok, rot, theta, threadIdx.x, blockDim.x);
+  __syncthreads();
+  const int H = Hq + Hkv;
+  float* n = sm[warp];
+  for (int item = warp; item < ntok * H; item += kFwdWarps) {
+    const int64_t t = t0 + item / H;
+    const int hh = item % H;
+    const bool is_q = hh < Hq;
+    const bf16* src = is_q ? qg + (t * Hq + hh) * 2 * D : kr + (t * Hkv + (hh - Hq)) * D;
+    const bf16* w = is_q ? qw : kw;
+    bf16* dst = is_q ? q + (t * Hq + hh) * D : k + (t * Hkv + (hh - Hq)) * D;
+    float ss = 0.0f;
+    __syncwarp();  // the previous item's reads of n are done
+    for (int d = lane; d < D; d += 32) {
+      const float v = to_f(src[d]);
+      n[d] = v;
+      ss += v * v;
+    }
+    ss = dev::warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / float(D) + eps);
+    for (int d = lane; d < D; d += 32) n[d] = n[d] * rs * (1.0f + to_f(w[d]));
+    __syncwarp();
+    for (int d = lane; d < D; d += 32) {
+      dst[d] = to_bf(rope_apply(n, cs[item / H], d, rot));
+      if (is_q) gate[(t * Hq + hh) * D + d] = src[D + d];
+    }
+    if (lane == 0) {
+      if (is_q) q_rstd[t * Hq + hh] = rs;
+      else k_rstd[t * Hkv + (hh - Hq)] = rs;
+    }
+  }
+}
+
+// Block = kPrepBwdWarps warps over a range of tokens; a warp handles whole tokens (all heads), with
+// the token's cos/sin row computed once into its shared row. smem per warp: that row, du[D] and
+// the dw partial row [2D] (query weight, then key weight).
+constexpr int kPrepBwdWarps = 8;
+__global__ void __launch_bounds__(kPrepBwdWarps * 32) attn_prep_bwd_kernel(
+    bf16* dqg, bf16* dkr, float* partials, const bf16* dq, const bf16* dk, const bf16* dgate, const bf16* qg,
+    const bf16* kr, const bf16* qw, const bf16* kw, const float* q_rstd, const float* k_rstd,
+    const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rot, double theta, int64_t tokens_per_block) {
+  __shared__ float sm_du[kPrepBwdWarps][kMaxHeadDim];
+  __shared__ float sm_dw[kPrepBwdWarps][2 * kMaxHeadDim];
+  __shared__ float2 sm_cs[kPrepBwdWarps][1][kMaxHeadDim / 2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* du = sm_du[warp];
   float* dwp = sm_dw[warp];
+  const float2* cs = sm_cs[warp][0];
   for (int d = lane; d < 2 * D; d += 32) dwp[d] = 0.0f;
   const int half = rot / 2;
   const int64_t t0 = int64_t(blockIdx.x) * tokens_per_block, t1 = min(T, t0 + tokens_per_block);
-  for (int64_t t = t0 + warp; t < t1; t += kBwdWarps) {
-    const int32_t pos = positions[t];
+  for (int64_t t = t0 + warp; t < t1; t += kPrepBwdWarps) {
+    __syncwarp();  // the previous token's reads of the cos/sin row are done
+    rope_table(sm_cs[warp], positions, t, 1, rot, theta, lane, 32);
     for (int hh = 0; hh < Hq + Hkv; ++hh) {
       const bool is_q = hh < Hq;
       const bf16* dy = is_q ? dq + (t * Hq + hh) * D : dk + (t * Hkv + (hh - Hq)) * D;
@@ -758,15 +958,8 @@ __global__ void attn_prep_bwd_kernel(bf16* dqg, bf16* dkr, float* partials, cons
       __syncwarp();
       for (int d = lane; d < D; d += 32) {  // rotate dy by -angle
         float v = to_f(dy[d]);
-        if (d < half) {
-          float c, s;
-          rope_cs(c, s, pos, d, rot, theta);
-          v = to_f(dy[d]) * c + to_f(dy[d + half]) * s;
-        } else if (d < rot) {
-          float c, s;
-          rope_cs(c, s, pos, d - half, rot, theta);
-          v = to_f(dy[d]) * c - to_f(dy[d - half]) * s;
-        }
+        if (d < half) v = v * cs[d].x + to_f(dy[d + half]) * cs[d].y;
+        else if (d < rot) v = v * cs[d - half].x - to_f(dy[d - half]) * cs[d - half].y;
         du[d] = v;
       }
       __syncwarp();
@@ -786,7 +979,7 @@ __global__ void attn_prep_bwd_kernel(bf16* dqg, bf16* dkr, float* partials, cons
   for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
     float acc = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kBwdWarps; ++k) acc += sm_dw[k][c];
+    for (int k = 0; k < kPrepBwdWarps; ++k) acc += sm_dw[k][c];
     partials[int64_t(blockIdx.x) * 2 * D + c] = acc;
   }
 }
@@ -801,8 +994,7 @@ void launch_attn_prep_forward(void* q, void* k, void* gate, float* q_rstd, float
                               cudaStream_t s) {
   if (T <= 0) return;
   QT_CHECK(D <= kMaxHeadDim, "attn_prep_forward: head_dim ", D, " exceeds the CUDA kernel's ", kMaxHeadDim);
-  const int64_t items = T * (Hq + Hkv);
-  attn_prep_fwd_kernel<<<static_cast<unsigned>(ceil_div(items, kFwdWarps)), kFwdWarps * 32, 0, s>>>(
+  attn_prep_fwd_kernel<<<static_cast<unsigned>(ceil_div(T, kPrepTokens)), kFwdWarps * 32, 0, s>>>(
       static_cast<bf16*>(q), static_cast<bf16*>(k), static_cast<bf16*>(gate), q_rstd, k_rstd,
       static_cast<const bf16*>(qg), static_cast<const bf16*>(kr), static_cast<const bf16*>(q_norm_w),
       static_cast<const bf16*>(k_norm_w), positions, T, Hq, Hkv, D, rotary_dim, theta, eps);
@@ -822,7 +1014,7 @@ void launch_attn_prep_backward(void* dqg, void* dkr, void* dq_norm_w, bool dqw_f
   QT_CHECK(D <= kMaxHeadDim, "attn_prep_backward: head_dim ", D, " exceeds the CUDA kernel's ", kMaxHeadDim);
   const int64_t blocks = prep_bwd_blocks(T);
   float* partials = static_cast<float*>(ws);
-  attn_prep_bwd_kernel<<<static_cast<unsigned>(blocks), kBwdWarps * 32, 0, s>>>(
+  attn_prep_bwd_kernel<<<static_cast<unsigned>(blocks), kPrepBwdWarps * 32, 0, s>>>(
       static_cast<bf16*>(dqg), static_cast<bf16*>(dkr), partials, static_cast<const bf16*>(dq),
       static_cast<const bf16*>(dk), static_cast<const bf16*>(dgate), static_cast<const bf16*>(qg),
       static_cast<const bf16*>(kr), static_cast<const bf16*>(q_norm_w), static_cast<const bf16*>(k_norm_w), q_rstd,
