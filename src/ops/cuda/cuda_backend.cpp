@@ -23,7 +23,6 @@ constexpr DType BF16 = DType::BF16;
 constexpr DType F32 = DType::F32;
 constexpr DType I32 = DType::I32;
 constexpr size_t kGemmWorkspace = size_t(32) << 20;  // cuBLASLt on Hopper wants up to 32 MiB
-constexpr int64_t kNumCounters = 1024;  // counters_: one per 256-channel slice, so conv dims up to 262144
 constexpr size_t kAlign = 256;
 
 void check_storage(const char* op, const char* name, const Tensor& t, DType dtype) {
@@ -110,8 +109,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   block_bytes_ = mb << 20;
   Tensor s = alloc(DType::F64, {1});
   d_scalar_ = static_cast<double*>(s.data);
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_), kNumCounters * sizeof(unsigned)));
-  CUDA_CHECK(cudaMemsetAsync(counters_, 0, kNumCounters * sizeof(unsigned), stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -128,7 +125,6 @@ CudaBackend::~CudaBackend() {
   for (void* h : host_blocks_) cudaFreeHost(h);
   cudaFree(ws_);
   cudaFree(gemm_ws_);
-  cudaFree(counters_);
   if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -469,8 +465,7 @@ void CudaBackend::conv1d_silu_backward(const Tensor& dx, const Tensor& dw, const
   check_seqs(op, seqs, T);
   void* ws = workspace(cuda::conv1d_silu_backward_workspace_bytes(T, C, int(K)));
   cuda::launch_conv1d_silu_backward(dx.data, want_dw ? dw.data : nullptr, f32, dy.data, x.data, w.data,
-                                    seqs.cu_seqlens.ptr<int32_t>(), seqs.num_seqs, T, C, int(K), ws, counters_,
-                                    kNumCounters, stream_);
+                                    seqs.cu_seqlens.ptr<int32_t>(), seqs.num_seqs, T, C, int(K), ws, stream_);
 }
 
 void CudaBackend::gdn_gates_forward(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,

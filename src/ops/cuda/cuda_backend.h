@@ -159,9 +159,6 @@ class CudaBackend final : public Backend {
   size_t block_index_ = 0, block_used_ = 0;
   size_t block_bytes_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
-  // Completion counters for kernels whose last block finishes a reduction (conv1d dw): zero between
-  // ops; an op that uses them leaves them zero. Only this backend's stream uses them.
-  unsigned* counters_ = nullptr;
   int64_t ce_chunk_rows_ = 0;
 };
 

@@ -842,14 +842,11 @@ __device__ __forceinline__ void cs_step(bf16* __restrict__ dx, float (&h)[3][4],
   }
 }
 
-// With slice_done (one zeroed counter per 256-channel slice), the last block of a slice to finish
-// then sums the slice's partial rows in span order and adds them into dw_out, and sets the counter
-// back to zero; without it, launch_column_reduce does that sum.
 template <int G, int R, int NSTEP, int MINB>
 __global__ void __launch_bounds__(64 * G, MINB)
-    conv1d_bwd_stream(bf16* __restrict__ dx, float* __restrict__ partials, void* dw_out, bool dw_f32,
-                      unsigned* slice_done, const bf16* __restrict__ dy, const bf16* __restrict__ x,
-                      const bf16* __restrict__ w, const int32_t* __restrict__ cu, int num_seqs, int64_t T, int64_t C) {
+    conv1d_bwd_stream(bf16* __restrict__ dx, float* __restrict__ partials, const bf16* __restrict__ dy,
+                      const bf16* __restrict__ x, const bf16* __restrict__ w, const int32_t* __restrict__ cu,
+                      int num_seqs, int64_t T, int64_t C) {
   constexpr int L = R * NSTEP, kXB = (R + 6) * kCtRowBytes, kYB = (R + 3) * kCtRowBytes;
   constexpr int kStage = cs_stage_bytes<R>();
   static_assert(R + 3 <= 16, "dist slots");
@@ -920,47 +917,18 @@ __global__ void __launch_bounds__(64 * G, MINB)
     for (int k = 0; k < G; ++k) acc += redf[k * kCtChan * 4 + e];
     part[e] = acc;
   }
-  if (slice_done == nullptr) return;
-  // Publish this block's partial row, then count it; the block that counts last sees every row.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&slice_done[blockIdx.x], 1u) == gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const float4* rows = reinterpret_cast<const float4*>(partials) + c0;  // float4 = one channel's 4 taps
-  const int nch = C - c0 < kCtChan ? int(C - c0) : kCtChan;
-  for (int c = threadIdx.x; c < nch; c += blockDim.x) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-    for (unsigned sp = 0; sp < gridDim.y; ++sp) {  // span order: deterministic
-      const float4 v = __ldcg(rows + int64_t(sp) * C + c);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    const int64_t o = (c0 + c) * 4;
-    dev::acc_store(dw_out, dw_f32, o, acc.x);
-    dev::acc_store(dw_out, dw_f32, o + 1, acc.y);
-    dev::acc_store(dw_out, dw_f32, o + 2, acc.z);
-    dev::acc_store(dw_out, dw_f32, o + 3, acc.w);
-  }
-  if (threadIdx.x == 0) slice_done[blockIdx.x] = 0;  // ready for the next launch on the stream
 }
 
 // Returns the number of partial rows written (one per span of G * R * NSTEP tokens).
 template <int G, int R, int NSTEP, int MINB>
-int64_t cs_bwd_launch(bf16* dx, float* partials, void* dw, bool dw_f32, unsigned* slice_done, const bf16* dy,
-                      const bf16* x, const bf16* w, const int32_t* cu, int num_seqs, int64_t T, int64_t C,
-                      cudaStream_t s) {
+int64_t cs_bwd_launch(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w, const int32_t* cu,
+                      int num_seqs, int64_t T, int64_t C, cudaStream_t s) {
   const int smem = 2 * G * cs_stage_bytes<R>();
   auto kernel = conv1d_bwd_stream<G, R, NSTEP, MINB>;
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t spans = ceil_div(T, int64_t(G) * R * NSTEP);
   const dim3 grid(static_cast<unsigned>(ceil_div(C, kCtChan)), static_cast<unsigned>(spans));
-  kernel<<<grid, 64 * G, smem, s>>>(dx, partials, dw, dw_f32, slice_done, dy, x, w, cu, num_seqs, T, C);
+  kernel<<<grid, 64 * G, smem, s>>>(dx, partials, dy, x, w, cu, num_seqs, T, C);
   return spans;
 }
 
@@ -1011,19 +979,17 @@ size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K) {
 
 void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
                                  const int32_t* cu, int num_seqs, int64_t T, int64_t C, int K, void* ws,
-                                 unsigned* counters, int64_t num_counters, cudaStream_t s) {
+                                 cudaStream_t s) {
   if (T <= 0 || C <= 0) return;
   if (K != 4) QT_FAIL("conv1d_silu_backward: kernel width ", K, " is not supported by the CUDA kernel (4 only)");
   if (C % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x)) {
     float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
-    // dw summed inside the kernel when there is a counter for every channel slice.
-    const bool fused = dw != nullptr && counters != nullptr && ceil_div(C, kCtChan) <= num_counters;
     static_assert(2 * 8 * 16 == kCtSpanB * 32, "workspace rows assume 256-token spans");
     const int64_t spans = cs_bwd_launch<2, 8, 16, 0>(
-        static_cast<bf16*>(dx), partials, dw, dw_f32, fused ? counters : nullptr, static_cast<const bf16*>(dy),
-        static_cast<const bf16*>(x), static_cast<const bf16*>(w), cu, num_seqs, T, C, s);
+        static_cast<bf16*>(dx), partials, static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
+        static_cast<const bf16*>(w), cu, num_seqs, T, C, s);
     QT_LAUNCH_CHECK("conv1d_silu_backward");
-    if (dw != nullptr && !fused) launch_column_reduce(dw, dw_f32, partials, spans, C * K, C * K, s);
+    if (dw != nullptr) launch_column_reduce(dw, dw_f32, partials, spans, C * K, C * K, s);
     return;
   }
   const bool vec = C % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x);

@@ -36,11 +36,9 @@ void launch_gdn_gates_backward(void* db, void* da, void* da_log, bool da_log_f32
 void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int32_t* cu, int num_seqs, int64_t T,
                                 int64_t C, int K, cudaStream_t s);
 size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K);
-// counters: num_counters zeroed uint32 (left zero) that let the last block of each channel slice sum
-// the weight gradient in the kernel; nullptr (or too few) runs launch_column_reduce after it instead.
 void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
                                  const int32_t* cu, int num_seqs, int64_t T, int64_t C, int K, void* ws,
-                                 unsigned* counters, int64_t num_counters, cudaStream_t s);
+                                 cudaStream_t s);
 // out[c] (+)= sum_{p < P} partials[p * ld + c] for c < ncols, p in order (fp32), then stored.
 void launch_column_reduce(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld, int64_t ncols,
                           cudaStream_t s);
