@@ -3,6 +3,7 @@
 // TFLOP/s by KERNELS.md 1.8 (executed FLOPs per token per value head, C = 64):
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
 // Usage: bench_gdn [iters]   (prints one `key value unit` row per figure)
+// Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -121,10 +122,20 @@ int main(int argc, char** argv) {
     const double fwd_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr); });
     const double bwd_ms =
         time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr); });
+    // The training path: the forward keeps its state (computed at the backward's precision) and the
+    // backward reads it instead of recomputing (Backend::gdn_forward_keep / gdn_backward_kept).
+    void* kept;
+    BCHECK(cudaMalloc(&kept, qt::cuda::gdn_state_bytes(a)));
+    const double fk_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, kept); });
+    const double bk_ms =
+        time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, kept); });
     const double th = static_cast<double>(T) * Hv;
     std::printf("| gdn_fwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, fwd_per * th / (fwd_ms * 1e-3) / 1e12);
     std::printf("| gdn_bwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, bwd_per * th / (bwd_ms * 1e-3) / 1e12);
     std::printf("| gdn_fwd_ms_%s | %.3f | ms |\n| gdn_bwd_ms_%s | %.3f | ms |\n", s.name, fwd_ms, s.name, bwd_ms);
+    std::printf("| gdn_fwd_keep_ms_%s | %.3f | ms |\n| gdn_bwd_kept_ms_%s | %.3f | ms |\n", s.name, fk_ms, s.name,
+                bk_ms);
+    std::printf("| gdn_train_ms_%s | %.3f | ms |\n", s.name, fk_ms + bk_ms);
     std::printf("# %s: workspace %.1f MiB\n", s.name, ws_bytes / 1048576.0);
     const char* st = std::getenv("QT_GDN_STAGE_TIMES");
     if (st && st[0] == '1') {
@@ -144,6 +155,7 @@ int main(int argc, char** argv) {
     BCHECK(cudaFree(dg));
     BCHECK(cudaFree(dbeta));
     BCHECK(cudaFree(ws));
+    BCHECK(cudaFree(kept));
   }
   BCHECK(cudaFree(cu_d));
   return 0;
