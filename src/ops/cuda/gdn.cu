@@ -1,5 +1,9 @@
-// Gated DeltaNet (QWEN35_SPEC 3.5 / 4), chunked WY/UT form with C = 64 (KERNELS.md 1.3-1.5), fp32
-// everywhere inside (state, gates, WY factors, intermediates); bf16 only at the interface.
+// Gated DeltaNet (QWEN35_SPEC 3.5 / 4), chunked WY/UT form with C = 64 (KERNELS.md 1.3-1.5).
+// Products on bf16 tensor cores (mma m16n8k16, fp32 accumulation; gdn_mma.cuh): q, k, v, dO are
+// staged as their raw bf16 rows (exact operands, L2 scales applied per row), every fp32 operand is
+// split into bf16 hi + lo (~fp32 products, relative error <= ~3 2^-18). The state, gates, cumsums
+// and the triangular solve stay fp32; W and the scans' smem operands (S, dS, D, dD) are kept as
+// hi / lo planes (the values the split makes) so they are read by ldmatrix; h, dh, D, dD in global are fp32.
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -12,9 +16,8 @@
 // Forward:  chunk table -> L2 norm -> prep (G, W, U) -> state scan (h, D) -> output.
 // Backward: the same up to the scan, then dD_local = P^T dO -> reverse scan (dh, full dD) ->
 //           per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta) -> group sum + L2-norm bwd.
-// Layout of the per-(chunk, head) kernels: 256 threads, smem row strides padded by one float;
-// the "row-thread" mapping gives thread t the row i = t % 64 and the columns p, p+4, ... with
-// p = t / 64, so row reductions are deterministic (partials per (p, i), summed in order).
+// Per-(chunk, head) kernels: 256 threads; row reductions go through fixed-order per-tile partials
+// (gdn_mma.cuh's for_tiles*), so every result is deterministic.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,6 +40,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using gdn_mma::for_tiles;
+using gdn_mma::Ld;
+using gdn_mma::Ld2;
 using gdn_mma::for_tiles_m2;
 using gdn_mma::for_tiles_rc;
 using gdn_mma::mma_acc;
@@ -62,66 +67,6 @@ struct Carve {
     p += n;
     return r;
   }
-};
-
-// dst[i][c] (stride ld) = src row i (stride src_ld elements) times scale(i), rows >= len zero.
-// 16-byte vectors: 4 floats or 8 bf16 values.
-template <typename Src>
-struct Vec16;
-template <>
-struct Vec16<float> {
-  static constexpr int n = 4;
-  __device__ static void decode(const uint4& r, float* f) {
-    f[0] = __uint_as_float(r.x);
-    f[1] = __uint_as_float(r.y);
-    f[2] = __uint_as_float(r.z);
-    f[3] = __uint_as_float(r.w);
-  }
-};
-template <>
-struct Vec16<bf16> {
-  static constexpr int n = 8;
-  __device__ static void decode(const uint4& r, float* f) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      f[2 * q] = __uint_as_float(w[q] << 16);
-      f[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
-    }
-  }
-};
-
-// Requires 16-byte aligned src rows and ncols % Vec16<Src>::n == 0 (all GDN dims are multiples of
-// 16 and every row offset a multiple of 16 elements). Each thread issues kBatch independent
-// 16-byte loads before it stores anything, so a chunk tile costs about one memory latency.
-template <typename Src, typename Scale>
-__device__ void load_rows(float* dst, int ld, const Src* src, size_t src_ld, int len, int ncols, Scale scale) {
-  constexpr int n = Vec16<Src>::n, kBatch = 8;
-  const int per_row = ncols / n, total = kC * per_row;
-  for (int base = threadIdx.x; base < total; base += blockDim.x * kBatch) {
-    uint4 r[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int idx = base + u * blockDim.x;
-      const int i = idx / per_row, c = (idx - i * per_row) * n;
-      r[u] = make_uint4(0u, 0u, 0u, 0u);
-      if (idx < total && i < len) r[u] = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(i) * src_ld + c);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int idx = base + u * blockDim.x;
-      if (idx >= total) break;
-      const int i = idx / per_row, c = (idx - i * per_row) * n;
-      float f[n];
-      Vec16<Src>::decode(r[u], f);
-      const float sc = i < len ? scale(i) : 0.f;
-#pragma unroll
-      for (int q = 0; q < n; ++q) dst[i * ld + c + q] = f[q] * sc;
-    }
-  }
-}
-struct One {
-  __device__ float operator()(int) const { return 1.f; }
 };
 
 // gs[i] = inclusive cumsum of g over the chunk (g = 0 past len), bs[i] = beta (0 past len).
@@ -159,16 +104,31 @@ __device__ void solve_unit_lower(float* Ts, const float* As) {
   }
 }
 
-// Ps[i][j] = (q_i . k_j) exp(G_i - G_j) for j <= i, else 0.
-__device__ void build_p(float* Ps, const float* Qs, const float* Ks, int ldk, int K, const float* gs, bool split) {
+// Ps[i][j] = (q^_i . k^_j) exp(G_i - G_j) for j <= i, else 0, from the raw bf16 q, k rows (exact
+// products, fp32 sums: 1 mma per k step) and their L2 scales rq, rk.
+__device__ void build_p(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int K, const float* gs, const float* rq,
+                        const float* rk) {
   for_tiles<2>(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Qs[i * ldk + d]; },
-                [&](int d, int j) { return Ks[j * ldk + d]; }, split);
+        mma_acc(acc, m0, n0, 0, K, Ld<false>{Qb, ldr}, Ld<false>{Kb, ldr});
       },
-      [&](int i, int j, float v) { Ps[i * kLdC + j] = j <= i ? v * expf(gs[i] - gs[j]) : 0.f; });
+      [&](int i, int j, float v) { Ps[i * kLdC + j] = j <= i ? rq[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f; });
+}
+
+// Per-chunk row data of the output / dlocal kernels: gs = G (padded rows: G at the last valid row,
+// their q, k, dO, D are zero anyway), rq, rk the L2 scales (0 past len). Threads < kC.
+__device__ void load_rows_gq(float* gs, float* rq, float* rk, const float* Gc, const float* rs, int bos, int len,
+                             int Hk, int Hv, int head, int kh) {
+  if (threadIdx.x < kC) {
+    const int i = threadIdx.x;
+    gs[i] = Gc[static_cast<size_t>(bos + min(i, len - 1)) * Hv + head];
+    const float2 r = i < len ? reinterpret_cast<const float2*>(rs)[static_cast<size_t>(bos + i) * Hk + kh]
+                             : make_float2(0.f, 0.f);
+    rq[i] = r.x;
+    rk[i] = r.y;
+  }
 }
 
 // ---- chunk table -------------------------------------------------------------------------------
@@ -215,24 +175,15 @@ __device__ __forceinline__ float l2_row(int warp, const bf16* qkv, int Hk, int K
   return (1.f / sqrtf(ss + kL2Eps)) * (which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
 }
 
-// qn, kn [T, Hk, K] f32: q (|q|^2 + eps)^-1/2 K^-1/2 and k (|k|^2 + eps)^-1/2; rs [T, Hk, 2] the
-// scales alone (q^ = q rs[., 0], k^ = k rs[., 1]), part of the kept state, for the kernels that stage
-// the raw bf16 rows (exact in TF32) and apply the scale per row. One warp per (token, key head, q or k).
-__global__ void gdn_l2norm_kernel(float* qn, float* kn, float* rs, const bf16* qkv, int T, int Hk, int K,
-                                  int conv_dim) {
+// rs [T, Hk, 2]: the L2 scales of q (times K^-1/2) and k (q^ = q rs[., 0], k^ = k rs[., 1]), part
+// of the kept state: every kernel stages the raw bf16 rows (exact bf16 mma operands) and applies
+// the scale per row. One warp per (token, key head, q or k).
+__global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim) {
   const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
-  const int lane = threadIdx.x & 31;
   if (warp >= T * Hk * 2) return;
   float v[4];
   const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
-  if (lane == 0) rs[warp] = scale;
-  const int which = warp & 1, th = warp >> 1;
-  float* y = (which == 0 ? qn : kn) + static_cast<size_t>(th) * K;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int d = lane + 32 * r;
-    if (d < K) y[d] = v[r] * scale;
-  }
+  if ((threadIdx.x & 31) == 0) rs[warp] = scale;
 }
 
 // Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
@@ -280,15 +231,15 @@ __device__ __forceinline__ void cp_async_wait() {
 // ---- prep: G, W, U per (chunk, value head) -----------------------------------------------------
 // Gc [T, Hv] = chunk-local cumsum of g; W [T, Hv, K] = T diag(b e^G) K^; U [T, Hv, V] = T diag(b) V,
 // per (chunk, value head), from the raw bf16 k and v rows (cp.async, 16-byte pieces) and the row
-// scales rs of gdn_l2norm_kernel: A's k k^T products are exact in TF32 (no split), W's and U's B
+// scales rs of gdn_l2norm_kernel: A's k k^T products are exact (1 mma per k step), W's and U's B
 // operands too (the k-index scales b e^G rs_k and b go into T's columns), so the split costs 2 mma
-// there. 69.6 KB of smem at K = V = 128 (3 CTAs per SM; fp32 k^, v tiles took 101 KB: 2).
+// there; W is stored as its hi / lo planes for the scans. 69.6 KB of smem at K = V = 128 (3 CTAs per SM).
 int prep_smem_floats(int K, int V) { return kC * raw_ld(K) / 2 + kC * raw_ld(V) / 2 + 2 * kC * kLdC + 4 * kC; }
 
-__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W, float* U, const int4* table,
+__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, const int4* table,
                                                             const int* nchunks, const float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
-                                                            int K, int V, int conv_dim, bool split) {
+                                                            int K, int V, int conv_dim) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
@@ -326,8 +277,7 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W,
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldk + d]); },
-                [&](int d, int j) { return to_f(Kb[j * ldk + d]); }, false);
+        mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldk}, Ld<false>{Kb, ldk});
       },
       [&](int i, int j, float v) {
         As[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
@@ -339,16 +289,21 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W,
       kC, K,
       [&](auto& acc, int m0, int n0) {
         mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * kbs[j]; },
-                                   [&](int j, int d) { return to_f(Kb[j * ldk + d]); }, split);
+                                   Ld<true>{Kb, ldk});
       },
       [&](int i, int d, float v) {
-        if (i < len) W[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = v;
+        if (i < len) {
+          const size_t o = (static_cast<size_t>(bos + i) * Hv + head) * K + d;
+          const bf16 hi = __float2bfloat16(v);
+          Wh[o] = hi;
+          Wl[o] = __float2bfloat16(v - to_f(hi));
+        }
       });
   for_tiles<2>(
       kC, V,
       [&](auto& acc, int m0, int n0) {
         mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * bs[j]; },
-                                   [&](int j, int e) { return to_f(Vb[j * ldv + e]); }, split);
+                                   Ld<true>{Vb, ldv});
       },
       [&](int i, int e, float v) {
         if (i < len) U[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = v;
@@ -356,31 +311,88 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, float* W,
 }
 
 // ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
-// k is staged as its raw bf16 rows (exact in TF32: the update costs 2 mma under the split instead of
-// 3) in two buffers, so chunk c+1's k streams in with its W and U during chunk c's update.
+// Every operand is a bf16 tile read by ldmatrix: W as its hi / lo planes (written so by prep), the raw
+// k rows (two buffers: chunk c+1's k streams in with its W and U during chunk c's update), the state S
+// and diag(e^{G_L - G} rs_k) D as hi / lo planes. S itself stays fp32 in the registers of the warp
+// tiles of the update (kScanTiles 16 x 16 tiles per warp at most), which write its planes.
+constexpr int kScanTiles = 4;  // (K / 16) (bv / 16) / 8 warps at K <= 128, bv <= 64
 int scan_fwd_smem_floats(int K, int bv) {
-  return K * bv_ld(bv) + kC * (K + 4) + kC * raw_ld(K) + 2 * kC * bv_ld(bv) + kC;
+  return K * bv_ld(bv) + kC * raw_ld(K) + kC * raw_ld(K) + kC * bv_ld(bv) + kC * bv_ld(bv) + kC;
 }
 
-// h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place).
-// k^ = k rs[., 1] (rs from gdn_l2norm_kernel): the update takes the raw k rows as its A operand and
-// folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and k of chunk c+1 load
-// (cp.async, one group) during chunk c's update and are waited on at the top of chunk c+1; the
-// gates and row scales of chunk c+1 are read into registers during chunk c.
-__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const float* W,
-                                                                const bf16* qkv, const float* rs, const float* Gc,
-                                                                const int32_t* cu, const int* seq_off, int Hk,
-                                                                int Hv, int K, int V, int conv_dim, int bv,
-                                                                bool split) {
+// Stores the split of (x0, x1) (adjacent columns) into the hi / lo planes at offset o (even).
+__device__ __forceinline__ void store_split(bf16* hi, bf16* lo, int o, float x0, float x1) {
+  uint32_t h, l;
+  gdn_mma::split_bf16(x0, x1, h, l);
+  *reinterpret_cast<uint32_t*>(hi + o) = h;
+  *reinterpret_cast<uint32_t*>(lo + o) = l;
+}
+
+// The scans' state (S or dS, K x bv) in registers: warp w owns the 16 x 16 tiles w + 8 u (u <
+// kScanTiles) of K x bv, in the mma C fragment layout (rows g, g + 8, columns 2t, 2t + 1 of each
+// 8-column half). f(u, m0, n0) for each owned tile.
+struct ScanState {
+  float v[kScanTiles][2][4];
+};
+template <class F>
+__device__ __forceinline__ void state_tiles(int K, int bv, F f) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, tn = bv / 16, tiles = (K / 16) * tn;
+#pragma unroll
+  for (int u = 0; u < kScanTiles; ++u) {
+    const int tile = warp + nw * u;
+    if (tile < tiles) f(u, (tile / tn) * 16, (tile % tn) * 16);
+  }
+}
+// dst[d * ld + e] = the state (fp32, float2 stores).
+__device__ __forceinline__ void store_state(float* dst, size_t ld, const ScanState& st, int K, int bv) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  state_tiles(K, bv, [&](int u, int m0, int n0) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        *reinterpret_cast<float2*>(dst + static_cast<size_t>(m0 + g + 8 * hh) * ld + n0 + nt * 8 + 2 * t) =
+            make_float2(st.v[u][nt][2 * hh], st.v[u][nt][2 * hh + 1]);
+  });
+}
+// state = decay state + acc (tile u at m0, n0), and its hi / lo planes (stride lds).
+__device__ __forceinline__ void update_state(ScanState& st, int u, int m0, int n0, float decay, const float (&acc)[2][4],
+                                             bf16* Sh, bf16* Sl, int lds) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float& s0 = st.v[u][nt][2 * hh];
+      float& s1 = st.v[u][nt][2 * hh + 1];
+      s0 = decay * s0 + acc[nt][2 * hh];
+      s1 = decay * s1 + acc[nt][2 * hh + 1];
+      store_split(Sh, Sl, (m0 + g + 8 * hh) * lds + n0 + nt * 8 + 2 * t, s0, s1);
+    }
+}
+
+// h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place); W as its
+// planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from gdn_l2norm_kernel): the update takes the raw k
+// rows as its A operand and folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and
+// k of chunk c+1 load (cp.async, one group) during chunk c's update and are waited on at the top of
+// chunk c+1; the gates and row scales of chunk c+1 are read into registers during chunk c.
+__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const bf16* Wh,
+                                                                const bf16* Wl, const bf16* qkv, const float* rs,
+                                                                const float* Gc, const int32_t* cu,
+                                                                const int* seq_off, int Hk, int Hv, int K, int V,
+                                                                int conv_dim, int bv) {
   const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int lds = bv_ld(bv), ldk = K + 4, ldr = raw_ld(K);
-  float* Ss = cv.take(K * lds);
-  float* Ws = cv.take(kC * ldk);
+  const int lds = bv_ld(bv), ldr = raw_ld(K);
+  bf16* Sh = reinterpret_cast<bf16*>(cv.take(K * lds / 2));
+  bf16* Sl = reinterpret_cast<bf16*>(cv.take(K * lds / 2));
+  bf16* Whs = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  bf16* Wls = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr));  // two raw k buffers (chunk parity)
-  float* Ds = cv.take(kC * lds);
+  bf16* Dh = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
+  bf16* Dl = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
   float* Us = cv.take(kC * lds);  // U columns e0.. of the chunk (cp.async with its W)
   float* ks = cv.take(kC);        // e^{G_L - G_i} rs_k(i)
   const size_t w_ld = static_cast<size_t>(Hv) * K, x_ld = static_cast<size_t>(conv_dim);
@@ -388,12 +400,15 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
   const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * K;
   const float* rk = rs + static_cast<size_t>(kh) * 2 + 1;  // rs[(t * Hk + kh) * 2 + 1]
   const size_t r_ld = static_cast<size_t>(Hk) * 2;
-  for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) Ss[idx] = 0.f;
+  for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) Sh[idx] = Sl[idx] = __float2bfloat16(0.f);
+  ScanState S = {};  // fp32 state; its planes Sh, Sl are what the D product reads
   // Next chunk: gl_next = G at its last valid row; gi_next, ri_next = G and rs_k at row threadIdx.x.
   float gl_next = 0.f, gi_next = 0.f, ri_next = 0.f;
   if (n > 0) {
     const int L0 = min(kC, len);
-    async_rows(Ws, ldk, W + (static_cast<size_t>(bos) * Hv + head) * K, w_ld, L0, K);
+    const size_t wo = (static_cast<size_t>(bos) * Hv + head) * K;
+    async_rows(Whs, ldr, Wh + wo, w_ld, L0, K);
+    async_rows(Wls, ldr, Wl + wo, w_ld, L0, K);
     async_rows(Us, lds, UD + static_cast<size_t>(bos) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L0, bv);
     async_rows(Kb, ldr, kraw + static_cast<size_t>(bos) * x_ld, x_ld, L0, K);
     gl_next = Gc[static_cast<size_t>(bos + L0 - 1) * Hv + head];
@@ -406,7 +421,9 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
-    const float gl = gl_next, ksi = expf(gl - gi_next) * ri_next;  // rows >= L: rs 0, so ks 0
+    const float gl = gl_next;
+    // Rows >= L: rs 0, so ks 0. ks was last read by the previous chunk's D epilogue (before its (B)).
+    if (threadIdx.x < kC) ks[threadIdx.x] = expf(gl - gi_next) * ri_next;
     if (ci + 1 < n) {  // consumed next iteration: the loads overlap this chunk's work
       const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
       gl_next = Gc[static_cast<size_t>(c1 + L1 - 1) * Hv + head];
@@ -418,21 +435,15 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
       }
     }
     cp_async_wait<0>();  // W, U, k of this chunk
-    __syncthreads();     // (A) tiles visible; the previous update finished (Ss final, Ds and ks free)
-    if (threadIdx.x < kC) ks[threadIdx.x] = ksi;  // read after (B) only
+    __syncthreads();     // (A) tiles, ks and the S planes visible; the previous update finished (D planes free)
     const bf16* Kc = Kb + (ci & 1) * (kC * ldr);
-    float* hc = h + (chunk * Hv + head) * static_cast<size_t>(K) * V;
-    for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
-      const int d = idx / bv, e = idx - d * bv;
-      hc[static_cast<size_t>(d) * V + e0 + e] = Ss[d * lds + e];
-    }
-    // D = U - W S (rows >= L: D = 0, so they drop out of the update below).
+    store_state(h + (chunk * Hv + head) * static_cast<size_t>(K) * V + e0, V, S, K, bv);
+    // D = U - W S (rows >= L: D = 0, so they drop out of the update below); its planes hold ks D.
     for_tiles<2>(
         kC, bv,
         [&](auto& acc, int m0, int n0) {
           if (m0 >= L) return;
-          mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return Ws[i * ldk + d]; },
-                  [&](int d, int e) { return Ss[d * lds + e]; }, split);
+          mma_acc(acc, m0, n0, 0, K, Ld2<false>{Whs, Wls, ldr}, Ld2<true>{Sh, Sl, lds});
         },
         [&](int i, int e, float v) {
           float x = 0.f;
@@ -440,113 +451,122 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
             x = Us[i * lds + e] - v;
             UD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
           }
-          Ds[i * lds + e] = x;
+          const float y = ks[i] * x;
+          const bf16 hi = __float2bfloat16(y);
+          Dh[i * lds + e] = hi;
+          Dl[i * lds + e] = __float2bfloat16(y - to_f(hi));
         });
-    __syncthreads();  // (B) Ds, ks complete; Ws, Us and the other k buffer free
+    __syncthreads();  // (B) D planes complete; W, U and the other k buffer free; S planes read
     if (ci + 1 < n) {
       const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
-      async_rows(Ws, ldk, W + (static_cast<size_t>(c1) * Hv + head) * K, w_ld, L1, K);
+      const size_t wo = (static_cast<size_t>(c1) * Hv + head) * K;
+      async_rows(Whs, ldr, Wh + wo, w_ld, L1, K);
+      async_rows(Wls, ldr, Wl + wo, w_ld, L1, K);
       async_rows(Us, lds, UD + static_cast<size_t>(c1) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L1, bv);
       async_rows(Kb + ((ci + 1) & 1) * (kC * ldr), ldr, kraw + static_cast<size_t>(c1) * x_ld, x_ld, L1, K);
     }
     cp_async_commit();
-    // S = e^{G_L} S + k^T (diag(e^{G_L - G} rs_k) D).
+    // S = e^{G_L} S + k^T (diag(e^{G_L - G} rs_k) D), in the registers; then its planes.
     const float decay = expf(gl);
-    for_tiles<2>(
-        K, bv,
-        [&](auto& acc, int m0, int n0) {
-          mma_acc<2, 4, true>(acc, m0, n0, 0, kC, [&](int d, int i) { return to_f(Kc[i * ldr + d]); },
-                              [&](int i, int e) { return ks[i] * Ds[i * lds + e]; }, split);
-        },
-        [&](int d, int e, float v) { Ss[d * lds + e] = decay * Ss[d * lds + e] + v; });
+    state_tiles(K, bv, [&](int u, int m0, int n0) {
+      float acc[2][4] = {};
+      mma_acc(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds});
+      update_state(S, u, m0, n0, decay, acc, Sh, Sl, lds);
+    });
   }
   cp_async_wait<0>();
 }
 
 // ---- forward output ----------------------------------------------------------------------------
-// D reuses K's space once P is built (2 CTAs per SM instead of 1 at K = V = 128).
-int out_smem_floats(int K, int V) { return kC * (K + 2) + kC * (std::max(K, V) + 2) + kC * kLdC + kC + kC; }
+// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D fp32: 85 KB at K = V = 128 (2 CTAs per SM).
+int out_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * (V + 4) + kC * kLdC + 4 * kC; }
 
-// O = diag(e^G) Q^ S0 + P D, per (chunk, value head).
+// O = diag(e^G rq) (q S0) + P D, per (chunk, value head).
 __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* table, const int* nchunks,
-                                                              const float* qn, const float* kn, const float* Gc,
+                                                              const float* rs, const bf16* qkv, const float* Gc,
                                                               const float* UD, const float* h, int Hk, int Hv,
-                                                              int K, int V, bool split) {
+                                                              int K, int V, int conv_dim) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Qs = cv.take(kC * (K + 2));
-  float* Ks = cv.take(kC * (std::max(K, V) + 2));
-  float* Ds = Ks;  // after build_p
+  const int ldr = raw_ld(K), ldd = V + 4;
+  bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  float* Ds = cv.take(kC * ldd);
   float* Ps = cv.take(kC * kLdC);
   float* gs = cv.take(kC);
-  float* eg = cv.take(kC);
-  const int ldk = K + 2, ldv = V + 2;
-  if (threadIdx.x < kC) {
-    const int i = threadIdx.x;
-    // Padded rows: G = G at the last valid row (their q, k, D are zero anyway).
-    gs[i] = Gc[static_cast<size_t>(bos + min(i, len - 1)) * Hv + head];
-    eg[i] = expf(gs[i]);
-  }
-  load_rows(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
-  load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
+  float* eq = cv.take(kC);
+  float* rq = cv.take(kC);
+  float* rk = cv.take(kC);
+  const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * V;
+  const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
+  async_rows(Qb, ldr, xrow + static_cast<size_t>(kh) * K, x_ld, len, K);
+  async_rows(Kb, ldr, xrow + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
+  async_rows(Ds, ldd, UD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  cp_async_commit();
+  load_rows_gq(gs, rq, rk, Gc, rs, bos, len, Hk, Hv, head, kh);
+  if (threadIdx.x < kC) eq[threadIdx.x] = expf(gs[threadIdx.x]) * rq[threadIdx.x];
+  cp_async_wait<0>();
   __syncthreads();
-  build_p(Ps, Qs, Ks, ldk, K, gs, split);
-  __syncthreads();
-  load_rows(Ds, ldv, UD + (static_cast<size_t>(bos) * Hv + head) * V, static_cast<size_t>(Hv) * V, len, V, One{});
+  build_p(Ps, Qb, Kb, ldr, K, gs, rq, rk);
   __syncthreads();
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
-  for_tiles<2>(
+  for_tiles_m2<1, 2>(
       kC, V,
-      [&](auto& acc, int m0, int n0) {
+      [&](auto& a1, auto& a2, int m0, int n0) {
         if (m0 >= len) return;
-        mma_acc(acc, m0, n0, 0, K, [&](int i, int d) { return eg[i] * Qs[i * ldk + d]; },
-                [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; }, split);
-        mma_acc(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ps[i * kLdC + j]; },
-                [&](int j, int e) { return Ds[j * ldv + e]; }, split);
+        mma_acc_m<1, 2>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
+                        [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; });
+        mma_acc(a2[0], m0, n0, 0, m0 + 16, [&](int i, int j) { return Ps[i * kLdC + j]; },
+                [&](int j, int e) { return Ds[j * ldd + e]; });
       },
-      [&](int i, int e, float v) {
-        if (i < len) o[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = __float2bfloat16(v);
+      [&](int i, int e, float qs, float pd) {
+        if (i < len) o[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = __float2bfloat16(eq[i] * qs + pd);
       });
 }
 
 // ---- backward: dD_local = P^T dO ---------------------------------------------------------------
-int dlocal_smem_floats(int K, int V) { return kC * (K + 2) + kC * (std::max(K, V) + 2) + kC * kLdC + kC; }
+// Raw bf16 q, k, dO tiles: 69 KB at K = V = 128 (3 CTAs per SM).
+int dlocal_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * raw_ld(V) / 2 + kC * kLdC + 3 * kC; }
 
 __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const int4* table, const int* nchunks,
-                                                              const float* qn, const float* kn, const float* Gc,
+                                                              const float* rs, const bf16* qkv, const float* Gc,
                                                               const bf16* d_o, int Hk, int Hv, int K, int V,
-                                                              bool split) {
+                                                              int conv_dim) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  float* Qs = cv.take(kC * (K + 2));
-  float* Ks = cv.take(kC * (std::max(K, V) + 2));
-  float* dOs = Ks;  // after build_p
+  const int ldr = raw_ld(K), ldo = raw_ld(V);
+  bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  bf16* Ob = reinterpret_cast<bf16*>(cv.take(kC * ldo / 2));
   float* Ps = cv.take(kC * kLdC);
   float* gs = cv.take(kC);
-  const int ldk = K + 2, ldv = V + 2;
-  if (threadIdx.x < kC) gs[threadIdx.x] = Gc[static_cast<size_t>(bos + min(static_cast<int>(threadIdx.x), len - 1)) * Hv + head];
-  load_rows(Qs, ldk, qn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
-  load_rows(Ks, ldk, kn + (static_cast<size_t>(bos) * Hk + kh) * K, static_cast<size_t>(Hk) * K, len, K, One{});
+  float* rq = cv.take(kC);
+  float* rk = cv.take(kC);
+  const size_t x_ld = static_cast<size_t>(conv_dim);
+  const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
+  async_rows(Qb, ldr, xrow + static_cast<size_t>(kh) * K, x_ld, len, K);
+  async_rows(Kb, ldr, xrow + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
+  async_rows(Ob, ldo, d_o + (static_cast<size_t>(bos) * Hv + head) * V, static_cast<size_t>(Hv) * V, len, V);
+  cp_async_commit();
+  load_rows_gq(gs, rq, rk, Gc, rs, bos, len, Hk, Hv, head, kh);
+  cp_async_wait<0>();
   __syncthreads();
-  build_p(Ps, Qs, Ks, ldk, K, gs, split);
-  __syncthreads();
-  load_rows(dOs, ldv, d_o + (static_cast<size_t>(bos) * Hv + head) * V, static_cast<size_t>(Hv) * V, len, V, One{});
+  build_p(Ps, Qb, Kb, ldr, K, gs, rq, rk);
   __syncthreads();
   // dD_j = sum_{i >= j} P_ij dO_i (P is lower triangular: row tile m0 needs i >= m0).
   for_tiles<2>(
       kC, V,
       [&](auto& acc, int m0, int n0) {
         if (m0 >= len) return;
-        mma_acc(acc, m0, n0, m0, kC, [&](int j, int i) { return Ps[i * kLdC + j]; },
-                [&](int i, int e) { return dOs[i * ldv + e]; }, split);
+        mma_acc(acc, m0, n0, m0, kC, [&](int j, int i) { return Ps[i * kLdC + j]; }, Ld<true>{Ob, ldo});
       },
       [&](int j, int e, float v) {
         if (j < len) dD[(static_cast<size_t>(bos + j) * Hv + head) * V + e] = v;
@@ -555,37 +575,41 @@ __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const i
 
 // ---- backward reverse state scan -------------------------------------------------------------------
 
-// q and k are staged as raw bf16 rows (half the bytes of q^, k^ in fp32; exact in TF32, so their
-// products need 2 mma instead of 3 under the split) and the L2 scales applied per row: at K = V =
-// 128, bv = 32 that is 115,200 bytes, so 2 CTAs fit on an SM (the fp32 tiles took 148 KB: 1 CTA).
+// As the forward scan: raw q, k, dO tiles, W as its planes, dS fp32 in the update's registers with
+// hi / lo planes for the dD product, -dD as planes for the update; 115,200 bytes at K = V = 128,
+// bv = 32: 2 CTAs per SM.
 int scan_bwd_smem_floats(int K, int bv) {
-  return K * bv_ld(bv) + kC * (K + 4) + kC * raw_ld(K) + kC * bv_ld(bv) / 2 + 2 * kC * bv_ld(bv) + 2 * kC;
+  return K * bv_ld(bv) + kC * raw_ld(K) + kC * raw_ld(K) + kC * bv_ld(bv) / 2 + kC * bv_ld(bv) + kC * (bv + 4) +
+         2 * kC;
 }
 
 // dh[chunk] = dL/d(state leaving the chunk); dD += diag(e^{G_L-G}) K^ dS (full dD, in place);
 // dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD. q^ = q rs[., 0], k^ = k rs[., 1] (rs from
-// gdn_l2norm_kernel, kept in the state): the dD product takes the raw k and scales its rows in the epilogue, the
-// dS product folds e^{G_i} rs_i into the dO rows.
+// gdn_l2norm_kernel, kept in the state): the dD product takes the raw k and scales its rows in the
+// epilogue, the dS product folds e^{G_i} rs_i into the dO rows.
 // Pipelined, two barriers per chunk: q, W, dO of chunk c load (cp.async) during the dD product and
 // are waited on before (B), k and dD_local of chunk c-1 during the dS update (waited on before the
 // next (A)), the gates and row scales of chunk c-1 into registers during chunk c.
-__global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, float* dD, const float* W,
-                                                                   const bf16* qkv, const float* rs, const float* Gc,
-                                                                   const bf16* d_o, const int32_t* cu,
-                                                                   const int* seq_off, int Hk, int Hv, int K, int V,
-                                                                   int conv_dim, int bv, bool split) {
+__global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, float* dD, const bf16* Wh,
+                                                                   const bf16* Wl, const bf16* qkv, const float* rs,
+                                                                   const float* Gc, const bf16* d_o,
+                                                                   const int32_t* cu, const int* seq_off, int Hk,
+                                                                   int Hv, int K, int V, int conv_dim, int bv) {
   const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int lds = bv_ld(bv), ldk = K + 4, ldr = raw_ld(K);
-  float* dS = cv.take(K * lds);
-  float* Ws = cv.take(kC * ldk);
+  const int lds = bv_ld(bv), ldr = raw_ld(K), ldl = bv + 4;
+  bf16* Sh = reinterpret_cast<bf16*>(cv.take(K * lds / 2));  // planes of dS
+  bf16* Sl = reinterpret_cast<bf16*>(cv.take(K * lds / 2));
+  bf16* Whs = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  bf16* Wls = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));  // raw k rows
   bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));  // raw q rows
   bf16* dOs = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
-  float* Ds = cv.take(kC * lds);
-  float* dDl = cv.take(kC * lds);  // dD_local columns e0.. of the chunk (cp.async with its k)
+  bf16* Dh = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));  // planes of -dD
+  bf16* Dl = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
+  float* dDl = cv.take(kC * ldl);  // dD_local columns e0.. of the chunk (cp.async with its k)
   float* ks = cv.take(kC);         // e^{G_L - G_i} rs_k(i)
   float* eq = cv.take(kC);         // e^{G_i} rs_q(i)
   const size_t w_ld = static_cast<size_t>(Hv) * K, x_ld = static_cast<size_t>(conv_dim);
@@ -593,14 +617,15 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
   const bf16* qraw = qkv + static_cast<size_t>(kh) * K;
   const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * K;
   const float2* rs2 = reinterpret_cast<const float2*>(rs);
-  for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) dS[idx] = 0.f;
+  for (int idx = threadIdx.x; idx < K * lds; idx += blockDim.x) Sh[idx] = Sl[idx] = __float2bfloat16(0.f);
+  ScanState dS = {};
   // Next chunk (in reverse order): G at its last valid row, G and the row scales at row threadIdx.x.
   float gl_next = 0.f, gi_next = 0.f;
   float2 r_next = make_float2(0.f, 0.f);
   if (n > 0) {
     const int c0 = bos + (n - 1) * kC, L0 = len - (n - 1) * kC;
     async_rows(Kb, ldr, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L0, K);
-    async_rows(dDl, lds, dD + static_cast<size_t>(c0) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, L0, bv);
+    async_rows(dDl, ldl, dD + static_cast<size_t>(c0) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, L0, bv);
     gl_next = Gc[static_cast<size_t>(c0 + L0 - 1) * Hv + head];
     if (threadIdx.x < L0) {
       gi_next = Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head];
@@ -625,51 +650,48 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
       }
     }
     cp_async_wait<0>();  // k and dD_local of this chunk
-    __syncthreads();     // (A) they and ks are visible; the previous dS update finished (Ws, Qb, dOs, eq free)
+    __syncthreads();     // (A) they, ks and the dS planes visible; the previous update finished (W, q, dO, eq, -dD free)
     if (threadIdx.x < kC) eq[threadIdx.x] = eqi;  // read after (B) only
-    async_rows(Ws, ldk, W + (static_cast<size_t>(c0) * Hv + head) * K, w_ld, L, K);
+    const size_t wo = (static_cast<size_t>(c0) * Hv + head) * K;
+    async_rows(Whs, ldr, Wh + wo, w_ld, L, K);
+    async_rows(Wls, ldr, Wl + wo, w_ld, L, K);
     async_rows(Qb, ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L, K);
     async_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv);
     cp_async_commit();
-    float* dhc = dh + (chunk * Hv + head) * static_cast<size_t>(K) * V;
-    for (int idx = threadIdx.x; idx < K * bv; idx += blockDim.x) {
-      const int d = idx / bv, e = idx - d * bv;
-      dhc[static_cast<size_t>(d) * V + e0 + e] = dS[d * lds + e];
-    }
-    // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0).
+    store_state(dh + (chunk * Hv + head) * static_cast<size_t>(K) * V + e0, V, dS, K, bv);
+    // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0); the planes get -dD.
     for_tiles<2>(
         kC, bv,
         [&](auto& acc, int m0, int n0) {
           if (m0 >= L) return;
-          mma_acc<2, 4, true>(acc, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldr + d]); },
-                              [&](int d, int e) { return dS[d * lds + e]; }, split);
+          mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldr}, Ld2<true>{Sh, Sl, lds});
         },
         [&](int i, int e, float v) {
           float x = 0.f;
           if (i < L) {
-            x = dDl[i * lds + e] + ks[i] * v;
+            x = dDl[i * ldl + e] + ks[i] * v;
             dD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
           }
-          Ds[i * lds + e] = x;
+          const bf16 hi = __float2bfloat16(-x);
+          Dh[i * lds + e] = hi;
+          Dl[i * lds + e] = __float2bfloat16(-x - to_f(hi));
         });
     cp_async_wait<0>();  // q, W, dO of this chunk
-    __syncthreads();     // (B) they, Ds and eq are visible; Kb, dDl free
+    __syncthreads();     // (B) they, the -dD planes and eq are visible; Kb, dDl and the dS planes free
     if (ci > 0) {
       async_rows(Kb, ldr, kraw + static_cast<size_t>(c0 - kC) * x_ld, x_ld, kC, K);
-      async_rows(dDl, lds, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, kC,
+      async_rows(dDl, ldl, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, kC,
                  bv);
     }
     cp_async_commit();
     const float decay = expf(gl);
-    for_tiles<2>(
-        K, bv,
-        [&](auto& acc, int m0, int n0) {
-          mma_acc<2, 4, true>(acc, m0, n0, 0, kC, [&](int d, int i) { return to_f(Qb[i * ldr + d]); },
-                              [&](int i, int e) { return eq[i] * to_f(dOs[i * lds + e]); }, split);
-          mma_acc(acc, m0, n0, 0, kC, [&](int d, int i) { return -Ws[i * ldk + d]; },
-                  [&](int i, int e) { return Ds[i * lds + e]; }, split);
-        },
-        [&](int d, int e, float v) { dS[d * lds + e] = decay * dS[d * lds + e] + v; });
+    state_tiles(K, bv, [&](int u, int m0, int n0) {
+      float acc[2][4] = {};
+      mma_acc<2, 4, true>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr},
+                          [&](int i, int e) { return eq[i] * to_f(dOs[i * lds + e]); });
+      mma_acc(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds});
+      update_state(dS, u, m0, n0, decay, acc, Sh, Sl, lds);
+    });
   }
   cp_async_wait<0>();
 }
@@ -678,13 +700,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
 // 256 threads, 2 CTAs per SM: the kernel runs in two phases whose tiles share five smem regions.
 //   state phase (P1-P3: dP, Y, dq^, dk^ state part, xi): raw q, k, dO (bf16), D (fp32), Y;
 //   WY phase (A, T, P4-P11): raw k, dD (fp32), raw v, then a K/2-column piece of dW (fp32), T, dT.
-// q, k, dO, v are staged as their bf16 values (exact in TF32: a product with one of them costs 2 mma
-// under the split, q k^T and k k^T 1) with the L2 scales rs applied per row in the epilogues or
+// q, k, dO, v are staged as their bf16 values (exact: a product with one of them costs 2 mma under
+// the split, q k^T and k k^T 1) with the L2 scales rs applied per row in the epilogues or
 // folded into the other operand; dW is produced and consumed in column pieces (P4, P5's k part and
 // P10's T^T dW part per piece); the row dot products (dG, dbeta, xi) and the dP . P / F row and
 // column sums are reduced in registers (for_tiles / for_tiles_m2 with a float-returning epilogue,
-// for_tiles_rc) into per-tile partials, summed in a fixed order, so the result stays deterministic. 109 KB at K = V = 128 (the fp32 layout with
-// scratch tiles for the reductions took 218 KB: 1 CTA per SM).
+// for_tiles_rc) into per-tile partials, summed in a fixed order, so the result stays deterministic.
+// 109 KB at K = V = 128.
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int bwd_piece(int K) { return (K / 2 + 15) / 16 * 16; }  // dW columns per piece
@@ -708,7 +730,7 @@ template <int kMT, int kBU>
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const float* UD, const float* dD,
-    const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim, bool split) {
+    const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
@@ -781,10 +803,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, kC,
       [&](auto& a1, auto& a2, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, [&](int i, int d) { return to_f(Qb[i * ldr + d]); },
-                                  [&](int d, int j) { return to_f(Kb[j * ldr + d]); }, false);
-        mma_acc<2, 4, true>(a2, m0, n0, 0, V, [&](int i, int e) { return to_f(Ob[i * ldo + e]); },
-                            [&](int e, int j) { return Xs[j * ldv + e]; }, split);
+        mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
+                                  Ld<false>{Kb, ldr});
+        mma_acc<2, 4, true>(a2, m0, n0, 0, V, Ld<false>{Ob, ldo},
+                            [&](int e, int j) { return Xs[j * ldv + e]; });
       },
       [&](int i, int j, float qk, float dp, float& rc, float& cc) {
         const float y = j <= i ? dp * expf(gs[i] - gs[j]) : 0.f;
@@ -798,13 +820,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   for_tiles_m2<kMT, 2>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc_m<kMT, 2, kBU, true>(a1, m0, n0, 0, V, [&](int i, int e) { return to_f(Ob[i * ldo + e]); },
-                                     [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; }, split);
+        mma_acc_m<kMT, 2, kBU, true>(a1, m0, n0, 0, V, Ld<false>{Ob, ldo},
+                                     [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; });
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
           mma_acc<2, 4, false, true>(a2[mt], m, n0, 0, m + 16, [&](int i, int j) { return Ys[i * kLdC + j] * rk[j]; },
-                                     [&](int j, int d) { return to_f(Kb[j * ldr + d]); }, split);
+                                     Ld<true>{Kb, ldr});
         }
       },
       [&](int i, int d, float sd, float yk) {
@@ -826,12 +848,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
         mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
-                               [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; }, split);
+                               [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; });
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
           mma_acc<2, 4, false, true>(a2[mt], m, n0, m, kC, [&](int i, int l) { return Ys[l * kLdC + i] * rq[l]; },
-                                     [&](int l, int d) { return to_f(Qb[l * ldr + d]); }, split);
+                                     Ld<true>{Qb, ldr});
         }
       },
       [&](int i, int d, float ds, float yq) {
@@ -857,8 +879,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc<2, 4, true, true>(acc, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldr + d]); },
-                                  [&](int d, int j) { return to_f(Kb[j * ldr + d]); }, false);
+        mma_acc<2, 4, true, true>(acc, m0, n0, 0, K, Ld<false>{Kb, ldr},
+                                  Ld<false>{Kb, ldr});
       },
       [&](int i, int j, float v) {
         Cs[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
@@ -891,7 +913,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     for_tiles<2>(
         kC, N,
         [&](auto& acc, int m0, int n0) {
-          mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return Ts[l * kLdC + i]; }, fx, split);
+          mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return Ts[l * kLdC + i]; }, fx);
         },
         epi, rowp);
   };
@@ -912,7 +934,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
         mma_acc<2, 4, false, true>(acc, m0, n0, 0, V, [&](int m, int e) { return Xs[m * ldv + e]; },
-                                   [&](int e, int l) { return to_f(Ob[l * ldo + e]); }, split);
+                                   Ld<false>{Ob, ldo});
       },
       [&](int m, int l, float v) { Cs[m * kLdC + l] = (l < m && l < len) ? bs[l] * v : 0.f; });
   __syncthreads();
@@ -931,7 +953,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         kC, w,
         [&](auto& a1, auto&, int m0, int n0) {
           mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
-                                 [&](int e, int d) { return S0[static_cast<size_t>(d0 + d) * V + e]; }, split);
+                                 [&](int e, int d) { return S0[static_cast<size_t>(d0 + d) * V + e]; });
         },
         [&](int i, int d, float v, float) { dWp[i * ldw + d] = -v; });
     __syncthreads();
@@ -940,7 +962,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         [&](auto& acc, int m0, int n0) {
           if (n0 > m0 + 15) return;
           mma_acc<2, 4, false, true>(acc, m0, n0, 0, w, [&](int m, int d) { return dWp[m * ldw + d]; },
-                                     [&](int d, int l) { return to_f(Kb[l * ldr + d0 + d]); }, split);
+                                     Ld<false>{Kb + d0, ldr});
         },
         [&](int m, int l, float v) {
           if (l < m && l < len) Cs[m * kLdC + l] += bs[l] * eg[l] * rk[l] * v;
@@ -961,7 +983,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](auto& acc, int m0, int n0) {
         // dT is strictly lower (l < m), T^T upper (l <= j): l < min(m0 + 16, n0 + 16).
         mma_acc(acc, m0, n0, 0, imin(m0, n0) + 16, [&](int m, int l) { return Cs[m * kLdC + l]; },
-                [&](int l, int j) { return Ts[j * kLdC + l]; }, split);
+                [&](int l, int j) { return Ts[j * kLdC + l]; });
       },
       [&](int m, int j, float v) { X1[m * kLdC + j] = v; });
   __syncthreads();
@@ -971,7 +993,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
         mma_acc(acc, m0, n0, m0, kC, [&](int i, int m) { return Ts[m * kLdC + i]; },
-                [&](int m, int j) { return X1[m * kLdC + j]; }, split);
+                [&](int m, int j) { return X1[m * kLdC + j]; });
       },
       [&](int i, int j, float v) { Cs[i * kLdC + j] = j < i ? -v * expf(gs[i] - gs[j]) : 0.f; });
   __syncthreads();
@@ -981,8 +1003,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, kC,
       [&](auto& a1, auto&, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, [&](int i, int d) { return to_f(Kb[i * ldr + d]); },
-                                  [&](int d, int j) { return to_f(Kb[j * ldr + d]); }, false);
+        mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, Ld<false>{Kb, ldr},
+                                  Ld<false>{Kb, ldr});
       },
       [&](int i, int j, float kk, float, float& rc, float& cc) {
         const float f = Cs[i * kLdC + j] * rk[i] * rk[j] * kk;
@@ -996,9 +1018,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](auto& acc, int m0, int n0) {
         mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
                                    [&](int i, int j) { return bs[i] * Cs[i * kLdC + j] * rk[j]; },
-                                   [&](int j, int d) { return to_f(Kb[j * ldr + d]); }, split);
+                                   Ld<true>{Kb, ldr});
         mma_acc<2, 4, false, true>(acc, m0, n0, m0, kC, [&](int i, int l) { return Cs[l * kLdC + i] * bs[l] * rk[l]; },
-                                   [&](int l, int d) { return to_f(Kb[l * ldr + d]); }, split);
+                                   Ld<true>{Kb, ldr});
       },
       [&](int i, int d, float m) {
         if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d] += m;
@@ -1081,7 +1103,8 @@ struct Workspace {
   int4* table;
   int* nchunks;
   int* seq_off;
-  float *qn, *kn, *Gc, *W, *UD, *h, *dD, *dh, *dqn, *dkn, *rs;
+  float *Gc, *UD, *h, *dD, *dh, *dqn, *dkn, *rs;
+  bf16 *Wh, *Wl;  // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K]
   int nc_max;
 };
 
@@ -1091,7 +1114,7 @@ int max_chunks(const GdnArgs& a) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b, std::max(a.total_tokens, 1))));
 }
 
-// Lays the forward state (chunk table, qn, kn, Gc, W, UD, h, rs: what the backward reuses when the
+// Lays the forward state (chunk table, Gc, W, UD, h, rs: what the backward reuses when the
 // forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
 // only). Returns {state bytes, scratch bytes}.
 std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
@@ -1112,10 +1135,9 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.nchunks = reinterpret_cast<int*>(take(sizeof(int)));
   ws.seq_off = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 1) * sizeof(int)));
-  ws.qn = reinterpret_cast<float*>(take(T * Hk * K * sizeof(float)));
-  ws.kn = reinterpret_cast<float*>(take(T * Hk * K * sizeof(float)));
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
-  ws.W = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
+  ws.Wh = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
+  ws.Wl = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
   ws.UD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
   ws.h = reinterpret_cast<float*>(take(states));
   ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
@@ -1179,20 +1201,6 @@ int bwd_unroll() {
   return bu != 0 ? bu : 8;
 }
 
-// Precision of the tensor-core products. The backward uses 3xTF32 (~fp32 products): with plain
-// TF32 the fp32 gradients dg/dbeta reach ~1.4e-3 relative error on the near-zero-gate test, above
-// its 1e-3 bound. The forward uses plain TF32 (10-bit mantissa operands, fp32 accumulation): its
-// only output o is bf16, and TF32 moved o's error from the bf16 floor 1.66e-3 to 1.72e-3 (bound
-// 4.3e-3) in the H200 run; FLA itself uses bf16 operands there. QT_GDN_TF32=1: plain TF32
-// everywhere, QT_GDN_TF32=3: 3xTF32 everywhere (tuning and precision runs).
-bool split_products(bool backward) {
-  static const int mode = [] {
-    const char* e = std::getenv("QT_GDN_TF32");
-    return e ? std::atoi(e) : 0;
-  }();
-  return mode == 1 ? false : (mode == 3 ? true : backward);
-}
-
 // Per-kernel device times for bench_gdn (QT_GDN_STAGE_TIMES=1 there): when on, every launch is
 // bracketed by events and synchronized, so use it only for the breakdown, never for the totals.
 struct StageTimes {
@@ -1230,7 +1238,7 @@ void stage_end(const char* name, cudaStream_t stream) {
 
 // The stages shared by forward and backward: chunk table, L2 norm, prep, forward scan (h, D).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
-                    bool split, cudaStream_t stream) {
+                    cudaStream_t stream) {
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
@@ -1239,14 +1247,14 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   stage_end("gdn_chunk_table_kernel", stream);
   const int warps = T * Hk * 2;
   stage_begin(stream);
-  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.qn, w.kn, w.rs, qkv, T, Hk, K, conv_dim);
+  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.rs, qkv, T, Hk, K, conv_dim);
   QT_LAUNCH_CHECK("gdn_l2norm_kernel");
   stage_end("gdn_l2norm_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_prep_kernel, prep_bytes);
   stage_begin(stream);
-  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.W, w.UD, w.table, w.nchunks, w.rs,
-                                                                         qkv, g, beta, Hk, Hv, K, V, conv_dim, split);
+  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.UD, w.table, w.nchunks, w.rs,
+                                                                         qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
   const int bv = column_block(V, false);
@@ -1254,7 +1262,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   set_smem(gdn_scan_fwd_kernel, scan_bytes);
   stage_begin(stream);
   gdn_scan_fwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, scan_bytes, stream>>>(
-      w.h, w.UD, w.W, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv, split);
+      w.h, w.UD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
   stage_end("gdn_scan_fwd_kernel", stream);
 }
@@ -1286,13 +1294,13 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const Workspace w = place(a, workspace, state);
   const bf16* x = static_cast<const bf16*>(qkv);
   // A kept state is computed at the backward's precision, so reusing it changes nothing.
-  forward_common(w, x, g, beta, a, split_products(state != nullptr), stream);
+  forward_common(w, x, g, beta, a, stream);
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_output_kernel, bytes);
   stage_begin(stream);
   gdn_output_kernel<<<dim3(w.nc_max, Hv), kThreads, bytes, stream>>>(
-      static_cast<bf16*>(o), w.table, w.nchunks, w.qn, w.kn, w.Gc, w.UD, w.h, Hk, Hv, K, V, split_products(false));
+      static_cast<bf16*>(o), w.table, w.nchunks, w.rs, x, w.Gc, w.UD, w.h, Hk, Hv, K, V, 2 * Hk * K + Hv * V);
   QT_LAUNCH_CHECK("gdn_output_kernel");
   stage_end("gdn_output_kernel", stream);
 }
@@ -1304,15 +1312,15 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const Workspace w = place(a, workspace, const_cast<void*>(state));
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
-  if (state == nullptr) forward_common(w, x, g, beta, a, split_products(true), stream);
+  if (state == nullptr) forward_common(w, x, g, beta, a, stream);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
 
   const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_dlocal_kernel, dl_bytes);
   stage_begin(stream);
-  gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.qn, w.kn, w.Gc,
-                                                                        dO, Hk, Hv, K, V, split_products(true));
+  gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
+                                                                        dO, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_dlocal_kernel");
   stage_end("gdn_dlocal_kernel", stream);
 
@@ -1324,7 +1332,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
   stage_begin(stream);
   gdn_scan_bwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, sb_bytes, stream>>>(
-      w.dh, w.dD, w.W, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv, split_products(true));
+      w.dh, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
   QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
   stage_end("gdn_scan_bwd_kernel", stream);
 
@@ -1336,7 +1344,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   stage_begin(stream);
   bwd_chunk<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
       w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.UD, w.dD, w.h, w.dh, dO,
-      Hk, Hv, K, V, conv_dim, split_products(true));
+      Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");
   stage_end("gdn_bwd_chunk_kernel", stream);
 

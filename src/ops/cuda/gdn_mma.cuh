@@ -1,54 +1,169 @@
-// Warp-level tensor-core helpers for gdn.cu: mma.sync m16n8k8 TF32 with fp32 accumulation,
-// operands gathered from fp32 shared (or global) memory through functors, so one helper serves
+// Warp-level tensor-core helpers for gdn.cu: mma.sync m16n8k16 bf16 with fp32 accumulation. Operands
+// come either from raw bf16 smem tiles by ldmatrix (Ld<..>, exact: q, k, v, dO as staged), or are
+// gathered elementwise through functors from fp32 shared (or global) memory, so one helper serves
 // every product of the chunked gated delta rule (transposes, masks and row scales live in the
-// functors). Optional 3xTF32 split (a = hi + lo, a b ~ hi hi + hi lo + lo hi) gives ~fp32 products.
+// functors). A gathered operand is split, a = hi + lo (two bf16, |a - hi - lo| <= 2^-18 |a|), and
+// a b ~ hi hi + hi lo + lo hi (relative error <= ~3 2^-18 per product, i.e. ~fp32 products: 3 mma
+// per k step; an exact operand needs no lo: 2; two exact operands: 1).
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 #include <type_traits>
 
 namespace qt::cuda::gdn_mma {
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// acc (a 16 x 8NT warp tile at rows m0.., columns n0..) += sum_{k in [k0, k1)} fa(i, k) fb(k, j).
-// (k1 - k0) % 8 == 0. Fragment layout (PTX m16n8k8 .tf32): g = lane / 4, t = lane % 4;
-// A: (g, t) (g+8, t) (g, t+4) (g+8, t+4); B: (t, g) (t+4, g); C: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
-// kAExact (kBExact): every A (B) element is exact in TF32 (bf16 values), so its lo part is 0 and
-// the split needs 2 mma per step instead of 3, same result.
-template <int NT, int kUnroll = 4, bool kAExact = false, bool kBExact = false, class FA, class FB>
-__device__ __forceinline__ void mma_acc(float (&acc)[NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
-                                        bool split) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll kUnroll
-  for (int k = k0; k < k1; k += 8) {
-    const float af[4] = {fa(m0 + g, k + t), fa(m0 + g + 8, k + t), fa(m0 + g, k + t + 4), fa(m0 + g + 8, k + t + 4)};
-    uint32_t ah[4], al[4];
+// (x0, x1) as a bf16 pair, x0 in the low half (the lower k index of a fragment register).
+__device__ __forceinline__ uint32_t pack_bf16(float x0, float x1) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// hi = bf16(x0, x1); lo = bf16(x - hi) (the differences are exact in fp32).
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16(x0, x1);
+  lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+}
+
+// A raw bf16 smem tile read by ldmatrix (rows 16-byte aligned: ld % 8 == 0, p 16-byte aligned,
+// column offsets multiples of 8). As an A operand: kTrans = false: A(i, k) = p[i ld + k], true:
+// A(i, k) = p[k ld + i]. As a B operand: kTrans = false: B(k, j) = p[j ld + k], true: B(k, j) = p[k ld + j].
+template <bool kTrans>
+struct Ld {
+  static constexpr bool trans = kTrans;
+  const __nv_bfloat16* p;
+  int ld;
+};
+// An fp32 operand stored split into two bf16 tiles of that layout (a = hi + lo, as split_bf16
+// makes them): the same values as gathering a and splitting it, by ldmatrix.
+template <bool kTrans>
+struct Ld2 {
+  static constexpr bool trans = kTrans;
+  const __nv_bfloat16* hi;
+  const __nv_bfloat16* lo;
+  int ld;
+};
+template <class F>
+struct is_ld : std::false_type {};
+template <bool kT>
+struct is_ld<Ld<kT>> : std::true_type {};
+template <class F>
+struct is_ld2 : std::false_type {};
+template <bool kT>
+struct is_ld2<Ld2<kT>> : std::true_type {};
+
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+}
+// The A fragment of rows m.., k columns k..k+15 from a bf16 tile (layout as Ld<kTrans>): the 8 x 8
+// matrix q = lane / 8 is register q, its row r = lane % 8 is addressed by that lane.
+template <bool kTrans>
+__device__ __forceinline__ void ld_a(uint32_t (&r)[4], const __nv_bfloat16* p, int ld, int m, int k) {
+  const int lane = threadIdx.x & 31, q = lane >> 3, rr = lane & 7;
+  if constexpr (kTrans) {
+    ldmatrix_x4<true>(r, p + (k + (q >> 1) * 8 + rr) * ld + m + (q & 1) * 8);
+  } else {
+    ldmatrix_x4<false>(r, p + (m + (q & 1) * 8 + rr) * ld + k + (q >> 1) * 8);
+  }
+}
+// The B fragments of the n tiles n.. and n+8.. (k rows k..k+15) from a bf16 tile.
+template <bool kTrans>
+__device__ __forceinline__ void ld_b2(uint32_t (&r)[4], const __nv_bfloat16* p, int ld, int k, int n) {
+  const int lane = threadIdx.x & 31, q = lane >> 3, rr = lane & 7;
+  if constexpr (kTrans) {
+    ldmatrix_x4<true>(r, p + (k + (q & 1) * 8 + rr) * ld + n + (q >> 1) * 8);
+  } else {
+    ldmatrix_x4<false>(r, p + (n + (q >> 1) * 8 + rr) * ld + k + (q & 1) * 8);
+  }
+}
+
+// A fragment (PTX m16n8k16 .bf16; g = lane / 4, t = lane % 4) of rows m.., k columns k..k+15:
+// reg 0 (g, 2t..2t+1), 1 (g+8, 2t..), 2 (g, 2t+8..), 3 (g+8, 2t+8..). lo only when want_lo.
+template <class FA>
+__device__ __forceinline__ void frag_a(const FA& fa, int m, int k, uint32_t (&h)[4], uint32_t (&l)[4], bool want_lo) {
+  if constexpr (is_ld<FA>::value) {
+    ld_a<FA::trans>(h, fa.p, fa.ld, m, k);
+  } else if constexpr (is_ld2<FA>::value) {
+    ld_a<FA::trans>(h, fa.hi, fa.ld, m, k);
+    if (want_lo) ld_a<FA::trans>(l, fa.lo, fa.ld, m, k);
+  } else {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      ah[r] = to_tf32(af[r]);
-      al[r] = to_tf32(af[r] - __uint_as_float(ah[r]));
+    for (int q = 0; q < 4; ++q) {
+      const int i = m + g + (q & 1) * 8, kk = k + 2 * t + (q >> 1) * 8;
+      const float x0 = fa(i, kk), x1 = fa(i, kk + 1);
+      if (want_lo) {
+        split_bf16(x0, x1, h[q], l[q]);
+      } else {
+        h[q] = pack_bf16(x0, x1);
+      }
     }
+  }
+}
+
+// B fragments of the two n tiles n.. and n+8.. (k rows k..k+15): tile u gets regs (2u, 2u+1) =
+// B(2t..2t+1, g), B(2t+8..2t+9, g).
+template <class FB>
+__device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h)[4], uint32_t (&l)[4], bool want_lo) {
+  if constexpr (is_ld<FB>::value) {
+    ld_b2<FB::trans>(h, fb.p, fb.ld, k, n);
+  } else if constexpr (is_ld2<FB>::value) {
+    ld_b2<FB::trans>(h, fb.hi, fb.ld, k, n);
+    if (want_lo) ld_b2<FB::trans>(l, fb.lo, fb.ld, k, n);
+  } else {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int j = n0 + nt * 8 + g;
-      const float b0 = fb(k + t, j), b1 = fb(k + t + 4, j);
-      const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
-      mma_tf32(acc[nt], ah, bh0, bh1);
-      if (split) {
-        if (!kAExact) mma_tf32(acc[nt], al, bh0, bh1);
-        if (!kBExact) mma_tf32(acc[nt], ah, to_tf32(b0 - __uint_as_float(bh0)), to_tf32(b1 - __uint_as_float(bh1)));
+    for (int q = 0; q < 4; ++q) {
+      const int j = n + g + (q >> 1) * 8, kk = k + 2 * t + (q & 1) * 8;
+      const float x0 = fb(kk, j), x1 = fb(kk + 1, j);
+      if (want_lo) {
+        split_bf16(x0, x1, h[q], l[q]);
+      } else {
+        h[q] = pack_bf16(x0, x1);
+      }
+    }
+  }
+}
+
+// acc (a 16 x 8NT warp tile at rows m0.., columns n0..; NT even) += sum_{k in [k0, k1)} A(i, k) B(k, j),
+// (k1 - k0) % 16 == 0. C fragment: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
+// kAExact (kBExact): every A (B) element is a bf16 value (raw tiles are by construction), so its lo
+// part is 0 and the split needs 2 mma per step instead of 3, same result.
+template <int NT, int kUnroll = 4, bool kAExact = false, bool kBExact = false, class FA, class FB>
+__device__ __forceinline__ void mma_acc(float (&acc)[NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb) {
+  static_assert(NT % 2 == 0, "n tiles come in pairs");
+  constexpr bool aex = kAExact || is_ld<FA>::value, bex = kBExact || is_ld<FB>::value;
+  constexpr int kU = kUnroll > 1 ? kUnroll / 2 : 1;  // kUnroll counts k steps of 8 (TF32 era)
+#pragma unroll kU
+  for (int k = k0; k < k1; k += 16) {
+    uint32_t ah[4], al[4];
+    frag_a(fa, m0, k, ah, al, !aex);
+#pragma unroll
+    for (int np = 0; np < NT; np += 2) {
+      uint32_t bh[4], bl[4];
+      frag_b2(fb, k, n0 + np * 8, bh, bl, !bex);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        mma_bf16(acc[np + u], ah, bh[2 * u], bh[2 * u + 1]);
+        if (!aex) mma_bf16(acc[np + u], al, bh[2 * u], bh[2 * u + 1]);
+        if (!bex) mma_bf16(acc[np + u], ah, bl[2 * u], bl[2 * u + 1]);
       }
     }
   }
@@ -67,7 +182,6 @@ __device__ __forceinline__ float group_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 16);
   return v;
 }
-
 // Every 16 x 8NT tile of an M x N output (M % 16 == 0, N % (8 NT) == 0), warp-strided over the
 // block: body(acc, m0, n0) accumulates into a zeroed tile, then epi(i, j, value) per element.
 // A given (i, j) always lands on the same thread for the same M, N, NT and block size.
@@ -111,45 +225,30 @@ __device__ __forceinline__ void for_tiles(int M, int N, Body body, Epi epi, floa
 
 // As mma_acc for MT row tiles (rows m0 + 16 mt ..) that share each B fragment: each B element is
 // loaded and split once per k step for all MT tiles (B operands read from global memory).
-// kAExact: every A element is exact in TF32, so the split costs 2 mma per step instead of 3.
 template <int MT, int NT, int kUnroll = 4, bool kAExact = false, class FA, class FB>
-__device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
-                                          bool split) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll kUnroll
-  for (int k = k0; k < k1; k += 8) {
-    uint32_t bh[NT][2], bl[NT][2];
+__device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb) {
+  static_assert(NT % 2 == 0, "n tiles come in pairs");
+  constexpr bool aex = kAExact || is_ld<FA>::value, bex = is_ld<FB>::value;
+  constexpr int kU = kUnroll > 1 ? kUnroll / 2 : 1;
+#pragma unroll kU
+  for (int k = k0; k < k1; k += 16) {
+    uint32_t bh[NT / 2][4], bl[NT / 2][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int j = n0 + nt * 8 + g;
-      const float b0 = fb(k + t, j), b1 = fb(k + t + 4, j);
-      bh[nt][0] = to_tf32(b0);
-      bh[nt][1] = to_tf32(b1);
-      bl[nt][0] = to_tf32(b0 - __uint_as_float(bh[nt][0]));
-      bl[nt][1] = to_tf32(b1 - __uint_as_float(bh[nt][1]));
-    }
+    for (int np = 0; np < NT / 2; ++np) frag_b2(fb, k, n0 + np * 16, bh[np], bl[np], !bex);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int m = m0 + 16 * mt;
-      const float af[4] = {fa(m + g, k + t), fa(m + g + 8, k + t), fa(m + g, k + t + 4), fa(m + g + 8, k + t + 4)};
       uint32_t ah[4], al[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        ah[r] = to_tf32(af[r]);
-        al[r] = to_tf32(af[r] - __uint_as_float(ah[r]));
-      }
+      frag_a(fa, m0 + 16 * mt, k, ah, al, !aex);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        mma_tf32(acc[mt][nt], ah, bh[nt][0], bh[nt][1]);
-        if (split) {
-          if (!kAExact) mma_tf32(acc[mt][nt], al, bh[nt][0], bh[nt][1]);
-          mma_tf32(acc[mt][nt], ah, bl[nt][0], bl[nt][1]);
-        }
+        const uint32_t b0 = bh[nt >> 1][2 * (nt & 1)], b1 = bh[nt >> 1][2 * (nt & 1) + 1];
+        mma_bf16(acc[mt][nt], ah, b0, b1);
+        if (!aex) mma_bf16(acc[mt][nt], al, b0, b1);
+        if (!bex) mma_bf16(acc[mt][nt], ah, bl[nt >> 1][2 * (nt & 1)], bl[nt >> 1][2 * (nt & 1) + 1]);
       }
     }
   }
 }
-
 // As for_tiles with (16 MT) x (8 NT) warp tiles (M % (16 MT) == 0) and two accumulators:
 // body(a1, a2, m0, n0) with a1, a2 float[MT][NT][4], then epi(i, j, v1, v2) per element.
 // When epi returns a float, row sums go to rowp as in for_tiles.
