@@ -1065,7 +1065,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 }
 
 // ---- backward: sum over each key head's value heads, then the L2-norm backward -------------------
-// One warp per (token, key head, q or k): dx = s (r dy - r^3 (x . dy) x), s = K^-1/2 for q.
+// One warp per (token, key head, q or k): dx = s (r dy - r^3 (x . dy) x), s = K^-1/2 for q. Lane l
+// owns the 4 elements 4l.. (K <= 128): one 16-byte load per value head, one 8-byte x load and store.
 __global__ void gdn_qk_grad_kernel(bf16* dqkv, const float* dqn, const float* dkn, const bf16* qkv, int T, int Hk,
                                    int Hv, int K, int conv_dim) {
   const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
@@ -1074,16 +1075,32 @@ __global__ void gdn_qk_grad_kernel(bf16* dqkv, const float* dqn, const float* dk
   const int which = warp & 1, th = warp >> 1, t = th / Hk, kh = th - t * Hk, ratio = Hv / Hk;
   const size_t xo = static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K;
   const float* src = which == 0 ? dqn : dkn;
-  float x[4], dy[4], ss = 0.f, xdy = 0.f;
+  const int d = 4 * lane;
+  float x[4] = {0.f, 0.f, 0.f, 0.f}, dy[4] = {0.f, 0.f, 0.f, 0.f}, ss = 0.f, xdy = 0.f;
+  if (d < K) {
+    const float* p = src + (static_cast<size_t>(t) * Hv + kh * ratio) * K + d;
+    for (int j0 = 0; j0 < ratio; j0 += 4) {  // up to 4 loads in flight, summed in head order
+      float4 acc[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (j0 + u < ratio) acc[u] = *reinterpret_cast<const float4*>(p + static_cast<size_t>(j0 + u) * K);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (j0 + u < ratio) {
+          dy[0] += acc[u].x;
+          dy[1] += acc[u].y;
+          dy[2] += acc[u].z;
+          dy[3] += acc[u].w;
+        }
+    }
+    const uint2 xr = *reinterpret_cast<const uint2*>(qkv + xo + d);
+    x[0] = __uint_as_float(xr.x << 16);
+    x[1] = __uint_as_float(xr.x & 0xffff0000u);
+    x[2] = __uint_as_float(xr.y << 16);
+    x[3] = __uint_as_float(xr.y & 0xffff0000u);
+  }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    const int d = lane + 32 * r;
-    x[r] = 0.f;
-    dy[r] = 0.f;
-    if (d < K) {
-      x[r] = to_f(qkv[xo + d]);
-      for (int j = kh * ratio; j < (kh + 1) * ratio; ++j) dy[r] += src[(static_cast<size_t>(t) * Hv + j) * K + d];
-    }
     ss += x[r] * x[r];
     xdy += x[r] * dy[r];
   }
@@ -1091,10 +1108,12 @@ __global__ void gdn_qk_grad_kernel(bf16* dqkv, const float* dqn, const float* dk
   xdy = warp_sum(xdy);
   const float rs = 1.f / sqrtf(ss + kL2Eps);
   const float s = which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int d = lane + 32 * r;
-    if (d < K) dqkv[xo + d] = __float2bfloat16(s * (rs * dy[r] - rs * rs * rs * xdy * x[r]));
+  if (d < K) {
+    const float r3 = rs * rs * rs * xdy;
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(s * (rs * dy[0] - r3 * x[0]), s * (rs * dy[1] - r3 * x[1]));
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(s * (rs * dy[2] - r3 * x[2]), s * (rs * dy[3] - r3 * x[3]));
+    *reinterpret_cast<uint2*>(dqkv + xo + d) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
 }
 
