@@ -2,8 +2,8 @@
 // Products on bf16 tensor cores (mma m16n8k16, fp32 accumulation; gdn_mma.cuh): q, k, v, dO are
 // staged as their raw bf16 rows (exact operands, L2 scales applied per row), every fp32 operand is
 // split into bf16 hi + lo (~fp32 products, relative error <= ~3 2^-18). The state, gates, cumsums
-// and the triangular solve stay fp32; W and the scans' smem operands (S, dS, D, dD) are kept as
-// hi / lo planes (the values the split makes) so they are read by ldmatrix; h, dh, D, dD in global are fp32.
+// and the triangular solve stay fp32; W, D, dD and the scans' smem states are kept as hi / lo planes
+// (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32.
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -210,18 +210,6 @@ __device__ __forceinline__ void async_rows(T* dst, int ld, const T* src, size_t 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sp), "l"(gp), "r"(bytes) : "memory");
   }
 }
-// As async_rows for fp32 tiles in 8-byte pieces (cp.async.ca), for row strides that are a
-// multiple of 8 bytes only (the K + 2 strides of the per-chunk kernels).
-__device__ __forceinline__ void async_rows8(float* dst, int ld, const float* src, size_t src_ld, int len, int ncols) {
-  const int per_row = ncols / 2, total = kC * per_row;
-  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-    const int i = idx / per_row, c = (idx - i * per_row) * 2;
-    const float* gp = src + static_cast<size_t>(i < len ? i : 0) * src_ld + c;
-    const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(dst + i * ld + c));
-    const int bytes = i < len ? 8 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sp), "l"(gp), "r"(bytes) : "memory");
-  }
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -371,12 +359,14 @@ __device__ __forceinline__ void update_state(ScanState& st, int u, int m0, int n
     }
 }
 
-// h[chunk, Hv, K, V] = state entering each chunk; UD: U in, D = U - W S out (in place); W as its
+// h[chunk, Hv, K, V] = state entering each chunk (fp32); D = U - W S out as its planes Dgh, Dgl
+// [T, Hv, V]; W as its
 // planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from gdn_l2norm_kernel): the update takes the raw k
 // rows as its A operand and folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and
 // k of chunk c+1 load (cp.async, one group) during chunk c's update and are waited on at the top of
 // chunk c+1; the gates and row scales of chunk c+1 are read into registers during chunk c.
-__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float* UD, const bf16* Wh,
+__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, bf16* Dgh, bf16* Dgl, const float* U,
+                                                                const bf16* Wh,
                                                                 const bf16* Wl, const bf16* qkv, const float* rs,
                                                                 const float* Gc, const int32_t* cu,
                                                                 const int* seq_off, int Hk, int Hv, int K, int V,
@@ -409,7 +399,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
     const size_t wo = (static_cast<size_t>(bos) * Hv + head) * K;
     async_rows(Whs, ldr, Wh + wo, w_ld, L0, K);
     async_rows(Wls, ldr, Wl + wo, w_ld, L0, K);
-    async_rows(Us, lds, UD + static_cast<size_t>(bos) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L0, bv);
+    async_rows(Us, lds, U + static_cast<size_t>(bos) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L0, bv);
     async_rows(Kb, ldr, kraw + static_cast<size_t>(bos) * x_ld, x_ld, L0, K);
     gl_next = Gc[static_cast<size_t>(bos + L0 - 1) * Hv + head];
     if (threadIdx.x < L0) {
@@ -449,7 +439,10 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
           float x = 0.f;
           if (i < L) {
             x = Us[i * lds + e] - v;
-            UD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
+            const size_t o = (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
+            const bf16 hi = __float2bfloat16(x);
+            Dgh[o] = hi;
+            Dgl[o] = __float2bfloat16(x - to_f(hi));
           }
           const float y = ks[i] * x;
           const bf16 hi = __float2bfloat16(y);
@@ -462,7 +455,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
       const size_t wo = (static_cast<size_t>(c1) * Hv + head) * K;
       async_rows(Whs, ldr, Wh + wo, w_ld, L1, K);
       async_rows(Wls, ldr, Wl + wo, w_ld, L1, K);
-      async_rows(Us, lds, UD + static_cast<size_t>(c1) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L1, bv);
+      async_rows(Us, lds, U + static_cast<size_t>(c1) * u_ld + static_cast<size_t>(head) * V + e0, u_ld, L1, bv);
       async_rows(Kb + ((ci + 1) & 1) * (kC * ldr), ldr, kraw + static_cast<size_t>(c1) * x_ld, x_ld, L1, K);
     }
     cp_async_commit();
@@ -478,13 +471,14 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, float*
 }
 
 // ---- forward output ----------------------------------------------------------------------------
-// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D fp32: 85 KB at K = V = 128 (2 CTAs per SM).
-int out_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * (V + 4) + kC * kLdC + 4 * kC; }
+// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D as its planes: 87 KB at K = V = 128 (2 CTAs per SM).
+int out_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * raw_ld(V) + kC * kLdC + 4 * kC; }
 
 // O = diag(e^G rq) (q S0) + P D, per (chunk, value head).
 __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* table, const int* nchunks,
                                                               const float* rs, const bf16* qkv, const float* Gc,
-                                                              const float* UD, const float* h, int Hk, int Hv,
+                                                              const bf16* Dgh, const bf16* Dgl, const float* h,
+                                                              int Hk, int Hv,
                                                               int K, int V, int conv_dim) {
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
@@ -492,10 +486,11 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int ldr = raw_ld(K), ldd = V + 4;
+  const int ldr = raw_ld(K), ldd = raw_ld(V);
   bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
-  float* Ds = cv.take(kC * ldd);
+  bf16* Dh = reinterpret_cast<bf16*>(cv.take(kC * ldd / 2));
+  bf16* Dl = reinterpret_cast<bf16*>(cv.take(kC * ldd / 2));
   float* Ps = cv.take(kC * kLdC);
   float* gs = cv.take(kC);
   float* eq = cv.take(kC);
@@ -505,7 +500,8 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
   async_rows(Qb, ldr, xrow + static_cast<size_t>(kh) * K, x_ld, len, K);
   async_rows(Kb, ldr, xrow + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
-  async_rows(Ds, ldd, UD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Dh, ldd, Dgh + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Dl, ldd, Dgl + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   cp_async_commit();
   load_rows_gq(gs, rq, rk, Gc, rs, bos, len, Hk, Hv, head, kh);
   if (threadIdx.x < kC) eq[threadIdx.x] = expf(gs[threadIdx.x]) * rq[threadIdx.x];
@@ -521,7 +517,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
         mma_acc_m<1, 2>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
                         [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; });
         mma_acc(a2[0], m0, n0, 0, m0 + 16, [&](int i, int j) { return Ps[i * kLdC + j]; },
-                [&](int j, int e) { return Ds[j * ldd + e]; });
+                Ld2<true>{Dh, Dl, ldd});
       },
       [&](int i, int e, float qs, float pd) {
         if (i < len) o[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = __float2bfloat16(eq[i] * qs + pd);
@@ -583,14 +579,16 @@ int scan_bwd_smem_floats(int K, int bv) {
          2 * kC;
 }
 
-// dh[chunk] = dL/d(state leaving the chunk); dD += diag(e^{G_L-G}) K^ dS (full dD, in place);
+// dh[chunk] = dL/d(state leaving the chunk); full dD = dD_local + diag(e^{G_L-G}) K^ dS, as its planes
+// dDgh, dDgl [T, Hv, V];
 // dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD. q^ = q rs[., 0], k^ = k rs[., 1] (rs from
 // gdn_l2norm_kernel, kept in the state): the dD product takes the raw k and scales its rows in the
 // epilogue, the dS product folds e^{G_i} rs_i into the dO rows.
 // Pipelined, two barriers per chunk: q, W, dO of chunk c load (cp.async) during the dD product and
 // are waited on before (B), k and dD_local of chunk c-1 during the dS update (waited on before the
 // next (A)), the gates and row scales of chunk c-1 into registers during chunk c.
-__global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, float* dD, const bf16* Wh,
+__global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, bf16* dDgh, bf16* dDgl,
+                                                                   const float* dD, const bf16* Wh,
                                                                    const bf16* Wl, const bf16* qkv, const float* rs,
                                                                    const float* Gc, const bf16* d_o,
                                                                    const int32_t* cu, const int* seq_off, int Hk,
@@ -670,7 +668,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
           float x = 0.f;
           if (i < L) {
             x = dDl[i * ldl + e] + ks[i] * v;
-            dD[(static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e] = x;
+            const size_t o = (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
+            const bf16 hi = __float2bfloat16(x);
+            dDgh[o] = hi;
+            dDgl[o] = __float2bfloat16(x - to_f(hi));
           }
           const bf16 hi = __float2bfloat16(-x);
           Dh[i * lds + e] = hi;
@@ -698,15 +699,15 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, fl
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
 // 256 threads, 2 CTAs per SM: the kernel runs in two phases whose tiles share five smem regions.
-//   state phase (P1-P3: dP, Y, dq^, dk^ state part, xi): raw q, k, dO (bf16), D (fp32), Y;
-//   WY phase (A, T, P4-P11): raw k, dD (fp32), raw v, then a K/2-column piece of dW (fp32), T, dT.
+//   state phase (P1-P3: dP, Y, dq^, dk^ state part, xi): raw q, k, dO (bf16), D (hi / lo planes), Y;
+//   WY phase (A, T, P4-P11): raw k, dD (planes), raw v, then a K/2-column piece of dW (fp32), T, dT.
 // q, k, dO, v are staged as their bf16 values (exact: a product with one of them costs 2 mma under
 // the split, q k^T and k k^T 1) with the L2 scales rs applied per row in the epilogues or
 // folded into the other operand; dW is produced and consumed in column pieces (P4, P5's k part and
 // P10's T^T dW part per piece); the row dot products (dG, dbeta, xi) and the dP . P / F row and
 // column sums are reduced in registers (for_tiles / for_tiles_m2 with a float-returning epilogue,
 // for_tiles_rc) into per-tile partials, summed in a fixed order, so the result stays deterministic.
-// 109 KB at K = V = 128.
+// 113 KB at K = V = 128.
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int bwd_piece(int K) { return (K / 2 + 15) / 16 * 16; }  // dW columns per piece
@@ -715,7 +716,7 @@ __host__ __device__ constexpr int bwd_r2(int K) { return kC * raw_ld(K) / 2; }  
 __host__ __device__ constexpr int bwd_r3(int K, int V) {                                         // dO; v; dW piece
   return imax(kC * raw_ld(V) / 2, kC * (bwd_piece(K) + 2));
 }
-__host__ __device__ constexpr int bwd_r4(int V) { return imax(kC * (V + 2), kC * kLdC); }  // D; dD; X1
+__host__ __device__ constexpr int bwd_r4(int V) { return imax(kC * raw_ld(V), kC * kLdC); }  // D, dD planes; X1
 int bwd_chunk_smem_floats(int K, int V) {
   const int slots = imax(K, V) / 16;
   return bwd_r1(K) + bwd_r2(K) + bwd_r3(K, V) + bwd_r4(V) + kC * kLdC + 6 * kC + 8 * kC + 2 * slots * kC + 3 * kC +
@@ -723,25 +724,27 @@ int bwd_chunk_smem_floats(int K, int V) {
 }
 
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
-// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_l2norm_kernel). kMT: row tiles per warp tile in the
-// products with S0 / dS_end (read from global): each B fragment feeds kMT mma row tiles. kBU: k-loop
-// unroll of those products.
-template <int kMT, int kBU>
+// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_l2norm_kernel); D, dD as their planes [T, Hv, V].
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
-    const float* rs, const bf16* qkv, const float* g, const float* beta, const float* UD, const float* dD,
+    const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl, const bf16* dDgh, const bf16* dDgl,
     const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim) {
+  // The products with S0 / dS_end (read from global): kMT row tiles per warp tile share each B
+  // fragment, k loop unrolled by kBU k steps of 8 (MT 1 and unroll 8 were slower or spilled).
+  constexpr int kMT = 2, kBU = 4;
   const int c = blockIdx.x, head = blockIdx.y;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int ldr = raw_ld(K), ldo = raw_ld(V), ldv = V + 2, kw = bwd_piece(K), ldw = kw + 2;
+  const int ldr = raw_ld(K), ldo = raw_ld(V), ldx = raw_ld(V), kw = bwd_piece(K), ldw = kw + 2;
   float* R1 = cv.take(bwd_r1(K));
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(bwd_r2(K)));
   float* R3 = cv.take(bwd_r3(K, V));
-  float* Xs = cv.take(bwd_r4(V));     // D (state phase), dD, then X1 = dT T^T (stride kLdC)
+  float* Xs = cv.take(bwd_r4(V));     // D planes (state phase), dD planes, then X1 = dT T^T (stride kLdC)
+  bf16* Xh = reinterpret_cast<bf16*>(Xs);
+  bf16* Xl = Xh + kC * ldx;
   float* Ts = cv.take(kC * kLdC);     // Y = dP . Gam (state phase), then T
   bf16* Qb = reinterpret_cast<bf16*>(R1);  // raw q; then A, dT, Mx as fp32 C x C tiles (Cs)
   float* Cs = R1;
@@ -776,7 +779,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   async_rows(Qb, ldr, xrow + static_cast<size_t>(kh) * K, x_ld, len, K);
   async_rows(Kb, ldr, xrow + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
   async_rows(Ob, ldo, d_o + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
-  async_rows8(Xs, ldv, UD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Xh, ldx, Dgh + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Xl, ldx, Dgl + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   cp_async_commit();
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
   if (tid < kC) {
@@ -806,7 +810,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         mma_acc<2, 4, true, true>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
                                   Ld<false>{Kb, ldr});
         mma_acc<2, 4, true>(a2, m0, n0, 0, V, Ld<false>{Ob, ldo},
-                            [&](int e, int j) { return Xs[j * ldv + e]; });
+                            Ld2<false>{Xh, Xl, ldx});
       },
       [&](int i, int j, float qk, float dp, float& rc, float& cc) {
         const float y = j <= i ? dp * expf(gs[i] - gs[j]) : 0.f;
@@ -847,7 +851,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   for_tiles_m2<kMT, 2>(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
-        mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
+        mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
                                [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; });
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
@@ -866,7 +870,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 
   // WY phase. q, dO, D, Y are dead: dD (into Xs) and raw v (into R3) stream in by cp.async while
   // A is built (into R1), P3 is folded and <S0, dS_end> summed.
-  async_rows8(Xs, ldv, dD + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Xh, ldx, dDgh + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
+  async_rows(Xl, ldx, dDgl + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   async_rows(Ob, ldo, xrow + 2 * static_cast<size_t>(Hk) * K + static_cast<size_t>(head) * V, x_ld, len, V);
   cp_async_commit();
   if (tid < kC) {
@@ -922,7 +927,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   {
     bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
     tt_product(
-        V, [&](int l, int e) { return Xs[l * ldv + e]; },
+        V, Ld2<true>{Xh, Xl, ldx},
         [&](int i, int e, float r) {
           if (i < len) dvbase[static_cast<size_t>(i) * conv_dim + e] = __float2bfloat16(bs[i] * r);
           return to_f(Ob[i * ldo + e]) * r;
@@ -933,7 +938,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc<2, 4, false, true>(acc, m0, n0, 0, V, [&](int m, int e) { return Xs[m * ldv + e]; },
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
                                    Ld<false>{Ob, ldo});
       },
       [&](int m, int l, float v) { Cs[m * kLdC + l] = (l < m && l < len) ? bs[l] * v : 0.f; });
@@ -952,7 +957,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     for_tiles_m2<kMT, 2>(
         kC, w,
         [&](auto& a1, auto&, int m0, int n0) {
-          mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, [&](int i, int e) { return Xs[i * ldv + e]; },
+          mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
                                  [&](int e, int d) { return S0[static_cast<size_t>(d0 + d) * V + e]; });
         },
         [&](int i, int d, float v, float) { dWp[i * ldw + d] = -v; });
@@ -1122,8 +1127,10 @@ struct Workspace {
   int4* table;
   int* nchunks;
   int* seq_off;
-  float *Gc, *UD, *h, *dD, *dh, *dqn, *dkn, *rs;
-  bf16 *Wh, *Wl;  // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K]
+  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U in the forward, dD_local in the backward
+  bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K]
+  bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
+  bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
   int nc_max;
 };
 
@@ -1133,7 +1140,7 @@ int max_chunks(const GdnArgs& a) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b, std::max(a.total_tokens, 1))));
 }
 
-// Lays the forward state (chunk table, Gc, W, UD, h, rs: what the backward reuses when the
+// Lays the forward state (chunk table, Gc, W, D, h, rs: what the backward reuses when the
 // forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
 // only). Returns {state bytes, scratch bytes}.
 std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
@@ -1157,13 +1164,16 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   ws.Wh = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
   ws.Wl = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
-  ws.UD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
+  ws.Dh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
+  ws.Dl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.h = reinterpret_cast<float*>(take(states));
   ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
   const size_t state_bytes = off;
   off = 0;
   base = scratch;
   ws.dD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
+  ws.dDh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
+  ws.dDl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
@@ -1205,19 +1215,6 @@ int column_block(int V, bool backward) {
   static const int fwd = env_knob("QT_GDN_BV_FWD", {16, 32, 64}), bwd = env_knob("QT_GDN_BV_BWD", {16, 32, 64});
   const int want = backward ? bwd : fwd;
   return want != 0 && V % want == 0 ? want : (V % 32 == 0 ? 32 : 16);
-}
-
-// Row tiles per warp tile in bwd_chunk's S0 / dS_end products (1 or 2; 4 was slower in step 3 and
-// its 8-column tiles would need twice the row-dot partial slots); QT_GDN_BWD_MT overrides the default.
-int bwd_row_tiles() {
-  static const int mt = env_knob("QT_GDN_BWD_MT", {1, 2});
-  return mt != 0 ? mt : 2;
-}
-
-// k-loop unroll of those products (8 or 16); QT_GDN_BWD_UNROLL overrides the default.
-int bwd_unroll() {
-  static const int bu = env_knob("QT_GDN_BWD_UNROLL", {8, 16});
-  return bu != 0 ? bu : 8;
 }
 
 // Per-kernel device times for bench_gdn (QT_GDN_STAGE_TIMES=1 there): when on, every launch is
@@ -1272,7 +1269,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_prep_kernel, prep_bytes);
   stage_begin(stream);
-  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.UD, w.table, w.nchunks, w.rs,
+  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.dD, w.table, w.nchunks, w.rs,
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
@@ -1281,7 +1278,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   set_smem(gdn_scan_fwd_kernel, scan_bytes);
   stage_begin(stream);
   gdn_scan_fwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, scan_bytes, stream>>>(
-      w.h, w.UD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
+      w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
   stage_end("gdn_scan_fwd_kernel", stream);
 }
@@ -1319,7 +1316,8 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   set_smem(gdn_output_kernel, bytes);
   stage_begin(stream);
   gdn_output_kernel<<<dim3(w.nc_max, Hv), kThreads, bytes, stream>>>(
-      static_cast<bf16*>(o), w.table, w.nchunks, w.rs, x, w.Gc, w.UD, w.h, Hk, Hv, K, V, 2 * Hk * K + Hv * V);
+      static_cast<bf16*>(o), w.table, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
+      2 * Hk * K + Hv * V);
   QT_LAUNCH_CHECK("gdn_output_kernel");
   stage_end("gdn_output_kernel", stream);
 }
@@ -1351,18 +1349,15 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
   stage_begin(stream);
   gdn_scan_bwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, sb_bytes, stream>>>(
-      w.dh, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
+      w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
   QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
   stage_end("gdn_scan_bwd_kernel", stream);
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
-  const int mt = bwd_row_tiles(), bu = bwd_unroll();
-  auto bwd_chunk = mt == 2 ? (bu == 16 ? gdn_bwd_chunk_kernel<2, 16> : gdn_bwd_chunk_kernel<2, 8>)
-                           : gdn_bwd_chunk_kernel<1, 8>;
-  set_smem(bwd_chunk, bc_bytes);
+  set_smem(gdn_bwd_chunk_kernel, bc_bytes);
   stage_begin(stream);
-  bwd_chunk<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
-      w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.UD, w.dD, w.h, w.dh, dO,
+  gdn_bwd_chunk_kernel<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
+      w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh, w.dDl, w.h, w.dh, dO,
       Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");
   stage_end("gdn_bwd_chunk_kernel", stream);
