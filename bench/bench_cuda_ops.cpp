@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
       fill(be, y, 1.0f, 5);
       const double ms = time_ms(be, [&] {
         be.linear_forward(y, x, w);
-        be.linear_backward(dx, dw, y, x, w, false);
+        be.linear_backward(dx, dw, y, x, w, false, false);
       }, iters);
       const double f = 6.0 * double(T) * double(p.N) * double(p.K);
       std::printf("  %-18s N %5lld K %5lld: %7.1f TFLOP/s (fwd+bwd %.3f ms)\n", p.name, (long long)p.N,

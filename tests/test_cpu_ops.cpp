@@ -189,7 +189,7 @@ TEST_F(CpuOpsGrad, Linear) {
     return dot(y, R);
   };
   Vec dx(x.size()), dw(w.size(), 0.0);
-  ref::linear_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), T, N, K, false);
+  ref::linear_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), T, N, K, false, false);
   expect_grad_fd("linear dx", x, dx, loss);
   expect_grad_fd("linear dw", w, dw, loss);
 }
@@ -719,18 +719,22 @@ TEST_F(CpuOpsFloat, Dense) {
   Vec x = random_vec(rng, T * K), w = random_vec(rng, N * K), dy = random_vec(rng, T * N), dx0 = random_vec(rng, T * K);
   Vec y(static_cast<size_t>(T * N)), dx(x.size()), dw(w.size(), 0.0);
   ref::linear_forward(y.data(), x.data(), w.data(), T, N, K);
-  ref::linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), T, N, K, false);
+  ref::linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), T, N, K, false, false);
 
   Tensor tx = upload(be, x, {T, K}), tw = upload(be, w, {N, K}), tdy = upload(be, dy, {T, N});
   Tensor ty = garbage(be, {T, N}), tdx = garbage(be, {T, K}), tdw = filled(be, {N, K}, kAccInit);
   be.linear_forward(ty, tx, tw);
-  be.linear_backward(tdx, tdw, tdy, tx, tw, false);
+  be.linear_backward(tdx, tdw, tdy, tx, tw, false, true);
   expect_close("linear y", download(be, ty), y, kFloatTol);
   expect_close("linear dx", download(be, tdx), dx, kFloatTol);
   expect_close("linear dw (+=)", download(be, tdw), plus_acc(dw), kFloatTol);
+  // accumulate_dw false writes dw over whatever it held.
+  Tensor tdw_set = garbage(be, {N, K});
+  be.linear_backward(Tensor(), tdw_set, tdy, tx, tw, false, false);
+  expect_close("linear dw (=)", download(be, tdw_set), dw, kFloatTol);
   // accumulate_dx adds into dx; a null dw is skipped.
   Tensor tdx_acc = upload(be, dx0, {T, K});
-  be.linear_backward(tdx_acc, Tensor(), tdy, tx, tw, true);
+  be.linear_backward(tdx_acc, Tensor(), tdy, tx, tw, true, true);
   Vec want_acc = dx;
   for (size_t i = 0; i < want_acc.size(); ++i) want_acc[i] += dx0[i];
   expect_close("linear dx (+=)", download(be, tdx_acc), want_acc, kFloatTol);

@@ -248,15 +248,16 @@ TEST_F(OpsTest, Linear) {
       c_->linear_forward(y.cpu, x.cpu, w.cpu);
       expect_close("y", y);
       for (bool acc : {false, true}) {
-        Pair dy = input({T, N}), dx = output({T, K}, DType::BF16, acc), dw = output({N, K}, DType::BF16, true);
-        Pair dw32 = output({N, K}, DType::F32, true);
-        g_->linear_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, acc);
-        c_->linear_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, acc);
+        // acc: dx and dw accumulate into prefilled values; else both are written over NaN fill.
+        Pair dy = input({T, N}), dx = output({T, K}, DType::BF16, acc), dw = output({N, K}, DType::BF16, acc);
+        Pair dw32 = output({N, K}, DType::F32, acc);
+        g_->linear_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, acc, acc);
+        c_->linear_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, acc, acc);
         expect_close(acc ? "dx (acc)" : "dx", dx);
-        expect_close("dw bf16", dw);
-        g_->linear_backward(Tensor(), dw32.gpu, dy.gpu, x.gpu, w.gpu, false);
-        c_->linear_backward(Tensor(), dw32.cpu, dy.cpu, x.cpu, w.cpu, false);
-        expect_close("dw f32", dw32);
+        expect_close(acc ? "dw bf16 (acc)" : "dw bf16", dw);
+        g_->linear_backward(Tensor(), dw32.gpu, dy.gpu, x.gpu, w.gpu, false, acc);
+        c_->linear_backward(Tensor(), dw32.cpu, dy.cpu, x.cpu, w.cpu, false, acc);
+        expect_close(acc ? "dw f32 (acc)" : "dw f32", dw32);
       }
     }
   }

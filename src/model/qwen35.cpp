@@ -11,6 +11,19 @@ namespace {
 
 constexpr int kNumRoles = static_cast<int>(ParamRole::AttnKNorm) + 1;
 
+// Weights whose gradient comes from exactly one dW GEMM per backward (Qwen35Model::proj_backward).
+bool is_projection(ParamRole r) {
+  switch (r) {
+    case ParamRole::MlpGate: case ParamRole::MlpUp: case ParamRole::MlpDown:
+    case ParamRole::GdnInProjQkv: case ParamRole::GdnInProjZ: case ParamRole::GdnInProjB: case ParamRole::GdnInProjA:
+    case ParamRole::GdnOutProj:
+    case ParamRole::AttnQProj: case ParamRole::AttnKProj: case ParamRole::AttnVProj: case ParamRole::AttnOProj:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // A view of the first numel(shape) elements of a capacity buffer.
 Tensor slab(const Tensor& buf, const Shape& shape) {
   QT_CHECK(shape_numel(shape) <= buf.numel(), "activation buffer ", buf.describe(), " too small for ", shape_str(shape));
@@ -239,17 +252,25 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     params_.push_back(planned(plan_.weights, at, specs_[i].shape));
     role_index_[static_cast<size_t>(specs_[i].layer + 1)][static_cast<int>(specs_[i].role)] = static_cast<int>(i);
   }
-  // All gradients live in one buffer (each view 256-byte aligned) so zeroing them is one launch.
-  // They are fp32 on every backend: micro-batches accumulate into them without bf16 rounding.
+  // All gradients live in one buffer (each view 256-byte aligned). They are fp32 on every backend:
+  // micro-batches accumulate into them without bf16 rounding. The projections' gradients come
+  // last: their first dW GEMM of a step writes them, so zero_grads() clears only the front part
+  // (embeddings, norms, conv, gates: one launch) and the projections are never zeroed or re-read.
   constexpr int64_t kGradAlign = 256;
   const DType gt = DType::F32;
-  std::vector<int64_t> offsets;
-  int64_t grad_bytes = 0;
-  for (const ParamSpec& spec : specs_) {
-    offsets.push_back(grad_bytes);
-    grad_bytes += (shape_numel(spec.shape) * static_cast<int64_t>(dtype_size(gt)) + kGradAlign - 1) / kGradAlign * kGradAlign;
+  std::vector<int64_t> offsets(specs_.size());
+  int64_t grad_bytes = 0, zeroed_bytes = 0;
+  for (const bool projections : {false, true}) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      if (is_projection(specs_[i].role) != projections) continue;
+      offsets[i] = grad_bytes;
+      grad_bytes += (shape_numel(specs_[i].shape) * static_cast<int64_t>(dtype_size(gt)) + kGradAlign - 1) /
+                    kGradAlign * kGradAlign;
+    }
+    if (!projections) zeroed_bytes = grad_bytes;
   }
   grads_flat_ = planned(plan_.grads, DType::U8, {grad_bytes});
+  grads_zeroed_ = Tensor(grads_flat_.data, DType::U8, {zeroed_bytes}, grads_flat_.device);
   for (size_t i = 0; i < specs_.size(); ++i)
     grads_.push_back(Tensor(static_cast<char*>(grads_flat_.data) + offsets[i], gt, specs_[i].shape, grads_flat_.device));
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
@@ -329,7 +350,15 @@ void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
   be_.copy_from_host(params_[i], h.t.data);
 }
 
-void Qwen35Model::zero_grads() { be_.zero(grads_flat_); }
+void Qwen35Model::zero_grads() {
+  be_.zero(grads_zeroed_);
+  grads_fresh_ = true;
+}
+
+void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x,
+                                bool accumulate_dx) {
+  be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grads_fresh_);
+}
 
 void Qwen35Model::use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T) {
   // Layout of every input buffer (capacity max_tokens_): ids, targets, positions, cu_seqlens.
@@ -532,10 +561,10 @@ void Qwen35Model::backward_layers(int64_t T) {
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);
     // MLP: next = h + down(silu(gate(hn)) * up(hn))
     const Tensor dact = slab(d_a_, {T, I}), dgate = slab(d_b_, {T, I}), dup = slab(d_c_, {T, I});
-    be_.linear_backward(dact, g(ParamRole::MlpDown, l), dr, rows(A.mlp_act, T), p(ParamRole::MlpDown, l), false);
+    proj_backward(dact, ParamRole::MlpDown, l, dr, rows(A.mlp_act, T), false);
     be_.swiglu_backward(dgate, dup, dact, rows(A.mlp_gate, T), rows(A.mlp_up, T));
-    be_.linear_backward(dn, g(ParamRole::MlpGate, l), dgate, hn, p(ParamRole::MlpGate, l), false);
-    be_.linear_backward(dn, g(ParamRole::MlpUp, l), dup, hn, p(ParamRole::MlpUp, l), true);
+    proj_backward(dn, ParamRole::MlpGate, l, dgate, hn, false);
+    proj_backward(dn, ParamRole::MlpUp, l, dup, hn, true);
     be_.rmsnorm_backward(dr, g(ParamRole::PostAttnNorm, l), dn, h, p(ParamRole::PostAttnNorm, l),
                          rows(A.rstd_post, T), true);
     // Mixer: h = x + mixer(xn); dr now holds dL/dh.
@@ -543,7 +572,7 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor dy = slab(d_a_, {T, VD}), d_o = slab(d_b_, {T, Hv, dv}), dz = slab(d_c_, {T, VD});
       const Tensor dconv = slab(d_d_, {T, C}), dmixed = slab(d_e_, {T, C});
       const Tensor dbeta = slab(d_f32_a_, {T, Hv}), dg = slab(d_f32_b_, {T, Hv});
-      be_.linear_backward(dy, g(ParamRole::GdnOutProj, l), dr, rows(A.y, T), p(ParamRole::GdnOutProj, l), false);
+      proj_backward(dy, ParamRole::GdnOutProj, l, dr, rows(A.y, T), false);
       be_.gated_rmsnorm_backward(d_o, dz.view({T, Hv, dv}), g(ParamRole::GdnNorm, l), dy.view({T, Hv, dv}),
                                  rows(A.o, T).view({T, Hv, dv}), rows(A.z, T).view({T, Hv, dv}),
                                  p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
@@ -561,10 +590,10 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor& cgw = g(ParamRole::GdnConv1d, l);
       be_.conv1d_silu_backward(dmixed, cgw.view({cgw.size(0), cgw.size(2)}), dconv, rows(A.mixed, T),
                                cw.view({cw.size(0), cw.size(2)}), seqs_);
-      be_.linear_backward(dn, g(ParamRole::GdnInProjQkv, l), dmixed, xn, p(ParamRole::GdnInProjQkv, l), false);
-      be_.linear_backward(dn, g(ParamRole::GdnInProjZ, l), dz, xn, p(ParamRole::GdnInProjZ, l), true);
-      be_.linear_backward(dn, g(ParamRole::GdnInProjB, l), db, xn, p(ParamRole::GdnInProjB, l), true);
-      be_.linear_backward(dn, g(ParamRole::GdnInProjA, l), da, xn, p(ParamRole::GdnInProjA, l), true);
+      proj_backward(dn, ParamRole::GdnInProjQkv, l, dmixed, xn, false);
+      proj_backward(dn, ParamRole::GdnInProjZ, l, dz, xn, true);
+      proj_backward(dn, ParamRole::GdnInProjB, l, db, xn, true);
+      proj_backward(dn, ParamRole::GdnInProjA, l, da, xn, true);
     } else {
       const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
       const Tensor dy = slab(d_a_, {T, Hq * D}), d_o = slab(d_b_, {T, Hq * D}), dgt = slab(d_c_, {T, Hq * D});
@@ -573,7 +602,7 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor dk = slab(d_e_, {T, Hkv, D});
       const Tensor dv = Tensor(static_cast<char*>(d_e_.data) + static_cast<size_t>(T * Hkv * D) * dtype_size(d_e_.dtype),
                                d_e_.dtype, {T, Hkv, D}, d_e_.device);
-      be_.linear_backward(dy, g(ParamRole::AttnOProj, l), dr, rows(A.attn_y, T), p(ParamRole::AttnOProj, l), false);
+      proj_backward(dy, ParamRole::AttnOProj, l, dr, rows(A.attn_y, T), false);
       be_.attn_gate_backward(d_o, dgt, dy, rows(A.attn_o, T), rows(A.gate, T));
       be_.attention_backward(dq, dk, dv, d_o.view({T, Hq, D}), rows(A.q, T).view({T, Hq, D}),
                              rows(A.k, T).view({T, Hkv, D}), rows(A.v, T).view({T, Hkv, D}),
@@ -583,13 +612,14 @@ void Qwen35Model::backward_layers(int64_t T) {
       be_.attn_prep_backward(dqg, dkr, g(ParamRole::AttnQNorm, l), g(ParamRole::AttnKNorm, l), dq, dk, dgt,
                              rows(A.qg, T), rows(A.kr, T), p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l),
                              slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), rows(positions_, T), ad);
-      be_.linear_backward(dn, g(ParamRole::AttnQProj, l), dqg, xn, p(ParamRole::AttnQProj, l), false);
-      be_.linear_backward(dn, g(ParamRole::AttnKProj, l), dkr, xn, p(ParamRole::AttnKProj, l), true);
-      be_.linear_backward(dn, g(ParamRole::AttnVProj, l), dv.view({T, Hkv * D}), xn, p(ParamRole::AttnVProj, l), true);
+      proj_backward(dn, ParamRole::AttnQProj, l, dqg, xn, false);
+      proj_backward(dn, ParamRole::AttnKProj, l, dkr, xn, true);
+      proj_backward(dn, ParamRole::AttnVProj, l, dv.view({T, Hkv * D}), xn, true);
     }
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
   }
   be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
+  grads_fresh_ = false;  // the projections' gradients now hold this backward's dW: accumulate from here
 }
 
 LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_scale, std::vector<float>* token_loss) {
@@ -623,10 +653,9 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
       loss_sum = be_.linear_cross_entropy(dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T), grad_scale);
   }
   if (backward) {
-    const Tensor dr = rows(d_res_, T);
-    be_.zero(dr);
+    const Tensor dr = rows(d_res_, T);  // the residual stream's gradient starts at the final norm's dx
     be_.rmsnorm_backward(dr, g(ParamRole::FinalNorm, -1), dn, rows(final_in_, T), p(ParamRole::FinalNorm, -1),
-                         rows(final_rstd_, T), true);
+                         rows(final_rstd_, T), false);
     backward_layers(T);
   }
   return loss_sum;

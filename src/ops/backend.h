@@ -65,9 +65,11 @@ class Backend {
   // ---- dense ---------------------------------------------------------------------------------
   // y[T,N] = x[T,K] W[N,K]^T.
   virtual void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) = 0;
-  // dx[T,K] (= or += per accumulate_dx; optional) = dy W ; dw[N,K] acc += dy^T x (optional).
+  // dx[T,K] (= or += per accumulate_dx; optional) = dy W ; dw[N,K] (= or += per accumulate_dw;
+  // optional) = dy^T x. Writing dw (the first contribution of a step) spares zeroing the gradient
+  // and reading it back.
   virtual void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                               const Tensor& w, bool accumulate_dx) = 0;
+                               const Tensor& w, bool accumulate_dx, bool accumulate_dw) = 0;
 
   // out[T,H] = table[ids[t]]. ids: i32 [T].
   virtual void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;

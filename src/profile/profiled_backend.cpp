@@ -84,9 +84,9 @@ void ProfiledBackend::linear_forward(const Tensor& y, const Tensor& x, const Ten
 }
 
 void ProfiledBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                      const Tensor& w, bool accumulate_dx) {
+                                      const Tensor& w, bool accumulate_dx, bool accumulate_dw) {
   OpRange r(prof_, "linear_backward", true);
-  inner_.linear_backward(dx, dw, dy, x, w, accumulate_dx);
+  inner_.linear_backward(dx, dw, dy, x, w, accumulate_dx, accumulate_dw);
 }
 
 void ProfiledBackend::embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) {

@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) override;
   void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       bool accumulate_dx) override;
+                       bool accumulate_dx, bool accumulate_dw) override;
   void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) override;
   void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) override;
   void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override;

@@ -63,9 +63,9 @@ void linear_forward(S* y, const S* x, const S* w, int64_t T, int64_t N, int64_t 
 
 template <typename S>
 void linear_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, int64_t T, int64_t N, int64_t K,
-                     bool accumulate_dx) {
+                     bool accumulate_dx, bool accumulate_dw) {
   if (dx != nullptr) gemm(false, false, T, K, N, S(1), dy, w, accumulate_dx ? S(1) : S(0), dx);  // dy w
-  if (dw != nullptr) gemm(true, false, N, K, T, S(1), dy, x, S(1), dw);                          // dy^T x
+  if (dw != nullptr) gemm(true, false, N, K, T, S(1), dy, x, accumulate_dw ? S(1) : S(0), dw);   // dy^T x
 }
 
 // ---- embedding -----------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& 
 }
 
 void CpuBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                 const Tensor& w, bool accumulate_dx) {
+                                 const Tensor& w, bool accumulate_dx, bool accumulate_dw) {
   const char* op = "linear_backward";
   QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
   const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
@@ -240,7 +240,7 @@ void CpuBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tenso
   const bool want_dx = check_optional(op, "dx", dx, F32, {T, K});
   const bool want_dw = check_optional(op, "dw", dw, F32, {N, K});
   ref::linear_backward(want_dx ? dx.ptr<float>() : nullptr, want_dw ? dw.ptr<float>() : nullptr, dy.ptr<float>(),
-                       x.ptr<float>(), w.ptr<float>(), T, N, K, accumulate_dx);
+                       x.ptr<float>(), w.ptr<float>(), T, N, K, accumulate_dx, accumulate_dw);
 }
 
 namespace {

@@ -29,10 +29,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 // y[T,N] = x[T,K] w[N,K]^T.
 template <typename S>
 void linear_forward(S* y, const S* x, const S* w, int64_t T, int64_t N, int64_t K);
-// dx[T,K] (= or +=) dy w; dw[N,K] += dy^T x. Either may be nullptr.
+// dx[T,K] (= or +=) dy w; dw[N,K] (= or +=) dy^T x. Either may be nullptr.
 template <typename S>
 void linear_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, int64_t T, int64_t N, int64_t K,
-                     bool accumulate_dx);
+                     bool accumulate_dx, bool accumulate_dw);
 
 // out[T,H] = table[ids[t]]; ids must be in [0, V).
 template <typename S>

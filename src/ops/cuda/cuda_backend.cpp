@@ -328,7 +328,7 @@ void CudaBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor&
 }
 
 void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                  const Tensor& w, bool accumulate_dx) {
+                                  const Tensor& w, bool accumulate_dx, bool accumulate_dw) {
   const char* op = "linear_backward";
   QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
   const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
@@ -339,7 +339,7 @@ void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tens
     gemm(false, false, T, K, N, dy.data, N, w.data, K, dx.data, K, false, accumulate_dx ? 1.0f : 0.0f);
   if (dw.data != nullptr) {
     const bool f32 = check_grad(op, "dw", dw, {N, K});
-    gemm(true, false, N, K, T, dy.data, N, x.data, K, dw.data, K, f32, 1.0f);
+    gemm(true, false, N, K, T, dy.data, N, x.data, K, dw.data, K, f32, accumulate_dw ? 1.0f : 0.0f);
   }
 }
 
