@@ -943,13 +943,17 @@ TEST_F(CpuOpsFloat, LinearCrossEntropy) {
     be.set_cross_entropy_chunk_rows(chunk);
     Tensor th = upload(be, hidden, {T, H}), tw = upload(be, w, {V, H}), ttg = upload_i32(be, targets);
     Tensor tdh = garbage(be, {T, H}), tdw = filled(be, {V, H}, kAccInit), ttl = garbage(be, {T});
-    const double got = be.linear_cross_entropy(tdh, tdw, ttl, th, tw, ttg, grad_scale);
+    const double got = be.linear_cross_entropy(tdh, tdw, ttl, th, tw, ttg, grad_scale, true);
     EXPECT_NEAR(got, want, 1e-5 * std::abs(want));
     expect_close("ce token_loss", download(be, ttl), tl, kFloatTol);
     expect_close("ce dhidden", download(be, tdh), dh, kFloatTol);
     expect_close("ce dw (+=)", download(be, tdw), plus_acc(dw), kFloatTol);
+    // accumulate_dw false writes dw over whatever it held.
+    Tensor tdw_set = garbage(be, {V, H});
+    be.linear_cross_entropy(Tensor(), tdw_set, Tensor(), th, tw, ttg, grad_scale, false);
+    expect_close("ce dw (=)", download(be, tdw_set), dw, kFloatTol);
     // Loss only: no gradient outputs.
-    EXPECT_NEAR(be.linear_cross_entropy(Tensor(), Tensor(), Tensor(), th, tw, ttg, grad_scale), got, 1e-9 * got);
+    EXPECT_NEAR(be.linear_cross_entropy(Tensor(), Tensor(), Tensor(), th, tw, ttg, grad_scale, true), got, 1e-9 * got);
   }
 }
 
@@ -1054,10 +1058,10 @@ TEST(CpuOpsErrors, WrongShapesAndDtypes) {
                         "embedding_forward", "ids[2] = 9", "[0, 9)");
   Tensor targets = upload_i32(be, {1, -100, -5});
   EXPECT_ERROR_CONTAINS(
-      [&] { be.linear_cross_entropy(Tensor(), Tensor(), Tensor(), be.alloc(DType::F32, {3, 4}), be.alloc(DType::F32, {6, 4}), targets, 1.0); },
+      [&] { be.linear_cross_entropy(Tensor(), Tensor(), Tensor(), be.alloc(DType::F32, {3, 4}), be.alloc(DType::F32, {6, 4}), targets, 1.0, true); },
       "linear_cross_entropy", "targets[2] = -5");
   EXPECT_ERROR_CONTAINS(
-      [&] { be.linear_cross_entropy(be.alloc(DType::F32, {3, 5}), Tensor(), Tensor(), be.alloc(DType::F32, {3, 4}), be.alloc(DType::F32, {6, 4}), upload_i32(be, {1, 2, 3}), 1.0); },
+      [&] { be.linear_cross_entropy(be.alloc(DType::F32, {3, 5}), Tensor(), Tensor(), be.alloc(DType::F32, {3, 4}), be.alloc(DType::F32, {6, 4}), upload_i32(be, {1, 2, 3}), 1.0, true); },
       "linear_cross_entropy", "dhidden", "f32[3, 5]", "[3, 4]");
   EXPECT_ERROR_CONTAINS([&] { be.rmsnorm_forward(x, be.alloc(DType::F32, {10}), x, be.alloc(DType::F32, {7}), 1e-6); },
                         "rmsnorm_forward", "x", "last dim 7");

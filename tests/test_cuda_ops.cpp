@@ -517,14 +517,19 @@ TEST_F(OpsTest, LinearCrossEntropy) {
       Pair dh = output({T, H}), dw = output({V, H}, DType::BF16, true), tl = output({T}, DType::F32);
       g_->set_cross_entropy_chunk_rows(64);
       c_->set_cross_entropy_chunk_rows(64);
-      const double lg = g_->linear_cross_entropy(dh.gpu, dw.gpu, tl.gpu, hidden.gpu, w.gpu, targets.gpu, 0.37);
-      const double lc = c_->linear_cross_entropy(dh.cpu, dw.cpu, tl.cpu, hidden.cpu, w.cpu, targets.cpu, 0.37);
+      const double lg = g_->linear_cross_entropy(dh.gpu, dw.gpu, tl.gpu, hidden.gpu, w.gpu, targets.gpu, 0.37, true);
+      const double lc = c_->linear_cross_entropy(dh.cpu, dw.cpu, tl.cpu, hidden.cpu, w.cpu, targets.cpu, 0.37, true);
       EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc) + 1e-3);
       expect_close("token_loss", tl);
       expect_close("dhidden", dh, 4.0);
       expect_close("dw", dw, 4.0);
+      // accumulate_dw false: the first chunk writes dw (f32, over the sentinel fill), later chunks add.
+      Pair dw_set = output({V, H}, DType::F32);
+      g_->linear_cross_entropy(Tensor(), dw_set.gpu, Tensor(), hidden.gpu, w.gpu, targets.gpu, 0.37, false);
+      c_->linear_cross_entropy(Tensor(), dw_set.cpu, Tensor(), hidden.cpu, w.cpu, targets.cpu, 0.37, false);
+      expect_close("dw (=)", dw_set, 4.0);
       // Loss only (no gradients, no token_loss).
-      const double l2 = g_->linear_cross_entropy(Tensor(), Tensor(), Tensor(), hidden.gpu, w.gpu, targets.gpu, 1.0);
+      const double l2 = g_->linear_cross_entropy(Tensor(), Tensor(), Tensor(), hidden.gpu, w.gpu, targets.gpu, 1.0, true);
       EXPECT_NEAR(l2, lc, 1e-4 * std::fabs(lc) + 1e-3);
     }
   }

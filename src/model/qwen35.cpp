@@ -253,21 +253,26 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     role_index_[static_cast<size_t>(specs_[i].layer + 1)][static_cast<int>(specs_[i].role)] = static_cast<int>(i);
   }
   // All gradients live in one buffer (each view 256-byte aligned). They are fp32 on every backend:
-  // micro-batches accumulate into them without bf16 rounding. The projections' gradients come
-  // last: their first dW GEMM of a step writes them, so zero_grads() clears only the front part
-  // (embeddings, norms, conv, gates: one launch) and the projections are never zeroed or re-read.
+  // micro-batches accumulate into them without bf16 rounding. The gradients whose first op of a
+  // backward writes them come last (the projections' dW GEMMs; the loss head's, i.e. lm_head or the
+  // tied embeddings, from the cross-entropy's first chunk), so zero_grads() clears only the front
+  // part (norms, conv, gates, untied embeddings: one launch) and the rest is never zeroed or re-read.
+  const bool tied = cfg.tie_word_embeddings;
+  auto written_first = [&](const ParamSpec& spec) {
+    return is_projection(spec.role) || spec.role == ParamRole::LmHead || (tied && spec.role == ParamRole::EmbedTokens);
+  };
   constexpr int64_t kGradAlign = 256;
   const DType gt = DType::F32;
   std::vector<int64_t> offsets(specs_.size());
   int64_t grad_bytes = 0, zeroed_bytes = 0;
-  for (const bool projections : {false, true}) {
+  for (const bool written : {false, true}) {  // accumulated ones first, then the written ones
     for (size_t i = 0; i < specs_.size(); ++i) {
-      if (is_projection(specs_[i].role) != projections) continue;
+      if (written_first(specs_[i]) != written) continue;
       offsets[i] = grad_bytes;
       grad_bytes += (shape_numel(specs_[i].shape) * static_cast<int64_t>(dtype_size(gt)) + kGradAlign - 1) /
                     kGradAlign * kGradAlign;
     }
-    if (!projections) zeroed_bytes = grad_bytes;
+    if (!written) zeroed_bytes = grad_bytes;
   }
   grads_flat_ = planned(plan_.grads, DType::U8, {grad_bytes});
   grads_zeroed_ = Tensor(grads_flat_.data, DType::U8, {zeroed_bytes}, grads_flat_.device);
@@ -619,7 +624,7 @@ void Qwen35Model::backward_layers(int64_t T) {
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
   }
   be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
-  grads_fresh_ = false;  // the projections' gradients now hold this backward's dW: accumulate from here
+  grads_fresh_ = false;  // the written-first gradients now hold this backward's: accumulate from here
 }
 
 LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_scale, std::vector<float>* token_loss) {
@@ -648,9 +653,10 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
     profile::Scope loss(prof_, "loss");
     if (loss_dev != nullptr)
       be_.linear_cross_entropy_to(*loss_dev, dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T),
-                                  grad_scale);
+                                  grad_scale, !grads_fresh_);
     else
-      loss_sum = be_.linear_cross_entropy(dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T), grad_scale);
+      loss_sum = be_.linear_cross_entropy(dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T), grad_scale,
+                                          !grads_fresh_);
   }
   if (backward) {
     const Tensor dr = rows(d_res_, T);  // the residual stream's gradient starts at the final norm's dx

@@ -94,8 +94,8 @@ class Qwen35Model {
   std::vector<float> grad_f32(size_t i) const;
   void set_param_f32(size_t i, const std::vector<float>& values);
 
-  // Starts a step's gradients: zeroes those that accumulate from several ops, and marks the
-  // projections' for overwriting by the next backward's dW GEMMs (later backwards accumulate).
+  // Starts a step's gradients: zeroes those that accumulate from several ops, and marks the others
+  // (projections, loss head) for overwriting by the next backward (later backwards accumulate).
   void zero_grads();
   // Forward over the row; with backward=true also accumulates into the gradients the gradient of
   // grad_scale * loss_sum. token_loss (optional, host) receives per-position losses.
@@ -153,8 +153,8 @@ class Qwen35Model {
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> params_, grads_;
   Tensor grads_flat_;    // the one buffer every gradient views into
-  Tensor grads_zeroed_;  // its front part: the gradients zero_grads() clears (all but projections)
-  bool grads_fresh_ = false;  // zero_grads() ran and no backward since: projections' dW overwrite
+  Tensor grads_zeroed_;  // its front part: the gradients zero_grads() clears (see the constructor)
+  bool grads_fresh_ = false;  // zero_grads() ran and no backward since: the written-first gradients overwrite
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into params_ (-1 if none)
 
   // Inputs: one i32 buffer per row, [ids T | targets T | positions T | cu_seqlens], and views.

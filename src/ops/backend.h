@@ -178,18 +178,19 @@ class Backend {
   // Fused lm_head + cross-entropy (fp32 softmax over all V logits, never materializing [T, V] at
   // once where the backend can avoid it). targets: i32 [T], -100 = ignored. Returns the SUM of
   // per-token losses over non-ignored targets. When dhidden / dw are given (optional), writes
-  // dhidden[T,H] (overwritten) and accumulates dw[V,H] for the loss scaled by grad_scale.
+  // dhidden[T,H] (overwritten) and dw[V,H] (= or += per accumulate_dw) for the loss scaled by
+  // grad_scale.
   // token_loss (optional): f32 [T], 0 for ignored targets.
   virtual double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                       const Tensor& hidden, const Tensor& w, const Tensor& targets,
-                                      double grad_scale) = 0;
+                                      double grad_scale, bool accumulate_dw) = 0;
   // The same, writing the loss sum to loss_sum (f64 [1] on the backend's device) instead of
   // returning it. CUDA does not synchronize here, so a step built from it can be captured in a
   // graph; the default (CPU) computes it eagerly.
   virtual void linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
                                        const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
-                                       const Tensor& targets, double grad_scale) {
-    const double sum = linear_cross_entropy(dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+                                       const Tensor& targets, double grad_scale, bool accumulate_dw) {
+    const double sum = linear_cross_entropy(dhidden, dw, token_loss, hidden, w, targets, grad_scale, accumulate_dw);
     copy_from_host(loss_sum, &sum);
   }
 };

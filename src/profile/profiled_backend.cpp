@@ -234,16 +234,16 @@ void ProfiledBackend::gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, co
 
 double ProfiledBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                              const Tensor& hidden, const Tensor& w, const Tensor& targets,
-                                             double grad_scale) {
+                                             double grad_scale, bool accumulate_dw) {
   OpRange r(prof_, "linear_cross_entropy", true);
-  return inner_.linear_cross_entropy(dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+  return inner_.linear_cross_entropy(dhidden, dw, token_loss, hidden, w, targets, grad_scale, accumulate_dw);
 }
 
 void ProfiledBackend::linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
                                               const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
-                                              const Tensor& targets, double grad_scale) {
+                                              const Tensor& targets, double grad_scale, bool accumulate_dw) {
   OpRange r(prof_, "linear_cross_entropy", true);
-  inner_.linear_cross_entropy_to(loss_sum, dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+  inner_.linear_cross_entropy_to(loss_sum, dhidden, dw, token_loss, hidden, w, targets, grad_scale, accumulate_dw);
 }
 
 namespace profile {

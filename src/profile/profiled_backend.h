@@ -97,10 +97,10 @@ class ProfiledBackend final : public Backend {
                           const Tensor& gate) override;
 
   double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss, const Tensor& hidden,
-                              const Tensor& w, const Tensor& targets, double grad_scale) override;
+                              const Tensor& w, const Tensor& targets, double grad_scale, bool accumulate_dw) override;
   void linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
                                const Tensor& token_loss, const Tensor& hidden, const Tensor& w, const Tensor& targets,
-                               double grad_scale) override;
+                               double grad_scale, bool accumulate_dw) override;
 
  private:
   Backend& inner_;

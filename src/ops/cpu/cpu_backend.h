@@ -77,7 +77,7 @@ class CpuBackend final : public Backend {
                           const Tensor& gate) override;
 
   double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss, const Tensor& hidden,
-                              const Tensor& w, const Tensor& targets, double grad_scale) override;
+                              const Tensor& w, const Tensor& targets, double grad_scale, bool accumulate_dw) override;
 
   // Tokens per logits chunk in linear_cross_entropy; 0 (default) picks ~8M logits per chunk.
   void set_cross_entropy_chunk_rows(int64_t rows) { ce_chunk_rows_ = rows; }

@@ -72,7 +72,7 @@ QT_REF_INSTANTIATE(linear_cross_entropy);
 
 double CpuBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                         const Tensor& hidden, const Tensor& w, const Tensor& targets,
-                                        double grad_scale) {
+                                        double grad_scale, bool accumulate_dw) {
   const char* op = "linear_cross_entropy";
   constexpr DType F32 = DType::F32;
   QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [V, H]");
@@ -87,6 +87,7 @@ double CpuBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw,
   for (int64_t t = 0; t < T; ++t)
     QT_CHECK(tg[t] == ref::kIgnoreIndex || (tg[t] >= 0 && tg[t] < V), op, ": targets[", t, "] = ", tg[t],
              " is neither -100 nor in [0, ", V, ")");
+  if (want_dw && !accumulate_dw) zero(dw);  // the reference accumulates
   return ref::linear_cross_entropy(want_dh ? dhidden.ptr<float>() : nullptr, want_dw ? dw.ptr<float>() : nullptr,
                                    want_tl ? token_loss.ptr<float>() : nullptr, hidden.ptr<float>(), w.ptr<float>(),
                                    tg, T, V, H, grad_scale, ce_chunk_rows_);

@@ -784,8 +784,8 @@ size_t CudaBackend::cross_entropy_workspace_bytes(int64_t V, int64_t T) const {
 
 double CudaBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                          const Tensor& hidden, const Tensor& w, const Tensor& targets,
-                                         double grad_scale) {
-  enqueue_cross_entropy(d_scalar_, dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+                                         double grad_scale, bool accumulate_dw) {
+  enqueue_cross_entropy(d_scalar_, dhidden, dw, token_loss, hidden, w, targets, grad_scale, accumulate_dw);
   double total = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&total, d_scalar_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   synchronize();
@@ -794,14 +794,14 @@ double CudaBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw
 
 void CudaBackend::linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
                                           const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
-                                          const Tensor& targets, double grad_scale) {
+                                          const Tensor& targets, double grad_scale, bool accumulate_dw) {
   check_tensor("linear_cross_entropy_to", "loss_sum", loss_sum, DType::F64, {1});
-  enqueue_cross_entropy(loss_sum.ptr<double>(), dhidden, dw, token_loss, hidden, w, targets, grad_scale);
+  enqueue_cross_entropy(loss_sum.ptr<double>(), dhidden, dw, token_loss, hidden, w, targets, grad_scale, accumulate_dw);
 }
 
 void CudaBackend::enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, const Tensor& dw,
                                         const Tensor& token_loss, const Tensor& hidden, const Tensor& w,
-                                        const Tensor& targets, double grad_scale) {
+                                        const Tensor& targets, double grad_scale, bool accumulate_dw) {
   const char* op = "linear_cross_entropy";
   QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [V, H]");
   const int64_t V = w.size(0), H = w.size(1), T = dim_of(op, "hidden", hidden, 0);
@@ -814,6 +814,7 @@ void CudaBackend::enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, 
   const bool want_tl = check_optional(op, "token_loss", token_loss, F32, {T});
   if (T == 0) {
     CUDA_CHECK(cudaMemsetAsync(sum_dst, 0, sizeof(double), stream_));
+    if (want_dw && !accumulate_dw) zero(dw);
     return;
   }
   const bool want_grad = want_dh || want_dw;
@@ -833,7 +834,8 @@ void CudaBackend::enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, 
     if (want_dh)
       gemm(false, false, n, H, V, logits, 2 * V, w.data, H, static_cast<char*>(dhidden.data) + size_t(c0 * H) * 2, H,
            false, 0.0f);
-    if (want_dw) gemm(true, false, V, H, n, logits, 2 * V, h_c, H, dw.data, H, dw_f32, 1.0f);
+    if (want_dw)  // the first chunk writes dw unless it accumulates
+      gemm(true, false, V, H, n, logits, 2 * V, h_c, H, dw.data, H, dw_f32, accumulate_dw || c0 > 0 ? 1.0f : 0.0f);
   }
   cuda::launch_sum_to_double(sum_dst, row_loss, T, stream_);
 }

@@ -98,10 +98,10 @@ class CudaBackend final : public Backend {
                           const Tensor& gate) override;
 
   double linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss, const Tensor& hidden,
-                              const Tensor& w, const Tensor& targets, double grad_scale) override;
+                              const Tensor& w, const Tensor& targets, double grad_scale, bool accumulate_dw) override;
   void linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
                                const Tensor& token_loss, const Tensor& hidden, const Tensor& w, const Tensor& targets,
-                               double grad_scale) override;
+                               double grad_scale, bool accumulate_dw) override;
 
   // Tokens per logits chunk in linear_cross_entropy; 0 (default) picks the largest multiple of
   // 128 rows whose fp32 logits fit in 1000 MiB (1024 rows at V = 248320).
@@ -130,7 +130,7 @@ class CudaBackend final : public Backend {
   void* workspace(size_t bytes);  // the shared scratch, grown (outside graph capture) to >= bytes
   // Enqueues the chunked cross-entropy; its loss sum goes to sum_dst (a device double).
   void enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
-                             const Tensor& hidden, const Tensor& w, const Tensor& targets, double grad_scale);
+                             const Tensor& hidden, const Tensor& w, const Tensor& targets, double grad_scale, bool accumulate_dw);
 
   struct GemmPlan {
     cublasLtMatmulDesc_t desc = nullptr;
