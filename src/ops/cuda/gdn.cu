@@ -89,18 +89,62 @@ __device__ void load_gates(float* gs, float* bs, const float* g, const float* be
   }
 }
 
-// Ts = (I + As)^-1 (unit lower triangular) by forward substitution, by threads 0 .. 4 kC - 1: the
-// 4 consecutive lanes 4c..4c+3 own column c, each summing every 4th term, combined by a fixed
-// xor tree (deterministic); a column lives in one warp, so __syncwarp orders its rows.
-__device__ void solve_unit_lower(float* Ts, const float* As) {
-  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
-  for (int i = 0; i < kC; ++i) {
-    float s = 0.f;
-    for (int j = c + p; j < i; j += 4) s += As[i * kLdC + j] * Ts[j * kLdC + c];
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    if (p == 0) Ts[i * kLdC + c] = i == c ? 1.f : (i > c ? -s : 0.f);
-    __syncwarp();
+// Ts = (I + As)^-1 by 16 x 16 blocks, all kThreads threads (caller syncs before; Ts complete on
+// return). The diagonal blocks T_II = (I + A_II)^-1 by forward substitution, one per warp 0-3, lane
+// c < 16 holding column c in registers (two partial sums per row, fixed order); then the blocks
+// below the diagonal by distance d = 1..3: X = sum_{K=J}^{I-1} A_IK T_KJ (into As's unused upper
+// block (J, I): As's strict upper blocks are clobbered), T_IJ = -T_II X. Every sum runs in a fixed
+// order: deterministic. Serial depth 16 rows + 3 block levels instead of kC rows (notes step 8).
+static_assert(kThreads == 256 && kC == 64, "solve_unit_lower maps 16 x 16 blocks onto 256 threads");
+__device__ void solve_unit_lower(float* Ts, float* As) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
+    const int i = idx / kC, j = idx - i * kC;
+    if ((j >> 4) > (i >> 4)) Ts[i * kLdC + j] = 0.f;
+  }
+  if (warp < 4 && lane < 16) {
+    const int r0 = 16 * warp, c = lane;
+    float t[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float* a = As + (r0 + i) * kLdC + r0;
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int j = 0; j + 1 < i; j += 2) {
+        s0 += a[j] * t[j];
+        s1 += a[j + 1] * t[j + 1];
+      }
+      if (i & 1) s0 += a[i - 1] * t[i - 1];
+      t[i] = i == c ? 1.f : (i > c ? -(s0 + s1) : 0.f);
+      Ts[(r0 + i) * kLdC + r0 + c] = t[i];
+    }
+  }
+  __syncthreads();
+  const int r = tid >> 4, cc = tid & 15;
+  for (int d = 1; d < 4; ++d) {
+    for (int J = 0; J + d < 4; ++J) {
+      const int I = J + d;
+      const float* a = As + (16 * I + r) * kLdC;
+      const float* tj = Ts + 16 * J + cc;
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll 4
+      for (int k = 16 * J; k < 16 * I; k += 2) {
+        s0 += a[k] * tj[k * kLdC];
+        s1 += a[k + 1] * tj[(k + 1) * kLdC];
+      }
+      As[(16 * J + r) * kLdC + 16 * I + cc] = s0 + s1;
+    }
+    __syncthreads();
+    for (int J = 0; J + d < 4; ++J) {
+      const int I = J + d;
+      const float* tii = Ts + (16 * I + r) * kLdC + 16 * I;
+      const float* x = As + 16 * J * kLdC + 16 * I + cc;
+      float s = 0.f;
+#pragma unroll 4
+      for (int k = 0; k <= r; ++k) s += tii[k] * x[k * kLdC];
+      Ts[(16 * I + r) * kLdC + 16 * J + cc] = -s;
+    }
+    __syncthreads();
   }
 }
 
@@ -909,7 +953,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     red[tid] = acc;
   }
   __syncthreads();
-  solve_unit_lower(Ts, Cs);  // 4 kC == kThreads: whole warps
+  solve_unit_lower(Ts, Cs);  // clobbers Cs's strict upper blocks (A is dead after it)
   cp_async_wait<0>();
   __syncthreads();
 
