@@ -42,6 +42,7 @@ using bf16 = __nv_bfloat16;
 using gdn_mma::for_tiles;
 using gdn_mma::Ld;
 using gdn_mma::Ld2;
+using gdn_mma::Pair;
 using gdn_mma::for_tiles_m2;
 using gdn_mma::for_tiles_rc;
 using gdn_mma::mma_acc;
@@ -173,6 +174,19 @@ __device__ void load_rows_gq(float* gs, float* rq, float* rk, const float* Gc, c
     rq[i] = r.x;
     rk[i] = r.y;
   }
+}
+
+// Stores the split of (x0, x1) (adjacent columns) into the hi / lo planes at offset o (even): one
+// 32-bit word per plane (smem or global).
+__device__ __forceinline__ void store_split(bf16* hi, bf16* lo, size_t o, float x0, float x1) {
+  uint32_t h, l;
+  gdn_mma::split_bf16(x0, x1, h, l);
+  *reinterpret_cast<uint32_t*>(hi + o) = h;
+  *reinterpret_cast<uint32_t*>(lo + o) = l;
+}
+// (x0, x1) as a bf16 pair at p (4-byte aligned).
+__device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
+  *reinterpret_cast<uint32_t*>(p) = gdn_mma::pack_bf16(x0, x1);
 }
 
 // ---- chunk table -------------------------------------------------------------------------------
@@ -315,31 +329,23 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
         As[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
       });
   __syncthreads();
-  solve_unit_lower(Ts, As);
-  __syncthreads();
-  for_tiles<2>(
-      kC, K,
-      [&](auto& acc, int m0, int n0) {
-        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * kbs[j]; },
-                                   Ld<true>{Kb, ldk});
-      },
-      [&](int i, int d, float v) {
-        if (i < len) {
-          const size_t o = (static_cast<size_t>(bos + i) * Hv + head) * K + d;
-          const bf16 hi = __float2bfloat16(v);
-          Wh[o] = hi;
-          Wl[o] = __float2bfloat16(v - to_f(hi));
-        }
-      });
-  for_tiles<2>(
-      kC, V,
-      [&](auto& acc, int m0, int n0) {
-        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * bs[j]; },
-                                   Ld<true>{Vb, ldv});
-      },
-      [&](int i, int e, float v) {
-        if (i < len) U[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = v;
-      });
+  solve_unit_lower(Ts, As);  // ends with a barrier
+  auto wbody = [&](auto& acc, int m0, int n0) {
+    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * kbs[j]; },
+                               Ld<true>{Kb, ldk});
+  };
+  auto ubody = [&](auto& acc, int m0, int n0) {
+    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * bs[j]; },
+                               Ld<true>{Vb, ldv});
+  };
+  for_tiles<2>(kC, K, wbody, Pair{[&](int i, int d, float v0, float v1) {
+                 if (i < len) store_split(Wh, Wl, (static_cast<size_t>(bos + i) * Hv + head) * K + d, v0, v1);
+               }});
+  for_tiles<2>(kC, V, ubody, Pair{[&](int i, int e, float v0, float v1) {
+                 if (i < len)
+                   *reinterpret_cast<float2*>(U + (static_cast<size_t>(bos + i) * Hv + head) * V + e) =
+                       make_float2(v0, v1);
+               }});
 }
 
 // ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
@@ -350,14 +356,6 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
 constexpr int kScanTiles = 4;  // (K / 16) (bv / 16) / 8 warps at K <= 128, bv <= 64
 int scan_fwd_smem_floats(int K, int bv) {
   return K * bv_ld(bv) + kC * raw_ld(K) + kC * raw_ld(K) + kC * bv_ld(bv) + kC * bv_ld(bv) + kC;
-}
-
-// Stores the split of (x0, x1) (adjacent columns) into the hi / lo planes at offset o (even).
-__device__ __forceinline__ void store_split(bf16* hi, bf16* lo, int o, float x0, float x1) {
-  uint32_t h, l;
-  gdn_mma::split_bf16(x0, x1, h, l);
-  *reinterpret_cast<uint32_t*>(hi + o) = h;
-  *reinterpret_cast<uint32_t*>(lo + o) = l;
 }
 
 // The scans' state (S or dS, K x bv) in registers: warp w owns the 16 x 16 tiles w + 8 u (u <
@@ -473,26 +471,20 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, bf16* 
     const bf16* Kc = Kb + (ci & 1) * (kC * ldr);
     store_state(h + (chunk * Hv + head) * static_cast<size_t>(K) * V + e0, V, S, K, bv);
     // D = U - W S (rows >= L: D = 0, so they drop out of the update below); its planes hold ks D.
-    for_tiles<2>(
-        kC, bv,
-        [&](auto& acc, int m0, int n0) {
-          if (m0 >= L) return;
-          mma_acc(acc, m0, n0, 0, K, Ld2<false>{Whs, Wls, ldr}, Ld2<true>{Sh, Sl, lds});
-        },
-        [&](int i, int e, float v) {
-          float x = 0.f;
-          if (i < L) {
-            x = Us[i * lds + e] - v;
-            const size_t o = (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
-            const bf16 hi = __float2bfloat16(x);
-            Dgh[o] = hi;
-            Dgl[o] = __float2bfloat16(x - to_f(hi));
-          }
-          const float y = ks[i] * x;
-          const bf16 hi = __float2bfloat16(y);
-          Dh[i * lds + e] = hi;
-          Dl[i * lds + e] = __float2bfloat16(y - to_f(hi));
-        });
+    auto dbody = [&](auto& acc, int m0, int n0) {
+      if (m0 >= L) return;
+      mma_acc(acc, m0, n0, 0, K, Ld2<false>{Whs, Wls, ldr}, Ld2<true>{Sh, Sl, lds});
+    };
+    for_tiles<2>(kC, bv, dbody, Pair{[&](int i, int e, float v0, float v1) {
+                   float x0 = 0.f, x1 = 0.f;
+                   if (i < L) {
+                     const float2 u = *reinterpret_cast<const float2*>(Us + i * lds + e);
+                     x0 = u.x - v0;
+                     x1 = u.y - v1;
+                     store_split(Dgh, Dgl, (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e, x0, x1);
+                   }
+                   store_split(Dh, Dl, i * lds + e, ks[i] * x0, ks[i] * x1);
+                 }});
     __syncthreads();  // (B) D planes complete; W, U and the other k buffer free; S planes read
     if (ci + 1 < n) {
       const int c1 = c0 + kC, L1 = min(kC, len - (ci + 1) * kC);
@@ -563,9 +555,10 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
         mma_acc(a2[0], m0, n0, 0, m0 + 16, [&](int i, int j) { return Ps[i * kLdC + j]; },
                 Ld2<true>{Dh, Dl, ldd});
       },
-      [&](int i, int e, float qs, float pd) {
-        if (i < len) o[(static_cast<size_t>(bos + i) * Hv + head) * V + e] = __float2bfloat16(eq[i] * qs + pd);
-      });
+      Pair{[&](int i, int e, float qs0, float qs1, float pd0, float pd1) {
+        if (i < len)
+          store_bf16x2(o + (static_cast<size_t>(bos + i) * Hv + head) * V + e, eq[i] * qs0 + pd0, eq[i] * qs1 + pd1);
+      }});
 }
 
 // ---- backward: dD_local = P^T dO ---------------------------------------------------------------
@@ -608,9 +601,10 @@ __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const i
         if (m0 >= len) return;
         mma_acc(acc, m0, n0, m0, kC, [&](int j, int i) { return Ps[i * kLdC + j]; }, Ld<true>{Ob, ldo});
       },
-      [&](int j, int e, float v) {
-        if (j < len) dD[(static_cast<size_t>(bos + j) * Hv + head) * V + e] = v;
-      });
+      Pair{[&](int j, int e, float v0, float v1) {
+        if (j < len)
+          *reinterpret_cast<float2*>(dD + (static_cast<size_t>(bos + j) * Hv + head) * V + e) = make_float2(v0, v1);
+      }});
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
@@ -702,25 +696,20 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, bf
     cp_async_commit();
     store_state(dh + (chunk * Hv + head) * static_cast<size_t>(K) * V + e0, V, dS, K, bv);
     // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0); the planes get -dD.
-    for_tiles<2>(
-        kC, bv,
-        [&](auto& acc, int m0, int n0) {
-          if (m0 >= L) return;
-          mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldr}, Ld2<true>{Sh, Sl, lds});
-        },
-        [&](int i, int e, float v) {
-          float x = 0.f;
-          if (i < L) {
-            x = dDl[i * ldl + e] + ks[i] * v;
-            const size_t o = (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e;
-            const bf16 hi = __float2bfloat16(x);
-            dDgh[o] = hi;
-            dDgl[o] = __float2bfloat16(x - to_f(hi));
-          }
-          const bf16 hi = __float2bfloat16(-x);
-          Dh[i * lds + e] = hi;
-          Dl[i * lds + e] = __float2bfloat16(-x - to_f(hi));
-        });
+    auto ddbody = [&](auto& acc, int m0, int n0) {
+      if (m0 >= L) return;
+      mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldr}, Ld2<true>{Sh, Sl, lds});
+    };
+    for_tiles<2>(kC, bv, ddbody, Pair{[&](int i, int e, float v0, float v1) {
+                   float x0 = 0.f, x1 = 0.f;
+                   if (i < L) {
+                     const float2 d = *reinterpret_cast<const float2*>(dDl + i * ldl + e);
+                     x0 = d.x + ks[i] * v0;
+                     x1 = d.y + ks[i] * v1;
+                     store_split(dDgh, dDgl, (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e, x0, x1);
+                   }
+                   store_split(Dh, Dl, i * lds + e, -x0, -x1);
+                 }});
     cp_async_wait<0>();  // q, W, dO of this chunk
     __syncthreads();     // (B) they, the -dD planes and eq are visible; Kb, dDl and the dS planes free
     if (ci > 0) {
@@ -877,11 +866,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
                                      Ld<true>{Kb, ldr});
         }
       },
-      [&](int i, int d, float sd, float yk) {
-        const float a = eg[i] * sd;
-        if (i < len) dqn[(static_cast<size_t>(bos + i) * Hv + head) * K + d] = a + yk;
-        return to_f(Qb[i * ldr + d]) * a;
-      },
+      Pair{[&](int i, int d, float sd0, float sd1, float yk0, float yk1) {
+        const float a0 = eg[i] * sd0, a1 = eg[i] * sd1;
+        if (i < len)
+          *reinterpret_cast<float2*>(dqn + (static_cast<size_t>(bos + i) * Hv + head) * K + d) =
+              make_float2(a0 + yk0, a1 + yk1);
+        return make_float2(to_f(Qb[i * ldr + d]) * a0, to_f(Qb[i * ldr + d + 1]) * a1);
+      }},
       rowB);
   __syncthreads();
   if (tid < kC) {  // fold P1 and P2 (rowA / colA / rowB are next written after many barriers)
@@ -904,11 +895,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
                                      Ld<true>{Qb, ldr});
         }
       },
-      [&](int i, int d, float ds, float yq) {
-        const float z = ekl[i] * ds;
-        if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d] = z + yq;
-        return to_f(Kb[i * ldr + d]) * z;
-      },
+      Pair{[&](int i, int d, float ds0, float ds1, float yq0, float yq1) {
+        const float z0 = ekl[i] * ds0, z1 = ekl[i] * ds1;
+        if (i < len)
+          *reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d) = make_float2(z0 + yq0, z1 + yq1);
+        return make_float2(to_f(Kb[i * ldr + d]) * z0, to_f(Kb[i * ldr + d + 1]) * z1);
+      }},
       rowC);
   __syncthreads();
 
@@ -972,10 +964,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * K + head * V;
     tt_product(
         V, Ld2<true>{Xh, Xl, ldx},
-        [&](int i, int e, float r) {
-          if (i < len) dvbase[static_cast<size_t>(i) * conv_dim + e] = __float2bfloat16(bs[i] * r);
-          return to_f(Ob[i * ldo + e]) * r;
-        },
+        Pair{[&](int i, int e, float r0, float r1) {
+          if (i < len) store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + e, bs[i] * r0, bs[i] * r1);
+          return make_float2(to_f(Ob[i * ldo + e]) * r0, to_f(Ob[i * ldo + e + 1]) * r1);
+        }},
         rowB);
   }
   for_tiles<2>(
@@ -1018,10 +1010,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         });
     tt_product(
         w, [&](int l, int d) { return dWp[l * ldw + d]; },
-        [&](int i, int d, float r) {
-          if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d0 + d] += bs[i] * eg[i] * r;
-          return to_f(Kb[i * ldr + d0 + d]) * r;
-        },
+        Pair{[&](int i, int d, float r0, float r1) {
+          if (i < len) {
+            float2* p = reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d0 + d);
+            const float2 x = *p;
+            *p = make_float2(x.x + bs[i] * eg[i] * r0, x.y + bs[i] * eg[i] * r1);
+          }
+          return make_float2(to_f(Kb[i * ldr + d0 + d]) * r0, to_f(Kb[i * ldr + d0 + d + 1]) * r1);
+        }},
         rowC + (d0 / 16) * kC);
     __syncthreads();  // dWp free for the next piece; dT complete after the last
   }
@@ -1071,9 +1067,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         mma_acc<2, 4, false, true>(acc, m0, n0, m0, kC, [&](int i, int l) { return Cs[l * kLdC + i] * bs[l] * rk[l]; },
                                    Ld<true>{Kb, ldr});
       },
-      [&](int i, int d, float m) {
-        if (i < len) dkrow[static_cast<size_t>(i) * dk_ld + d] += m;
-      });
+      Pair{[&](int i, int d, float m0, float m1) {
+        if (i < len) {
+          float2* p = reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d);
+          const float2 x = *p;
+          *p = make_float2(x.x + m0, x.y + m1);
+        }
+      }});
   __syncthreads();
   // Combine (fixed order), add the G_L terms to row C-1, reverse cumsum -> dg.
   if (tid < kC) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace qt::cuda::gdn_mma {
 
@@ -182,6 +183,22 @@ __device__ __forceinline__ float group_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 16);
   return v;
 }
+// Pair epilogues: wrapping an epilogue in Pair{f} makes for_tiles / for_tiles_m2 call it once per
+// pair of adjacent columns (j, j + 1) of a thread's C fragment (j even) instead of once per element,
+// so stores can be 32-bit (bf16 pairs) or 64-bit (float2) words: f(i, j, v0, v1) for for_tiles,
+// f(i, j, a0, a1, b0, b1) (accumulators 1 and 2) for for_tiles_m2. A row-sum epilogue returns a
+// float2 (the two elements' contributions), added in the per-element order: same sums as unpaired.
+template <class F>
+struct Pair {
+  F f;
+};
+template <class F>
+Pair(F) -> Pair<F>;
+template <class F>
+struct is_pair : std::false_type {};
+template <class F>
+struct is_pair<Pair<F>> : std::true_type {};
+
 // Every 16 x 8NT tile of an M x N output (M % 16 == 0, N % (8 NT) == 0), warp-strided over the
 // block: body(acc, m0, n0) accumulates into a zeroed tile, then epi(i, j, value) per element.
 // A given (i, j) always lands on the same thread for the same M, N, NT and block size.
@@ -202,7 +219,30 @@ __device__ __forceinline__ void for_tiles(int M, int N, Body body, Epi epi, floa
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
     body(acc, m0, n0);
-    if constexpr (std::is_void_v<decltype(epi(0, 0, 0.f))>) {
+    if constexpr (is_pair<Epi>::value) {
+      if constexpr (std::is_void_v<decltype(epi.f(0, 0, 0.f, 0.f))>) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+            epi.f(m0 + g + 8 * hh, n0 + nt * 8 + 2 * t, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+      } else {
+        float rsum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const float2 r = epi.f(m0 + g + 8 * hh, n0 + nt * 8 + 2 * t, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+            rsum[hh] += r.x;
+            rsum[hh] += r.y;
+          }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float s = quad_sum(rsum[hh]);
+          if (t == 0) rowp[(n0 / (8 * NT)) * M + m0 + g + 8 * hh] = s;
+        }
+      }
+    } else if constexpr (std::is_void_v<decltype(epi(0, 0, 0.f))>) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -249,6 +289,15 @@ __device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n
     }
   }
 }
+// Whether a for_tiles_m2 epilogue returns row contributions (a float, or a float2 for a Pair).
+template <class Epi>
+__device__ constexpr bool m2_sums() {
+  if constexpr (is_pair<Epi>::value) {
+    return !std::is_void_v<decltype(std::declval<Epi>().f(0, 0, 0.f, 0.f, 0.f, 0.f))>;
+  } else {
+    return !std::is_void_v<decltype(std::declval<Epi>()(0, 0, 0.f, 0.f))>;
+  }
+}
 // As for_tiles with (16 MT) x (8 NT) warp tiles (M % (16 MT) == 0) and two accumulators:
 // body(a1, a2, m0, n0) with a1, a2 float[MT][NT][4], then epi(i, j, v1, v2) per element.
 // When epi returns a float, row sums go to rowp as in for_tiles.
@@ -270,18 +319,36 @@ __device__ __forceinline__ void for_tiles_m2(int M, int N, Body body, Epi epi, f
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float rsum[2] = {0.f, 0.f};
+      if constexpr (is_pair<Epi>::value) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = m0 + 16 * mt + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
-          if constexpr (std::is_void_v<decltype(epi(0, 0, 0.f, 0.f))>) {
-            epi(i, j, a1[mt][nt][r], a2[mt][nt][r]);
-          } else {
-            rsum[r >> 1] += epi(i, j, a1[mt][nt][r], a2[mt][nt][r]);
+          for (int hh = 0; hh < 2; ++hh) {
+            const int i = m0 + 16 * mt + g + 8 * hh, j = n0 + nt * 8 + 2 * t;
+            const float x0 = a1[mt][nt][2 * hh], x1 = a1[mt][nt][2 * hh + 1];
+            const float y0 = a2[mt][nt][2 * hh], y1 = a2[mt][nt][2 * hh + 1];
+            if constexpr (std::is_void_v<decltype(epi.f(0, 0, 0.f, 0.f, 0.f, 0.f))>) {
+              epi.f(i, j, x0, x1, y0, y1);
+            } else {
+              const float2 r = epi.f(i, j, x0, x1, y0, y1);
+              rsum[hh] += r.x;
+              rsum[hh] += r.y;
+            }
           }
-        }
-      if constexpr (!std::is_void_v<decltype(epi(0, 0, 0.f, 0.f))>) {
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int i = m0 + 16 * mt + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
+            if constexpr (std::is_void_v<decltype(epi(0, 0, 0.f, 0.f))>) {
+              epi(i, j, a1[mt][nt][r], a2[mt][nt][r]);
+            } else {
+              rsum[r >> 1] += epi(i, j, a1[mt][nt][r], a2[mt][nt][r]);
+            }
+          }
+      }
+      if constexpr (m2_sums<Epi>()) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const float s = quad_sum(rsum[hh]);
