@@ -380,6 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
 
 struct BwdParams {
   bf16 *dk, *dv;
+  float* dkv_part;     // splits > 1: per split, dK (scaled) then dV as f32 [T, Hkv, D] slices
   float* dq_acc;       // [T, Hq, D] f32, zeroed by the preprocess
   const float* lse2;   // [Hq, T] lse * log2(e)
   const float* dsum;   // [Hq, T] rowsum(dO * O)
@@ -387,6 +388,7 @@ struct BwdParams {
   const int32_t* cu;
   const int2* tiles;   // slot -> (sample, key tile index), sample -1 past the last tile
   int total, hq, hkv;
+  int splits;          // CTAs per (kv head, key tile), each taking group / splits query heads
   float scale;
 };
 
@@ -438,22 +440,23 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, kvh = blockIdx.x;
+  const int seq = work.x, kvh = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
   const int start = p.cu[seq], L = p.cu[seq + 1] - start;
   const int n0 = work.y * BN;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int group = p.hq / p.hkv;
+  const int heads = p.hq / p.hkv / p.splits;               // query heads of this CTA
+  const int h_first = kvh * (p.hq / p.hkv) + split * heads;
   const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
   const int m_begin = (n0 / BM) * BM;
   const int n_m = (L - m_begin + BM - 1) / BM;
-  const int n_iter = group * n_m;
+  const int n_iter = heads * n_m;
 
   load_tile<BN, D>(sK, p.k + (start + n0) * ldk + kvh * D, ldk, min(BN, L - n0), tid);
   load_tile<BN, D>(sV, p.v + (start + n0) * ldk + kvh * D, ldk, min(BN, L - n0), tid);
 
   // Issues the loads of iteration it (query head, query tile) into sQ, sdO, sLse, sDs.
   auto load_q = [&](int it) {
-    const int h = kvh * group + it / n_m, m0 = m_begin + (it % n_m) * BM;
+    const int h = h_first + it / n_m, m0 = m_begin + (it % n_m) * BM;
     const int valid = min(BM, L - m0);
     load_tile<BM, D>(sQ, p.q + (start + m0) * ldq + h * D, ldq, valid, tid);
     load_tile<BM, D>(sdO, p.d_o + (start + m0) * ldq + h * D, ldq, valid, tid);
@@ -510,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
     k_bt[cb] = k_3 + (kFoldQ ? 128u * static_cast<uint32_t>(wn * (D / 32) / 4) : col_off(wn * (D / 32) + cb, bit4, lane));
 
   for (int it = 0; it < n_iter; ++it) {
-    const int h = kvh * group + it / n_m, m0 = m_begin + (it % n_m) * BM;
+    const int h = h_first + it / n_m, m0 = m_begin + (it % n_m) * BM;
     cp_async_wait<0>();
     __syncthreads();
 
@@ -622,9 +625,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
     }
   }
 
-  // dK (scaled) and dV, bf16, rows < L - n0.
-  bf16* gdk = p.dk + (start + n0) * ldk + kvh * D;
-  bf16* gdv = p.dv + (start + n0) * ldk + kvh * D;
+  // dK (scaled) and dV, rows < L - n0: bf16 into dk / dv, or with several splits this CTA's f32
+  // share into its slices (attn_bwd_dkv_sum_kernel adds the splits in order).
+  const int64_t slice = static_cast<int64_t>(p.total) * ldk;
+  const int64_t row0 = (start + n0) * ldk + kvh * D;
+  float* pdk = p.splits > 1 ? p.dkv_part + 2 * split * slice + row0 : nullptr;
+  float* pdv = p.splits > 1 ? pdk + slice : nullptr;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -633,12 +639,39 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
       if (n0 + rl >= L) continue;
 #pragma unroll
       for (int i = 0; i < kDW / 8; ++i) {
-        const int col = wkv_d * kDW + i * 8 + 2 * t4;
-        *reinterpret_cast<uint32_t*>(gdk + rl * ldk + col) =
-            pack_bf16(acc_dk[mt][i][2 * r] * p.scale, acc_dk[mt][i][2 * r + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(gdv + rl * ldk + col) = pack_bf16(acc_dv[mt][i][2 * r], acc_dv[mt][i][2 * r + 1]);
+        const int64_t o = rl * ldk + wkv_d * kDW + i * 8 + 2 * t4;
+        const float k0 = acc_dk[mt][i][2 * r] * p.scale, k1 = acc_dk[mt][i][2 * r + 1] * p.scale;
+        const float v0 = acc_dv[mt][i][2 * r], v1 = acc_dv[mt][i][2 * r + 1];
+        if (p.splits == 1) {
+          *reinterpret_cast<uint32_t*>(p.dk + row0 + o) = pack_bf16(k0, k1);
+          *reinterpret_cast<uint32_t*>(p.dv + row0 + o) = pack_bf16(v0, v1);
+        } else {
+          *reinterpret_cast<float2*>(pdk + o) = make_float2(k0, k1);
+          *reinterpret_cast<float2*>(pdv + o) = make_float2(v0, v1);
+        }
       }
     }
+}
+
+// dk, dv = bf16(sum over the splits' f32 slices, in split order), 4 elements per thread.
+__global__ void __launch_bounds__(256) attn_bwd_dkv_sum_kernel(bf16* dk, bf16* dv, const float* parts, int64_t n4,
+                                                                int splits) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= 2 * n4) return;
+  const bool is_v = i >= n4;
+  const int64_t j = is_v ? i - n4 : i;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < splits; ++s) {
+    const float4 v = reinterpret_cast<const float4*>(parts)[(2 * s + (is_v ? 1 : 0)) * n4 + j];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  uint2 out;
+  out.x = pack_bf16(acc.x, acc.y);
+  out.y = pack_bf16(acc.z, acc.w);
+  reinterpret_cast<uint2*>(is_v ? dv : dk)[j] = out;
 }
 
 // dq = bf16(scale * dq_acc), 8 elements per thread.
@@ -710,8 +743,33 @@ void check_launch(const char* what) {
 }
 
 // Workspace layout (bytes, 256-aligned pieces): tile table | dsum [Hq*T] f32 | lse2 [Hq*T] f32 |
-// dq_acc [T*Hq*D] f32 (the forward uses only the table).
+// dq_acc [T*Hq*D] f32 | (splits > 1) splits x (dK, dV) f32 [T*Hkv*D] slices. The forward uses only
+// the table.
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// CTAs per (kv head, key tile) in the backward. One CTA runs all group query heads over its key
+// tile, so with few kv heads the grid is about one wave and the long samples' first key tiles
+// (each group x n query tiles) set the time. Halving the group per CTA halves that critical path;
+// the price is the f32 dK / dV slices and their sum. Only when the grid would otherwise fill at most
+// two waves (2B: 2 kv heads x 128 key tiles on 132 SMs), never for 27B-like head counts.
+int bwd_splits(const AttnArgs& a) {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (sms <= 0) sms = 1;
+  }
+  const int group = a.num_q_heads / a.num_kv_heads;
+  const int64_t ctas = static_cast<int64_t>(a.num_kv_heads) * ((a.total_tokens + 63) / 64);
+  return group >= 4 && group % 2 == 0 && ctas <= 2 * sms ? 2 : 1;
+}
+size_t ws_dkv_bytes(const AttnArgs& a) {
+  const int s = bwd_splits(a);
+  return s == 1 ? 0
+                : align256(sizeof(float) * 2 * s * static_cast<size_t>(a.total_tokens) *
+                           static_cast<size_t>(a.num_kv_heads) * static_cast<size_t>(a.head_dim));
+}
 size_t ws_rows_bytes(const AttnArgs& a) {
   return align256(sizeof(float) * static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.total_tokens));
 }
@@ -752,6 +810,10 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   float* dsum = reinterpret_cast<float*>(ws);
   float* lse2 = reinterpret_cast<float*>(ws + ws_rows_bytes(a));
   float* dq_acc = reinterpret_cast<float*>(ws + 2 * ws_rows_bytes(a));
+  float* dkv_part = reinterpret_cast<float*>(
+      ws + 2 * ws_rows_bytes(a) +
+      align256(sizeof(float) * static_cast<size_t>(a.total_tokens) * static_cast<size_t>(a.num_q_heads) * D));
+  const int splits = bwd_splits(a);
   const int64_t rows = static_cast<int64_t>(a.total_tokens) * a.num_q_heads;
   if (rows == 0) return;
   attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
@@ -760,13 +822,19 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   check_launch("attn_bwd_pre_kernel");
   static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
   const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
-  BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dq_acc, lse2, dsum,
+  BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, dq_acc, lse2, dsum,
               static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
-              a.scale};
-  const dim3 grid(a.num_kv_heads, tile_slots(a, Tr::kBlockN));
+              splits, a.scale};
+  const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
   attn_bwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
   check_launch("attn_bwd_kernel");
+  if (splits > 1) {
+    const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
+    attn_bwd_dkv_sum_kernel<<<static_cast<unsigned>((2 * n4 + 255) / 256), 256, 0, stream>>>(
+        static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, n4, splits);
+    check_launch("attn_bwd_dkv_sum_kernel");
+  }
   const int64_t n8 = rows * D / 8;
   attn_bwd_post_kernel<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(static_cast<bf16*>(dq), dq_acc,
                                                                                     n8, a.scale);
@@ -781,8 +849,10 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
 }  // namespace
 
 size_t attention_workspace_bytes(const AttnArgs& a) {
-  return ws_table_bytes(a) + 2 * ws_rows_bytes(a) + align256(sizeof(float) * static_cast<size_t>(a.total_tokens) *
-                                         static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.head_dim));
+  return ws_table_bytes(a) + 2 * ws_rows_bytes(a) +
+         align256(sizeof(float) * static_cast<size_t>(a.total_tokens) * static_cast<size_t>(a.num_q_heads) *
+                  static_cast<size_t>(a.head_dim)) +
+         ws_dkv_bytes(a);
 }
 
 void attention_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
