@@ -40,6 +40,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using gdn_mma::for_tiles;
+using gdn_mma::Gk;
+using gdn_mma::ld_f2;
 using gdn_mma::Ld;
 using gdn_mma::Ld2;
 using gdn_mma::Pair;
@@ -184,6 +186,8 @@ __device__ __forceinline__ void store_split(bf16* hi, bf16* lo, size_t o, float 
   *reinterpret_cast<uint32_t*>(hi + o) = h;
   *reinterpret_cast<uint32_t*>(lo + o) = l;
 }
+// Elementwise product of two pairs (a Gk functor's scaled gather: the products of the scalar form).
+__device__ __forceinline__ float2 mul2(float2 a, float2 b) { return make_float2(a.x * b.x, a.y * b.y); }
 // (x0, x1) as a bf16 pair at p (4-byte aligned).
 __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
   *reinterpret_cast<uint32_t*>(p) = gdn_mma::pack_bf16(x0, x1);
@@ -331,11 +335,13 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   __syncthreads();
   solve_unit_lower(Ts, As);  // ends with a barrier
   auto wbody = [&](auto& acc, int m0, int n0) {
-    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * kbs[j]; },
+    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
+                               Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(kbs + j)); }},
                                Ld<true>{Kb, ldk});
   };
   auto ubody = [&](auto& acc, int m0, int n0) {
-    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16, [&](int i, int j) { return Ts[i * kLdC + j] * bs[j]; },
+    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
+                               Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(bs + j)); }},
                                Ld<true>{Vb, ldv});
   };
   for_tiles<2>(kC, K, wbody, Pair{[&](int i, int d, float v0, float v1) {
@@ -552,7 +558,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
         if (m0 >= len) return;
         mma_acc_m<1, 2>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
                         [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; });
-        mma_acc(a2[0], m0, n0, 0, m0 + 16, [&](int i, int j) { return Ps[i * kLdC + j]; },
+        mma_acc(a2[0], m0, n0, 0, m0 + 16, Gk{[&](int i, int j) { return ld_f2(Ps + i * kLdC + j); }},
                 Ld2<true>{Dh, Dl, ldd});
       },
       Pair{[&](int i, int e, float qs0, float qs1, float pd0, float pd1) {
@@ -784,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   bf16* Ob = reinterpret_cast<bf16*>(R3);  // dO; then raw v; then a dW piece (dWp, stride ldw)
   float* dWp = R3;
   float* Ys = Ts;
-  float* X1 = Xs;
+  float* X1 = Xs;  // stored transposed
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
   float* eg = cv.take(kC);
@@ -858,11 +864,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
         mma_acc_m<kMT, 2, kBU, true>(a1, m0, n0, 0, V, Ld<false>{Ob, ldo},
-                                     [&](int e, int d) { return S0[static_cast<size_t>(d) * V + e]; });
+                                     Gk{[&](int e, int d) { return ld_f2(S0 + static_cast<size_t>(d) * V + e); }});
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
-          mma_acc<2, 4, false, true>(a2[mt], m, n0, 0, m + 16, [&](int i, int j) { return Ys[i * kLdC + j] * rk[j]; },
+          mma_acc<2, 4, false, true>(a2[mt], m, n0, 0, m + 16,
+                                     Gk{[&](int i, int j) { return mul2(ld_f2(Ys + i * kLdC + j), ld_f2(rk + j)); }},
                                      Ld<true>{Kb, ldr});
         }
       },
@@ -887,7 +894,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
         mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
-                               [&](int e, int d) { return dSe[static_cast<size_t>(d) * V + e]; });
+                               Gk{[&](int e, int d) { return ld_f2(dSe + static_cast<size_t>(d) * V + e); }});
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
@@ -994,7 +1001,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         kC, w,
         [&](auto& a1, auto&, int m0, int n0) {
           mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
-                                 [&](int e, int d) { return S0[static_cast<size_t>(d0 + d) * V + e]; });
+                                 Gk{[&](int e, int d) { return ld_f2(S0 + static_cast<size_t>(d0 + d) * V + e); }});
         },
         [&](int i, int d, float v, float) { dWp[i * ldw + d] = -v; });
     __syncthreads();
@@ -1002,7 +1009,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         kC, kC,
         [&](auto& acc, int m0, int n0) {
           if (n0 > m0 + 15) return;
-          mma_acc<2, 4, false, true>(acc, m0, n0, 0, w, [&](int m, int d) { return dWp[m * ldw + d]; },
+          mma_acc<2, 4, false, true>(acc, m0, n0, 0, w, Gk{[&](int m, int d) { return ld_f2(dWp + m * ldw + d); }},
                                      Ld<false>{Kb + d0, ldr});
         },
         [&](int m, int l, float v) {
@@ -1022,15 +1029,15 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     __syncthreads();  // dWp free for the next piece; dT complete after the last
   }
 
-  // P6: X1 = dT T^T (into Xs: dD is dead).
+  // P6: X1 = dT T^T (into Xs: dD is dead), stored transposed (X1[j * kLdC + m]).
   for_tiles<2>(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         // dT is strictly lower (l < m), T^T upper (l <= j): l < min(m0 + 16, n0 + 16).
-        mma_acc(acc, m0, n0, 0, imin(m0, n0) + 16, [&](int m, int l) { return Cs[m * kLdC + l]; },
-                [&](int l, int j) { return Ts[j * kLdC + l]; });
+        mma_acc(acc, m0, n0, 0, imin(m0, n0) + 16, Gk{[&](int m, int l) { return ld_f2(Cs + m * kLdC + l); }},
+                Gk{[&](int l, int j) { return ld_f2(Ts + j * kLdC + l); }});
       },
-      [&](int m, int j, float v) { X1[m * kLdC + j] = v; });
+      [&](int m, int j, float v) { X1[j * kLdC + m] = v; });  // transposed: P7 reads pairs along m
   __syncthreads();
   // P7: Mx_ij = -(T^T X1)_ij Gam_ij for j < i (into R1: dT is dead).
   for_tiles<2>(
@@ -1038,7 +1045,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
         mma_acc(acc, m0, n0, m0, kC, [&](int i, int m) { return Ts[m * kLdC + i]; },
-                [&](int m, int j) { return X1[m * kLdC + j]; });
+                Gk{[&](int m, int j) { return ld_f2(X1 + j * kLdC + m); }});
       },
       [&](int i, int j, float v) { Cs[i * kLdC + j] = j < i ? -v * expf(gs[i] - gs[j]) : 0.f; });
   __syncthreads();
@@ -1062,7 +1069,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, K,
       [&](auto& acc, int m0, int n0) {
         mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
-                                   [&](int i, int j) { return bs[i] * Cs[i * kLdC + j] * rk[j]; },
+                                   Gk{[&](int i, int j) {
+                                     const float2 c = ld_f2(Cs + i * kLdC + j), r = ld_f2(rk + j);
+                                     return make_float2(bs[i] * c.x * r.x, bs[i] * c.y * r.y);
+                                   }},
                                    Ld<true>{Kb, ldr});
         mma_acc<2, 4, false, true>(acc, m0, n0, m0, kC, [&](int i, int l) { return Cs[l * kLdC + i] * bs[l] * rk[l]; },
                                    Ld<true>{Kb, ldr});

@@ -1,10 +1,10 @@
 // Warp-level tensor-core helpers for gdn.cu: mma.sync m16n8k16 bf16 with fp32 accumulation. Operands
 // come either from raw bf16 smem tiles by ldmatrix (Ld<..>, exact: q, k, v, dO as staged), or are
-// gathered elementwise through functors from fp32 shared (or global) memory, so one helper serves
-// every product of the chunked gated delta rule (transposes, masks and row scales live in the
-// functors). A gathered operand is split, a = hi + lo (two bf16, |a - hi - lo| <= 2^-18 |a|), and
-// a b ~ hi hi + hi lo + lo hi (relative error <= ~3 2^-18 per product, i.e. ~fp32 products: 3 mma
-// per k step; an exact operand needs no lo: 2; two exact operands: 1).
+// gathered elementwise (or pairwise along k: Gk) through functors from fp32 shared (or global)
+// memory, so one helper serves every product of the chunked gated delta rule (transposes, masks and
+// row scales live in the functors). A gathered operand is split, a = hi + lo (two bf16,
+// |a - hi - lo| <= 2^-18 |a|), and a b ~ hi hi + hi lo + lo hi (relative error <= ~3 2^-18 per
+// product, i.e. ~fp32 products: 3 mma per k step; an exact operand needs no lo: 2; two exact: 1).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -51,6 +51,23 @@ struct Ld2 {
   const __nv_bfloat16* lo;
   int ld;
 };
+// A gathered fp32 operand whose functor returns two elements adjacent along k at once (k even):
+// as an A operand f(i, k) = (A(i, k), A(i, k + 1)), as a B operand f(k, j) = (B(k, j), B(k + 1, j)),
+// so a pair stored contiguously comes from one 64-bit load instead of two 32-bit ones. Same values,
+// same split, same products as the elementwise functor.
+template <class F>
+struct Gk {
+  F f;
+};
+template <class F>
+Gk(F) -> Gk<F>;
+template <class F>
+struct is_gk : std::false_type {};
+template <class F>
+struct is_gk<Gk<F>> : std::true_type {};
+// The float2 at p (8-byte aligned: an even float offset from an aligned base).
+__device__ __forceinline__ float2 ld_f2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
 template <class F>
 struct is_ld : std::false_type {};
 template <bool kT>
@@ -109,7 +126,15 @@ __device__ __forceinline__ void frag_a(const FA& fa, int m, int k, uint32_t (&h)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int i = m + g + (q & 1) * 8, kk = k + 2 * t + (q >> 1) * 8;
-      const float x0 = fa(i, kk), x1 = fa(i, kk + 1);
+      float x0, x1;
+      if constexpr (is_gk<FA>::value) {
+        const float2 x = fa.f(i, kk);
+        x0 = x.x;
+        x1 = x.y;
+      } else {
+        x0 = fa(i, kk);
+        x1 = fa(i, kk + 1);
+      }
       if (want_lo) {
         split_bf16(x0, x1, h[q], l[q]);
       } else {
@@ -133,7 +158,15 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int j = n + g + (q >> 1) * 8, kk = k + 2 * t + (q & 1) * 8;
-      const float x0 = fb(kk, j), x1 = fb(kk + 1, j);
+      float x0, x1;
+      if constexpr (is_gk<FB>::value) {
+        const float2 x = fb.f(kk, j);
+        x0 = x.x;
+        x1 = x.y;
+      } else {
+        x0 = fb(kk, j);
+        x1 = fb(kk + 1, j);
+      }
       if (want_lo) {
         split_bf16(x0, x1, h[q], l[q]);
       } else {
