@@ -1,7 +1,8 @@
 // CudaBackend kernels: (1+w) RMSNorm and gated RMSNorm (forward/backward), q/k RMSNorm + partial
-// rotate-half RoPE (attn_prep forward/backward). One warp per row; weight gradients are reduced
-// deterministically: per-warp fp32 rows in shared memory, summed in warp order into one partial
-// row per block, then the partial rows are summed in block order (launch_column_reduce).
+// rotate-half RoPE (attn_prep forward/backward). One warp per row (rows of at most 128 columns:
+// several rows per warp); weight gradients are reduced deterministically: per-warp fp32 partials,
+// summed in warp order into one partial row per block, then the partial rows are summed in block
+// order (launch_column_reduce).
 #include <algorithm>
 #include <type_traits>
 
