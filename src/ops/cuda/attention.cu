@@ -8,14 +8,16 @@
 //   Saves lse = m + log(l) (natural log, f32 [Hq, T]).
 // Backward: three kernels.
 //   attn_bwd_pre_kernel:  Dsum = rowsum(dO * O), lse in log2 units, dQ accumulator zeroed.
-//   attn_bwd_kernel:      one CTA per (key tile, sample, kv head); K, V tile resident in smem; it
-//                         loops over the query heads of its group and the query tiles from the
-//                         diagonal to the sample's end, accumulating dK and dV in registers (the GQA
-//                         reduction is inside the CTA: deterministic, no dK/dV atomics). dQ partials
+//   attn_bwd_kernel:      one CTA per (key tile, sample, kv head), or 2 splitting the query-head
+//                         group when the grid is small (bwd_splits); K, V tile resident in smem; it
+//                         loops over its query heads and the query tiles from the diagonal to the
+//                         sample's end, accumulating dK and dV in registers (the GQA reduction is
+//                         inside the CTA, or over the 2 CTAs' f32 slices in split order: deterministic,
+//                         no dK/dV atomics). dQ partials
 //                         (dS K) go to an fp32 accumulator with atomics (not bitwise deterministic;
 //                         a deterministic variant would run a separate dQ pass per query tile
 //                         that loops over key tiles, i.e. 7 GEMMs instead of 5).
-//   attn_bwd_post_kernel: dq = bf16(scale * dQaccum).
+//   attn_bwd_post_kernel: dq = bf16(scale * dQaccum) (and attn_bwd_dkv_sum_kernel for split CTAs).
 // Scheduling: attn_tile_table_kernel lists every (sample, tile) of the packed row, heaviest first
 // across all samples (a forward query tile i costs i + 1 key tiles; a backward key tile j of an
 // n-tile sample costs n - j query tiles), and the grid is (heads, slots) with slots the bound
