@@ -6,7 +6,7 @@
 //   each; online softmax in base 2 over key tiles [0, diagonal]; K and V tiles use separate
 //   buffers so V_j loads while S = Q K_j^T runs and K_{j+1} loads while P V_j runs (FA2 scheme).
 //   Saves lse = m + log(l) (natural log, f32 [Hq, T]).
-// Backward: three kernels.
+// Backward: three kernels (a fourth sums the split CTAs' dK / dV).
 //   attn_bwd_pre_kernel:  Dsum = rowsum(dO * O), lse in log2 units, dQ accumulator zeroed.
 //   attn_bwd_kernel:      one CTA per (key tile, sample, kv head), or 2 splitting the query-head
 //                         group when the grid is small (bwd_splits); K, V tile resident in smem; it
