@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/ops_device.cuh"
 
@@ -755,13 +756,7 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 // the price is the f32 dK / dV slices and their sum. Only when the grid would otherwise fill at most
 // two waves (2B: 2 kv heads x 128 key tiles on 132 SMs), never for 27B-like head counts.
 int bwd_splits(const AttnArgs& a) {
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (sms <= 0) sms = 1;
-  }
+  const int sms = sm_count();
   const int group = a.num_q_heads / a.num_kv_heads;
   const int64_t ctas = static_cast<int64_t>(a.num_kv_heads) * ((a.total_tokens + 63) / 64);
   return group >= 4 && group % 2 == 0 && ctas <= 2 * sms ? 2 : 1;

@@ -36,6 +36,16 @@ bool debug_sync_enabled() {
   return on;
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms > 0 ? sms : 1;
+  }();
+  return n;
+}
+
 void launch_check(const char* what, const char* func, const char* file, int line) {
   cudaError_t e = cudaGetLastError();
   // Debug sync is for eager runs only: synchronizing inside CUDA-graph capture would break it.

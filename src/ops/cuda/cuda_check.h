@@ -16,6 +16,8 @@ inline const char* cuda_status_str(cudaError_t e) { return cudaGetErrorString(e)
 // True when QWENTUNE_DEBUG_SYNC=1 (read once).
 bool debug_sync_enabled();
 void launch_check(const char* what, const char* func, const char* file, int line);
+// Streaming multiprocessors of the current device (read once per process: one device type).
+int sm_count();
 
 }  // namespace qt::cuda
 

@@ -390,12 +390,10 @@ int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* p
   // (the workspace's row count); fewer blocks mean fewer partial rows to reduce.
   static int capacity = 0;
   if (capacity == 0) {
-    int dev = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFastWarps * 32,
                                                              sizeof(float) * kFastWarps * NV * 256));
-    capacity = std::max(1, sms * std::max(1, per_sm));
+    capacity = sm_count() * std::max(1, per_sm);
   }
   const int64_t blocks = std::min<int64_t>(bwd_blocks(rows), capacity);
   kernel<<<static_cast<unsigned>(blocks), kFastWarps * 32, smem, s>>>(
@@ -712,12 +710,10 @@ int64_t rmsnorm_bwd_ring_launch(void* dx, bool accumulate_dx, float* partials, c
   static size_t cached_smem = 0;
   static int capacity = 0;
   if (cached_smem != smem) {
-    int dev = 0, sms = 0, per_sm = 0;
+    int per_sm = 0;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NW * 32, smem));
-    capacity = std::max(1, sms * std::max(1, per_sm));
+    capacity = sm_count() * std::max(1, per_sm);
     cached_smem = smem;
   }
   const int64_t blocks = std::min<int64_t>(bwd_blocks(rows), capacity);
