@@ -770,6 +770,10 @@ size_t ws_dkv_bytes(const AttnArgs& a) {
 size_t ws_rows_bytes(const AttnArgs& a) {
   return align256(sizeof(float) * static_cast<size_t>(a.num_q_heads) * static_cast<size_t>(a.total_tokens));
 }
+size_t ws_dq_bytes(const AttnArgs& a) {
+  return align256(sizeof(float) * static_cast<size_t>(a.total_tokens) * static_cast<size_t>(a.num_q_heads) *
+                  static_cast<size_t>(a.head_dim));
+}
 // Work slots for a tile size: sum ceil(len / tile) <= T / tile + num_seqs.
 int tile_slots(const AttnArgs& a, int tile) { return a.total_tokens / tile + a.num_seqs; }
 size_t ws_table_bytes(const AttnArgs& a) { return align256(sizeof(int2) * static_cast<size_t>(tile_slots(a, 64) + 1)); }
@@ -807,9 +811,7 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   float* dsum = reinterpret_cast<float*>(ws);
   float* lse2 = reinterpret_cast<float*>(ws + ws_rows_bytes(a));
   float* dq_acc = reinterpret_cast<float*>(ws + 2 * ws_rows_bytes(a));
-  float* dkv_part = reinterpret_cast<float*>(
-      ws + 2 * ws_rows_bytes(a) +
-      align256(sizeof(float) * static_cast<size_t>(a.total_tokens) * static_cast<size_t>(a.num_q_heads) * D));
+  float* dkv_part = reinterpret_cast<float*>(ws + 2 * ws_rows_bytes(a) + ws_dq_bytes(a));
   const int splits = bwd_splits(a);
   const int64_t rows = static_cast<int64_t>(a.total_tokens) * a.num_q_heads;
   if (rows == 0) return;
@@ -846,10 +848,7 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
 }  // namespace
 
 size_t attention_workspace_bytes(const AttnArgs& a) {
-  return ws_table_bytes(a) + 2 * ws_rows_bytes(a) +
-         align256(sizeof(float) * static_cast<size_t>(a.total_tokens) * static_cast<size_t>(a.num_q_heads) *
-                  static_cast<size_t>(a.head_dim)) +
-         ws_dkv_bytes(a);
+  return ws_table_bytes(a) + 2 * ws_rows_bytes(a) + ws_dq_bytes(a) + ws_dkv_bytes(a);
 }
 
 void attention_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
