@@ -533,16 +533,37 @@ __global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_bwd_narrow(
   }
 }
 
-// Calls f with LPR as a compile-time constant; false when the row is not narrow.
+template <int LPR>
+void rmsnorm_fwd_narrow_launch(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
+                               int64_t cols, float eps, NormKind kind, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>(ceil_div(rows, int64_t(kNarrowWarps) * (32 / LPR)));
+  auto kernel = kind == NormKind::OnePlusW ? rmsnorm_fwd_narrow<LPR, NormKind::OnePlusW>
+                                           : rmsnorm_fwd_narrow<LPR, NormKind::Gated>;
+  kernel<<<blocks, kNarrowWarps * 32, 0, s>>>(static_cast<bf16*>(y), rstd, static_cast<const bf16*>(x),
+                                              static_cast<const bf16*>(z), static_cast<const bf16*>(w), rows, cols, eps);
+}
+
+template <int LPR>
+void rmsnorm_bwd_narrow_launch(void* dx, bool accumulate_dx, void* dz, float* partials, const void* dy, const void* x,
+                               const void* z, const void* w, const float* rstd, int64_t rows, int64_t cols,
+                               int64_t blocks, NormKind kind, cudaStream_t s) {
+  auto kernel = kind == NormKind::OnePlusW ? rmsnorm_bwd_narrow<LPR, NormKind::OnePlusW>
+                                           : rmsnorm_bwd_narrow<LPR, NormKind::Gated>;
+  kernel<<<static_cast<unsigned>(blocks), kNarrowWarps * 32, 0, s>>>(
+      static_cast<bf16*>(dx), accumulate_dx, static_cast<bf16*>(dz), partials, static_cast<const bf16*>(dy),
+      static_cast<const bf16*>(x), static_cast<const bf16*>(z), static_cast<const bf16*>(w), rstd, rows, cols,
+      ceil_div(rows, blocks));
+}
+
+// Calls f with narrow_lanes(cols) (> 0) as a compile-time constant.
 template <typename F>
-bool dispatch_narrow(int64_t cols, F&& f) {
+void dispatch_narrow(int64_t cols, F&& f) {
   switch (narrow_lanes(cols)) {
-    case 1: f(std::integral_constant<int, 1>{}); return true;
-    case 2: f(std::integral_constant<int, 2>{}); return true;
-    case 4: f(std::integral_constant<int, 4>{}); return true;
-    case 8: f(std::integral_constant<int, 8>{}); return true;
-    case 16: f(std::integral_constant<int, 16>{}); return true;
-    default: return false;
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 16>{});
   }
 }
 
@@ -735,20 +756,11 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
   const auto* zb = static_cast<const bf16*>(z);
   const auto* wb = static_cast<const bf16*>(w);
   auto* yb = static_cast<bf16*>(y);
-  const bool narrow = vec && dispatch_narrow(cols, [&](auto lpr) {
-    constexpr int kLpr = decltype(lpr)::value;
-    const unsigned blocks = static_cast<unsigned>(ceil_div(rows, int64_t(kNarrowWarps) * (32 / kLpr)));
-    if (kind == NormKind::OnePlusW)
-      rmsnorm_fwd_narrow<kLpr, NormKind::OnePlusW><<<blocks, kNarrowWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
-    else
-      rmsnorm_fwd_narrow<kLpr, NormKind::Gated><<<blocks, kNarrowWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
-  });
-  if (narrow) {
-    QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_forward" : "gated_rmsnorm_forward");
-    return;
-  }
-  const int nv = vec ? fast_nv(cols) : 0;
-  if (nv > 0) {
+  if (vec && narrow_lanes(cols) > 0) {
+    dispatch_narrow(cols, [&](auto lpr) {
+      rmsnorm_fwd_narrow_launch<decltype(lpr)::value>(y, rstd, x, z, w, rows, cols, eps, kind, s);
+    });
+  } else if (const int nv = vec ? fast_nv(cols) : 0; nv > 0) {
 #define QT_FWD_FAST(NV)                                                                                   \
   if (kind == NormKind::OnePlusW) rmsnorm_fwd_fast_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s); \
   else rmsnorm_fwd_fast_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
@@ -799,26 +811,13 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
                    (dx == nullptr || aligned16(dx)) && (z == nullptr || aligned16(z)) && (dz == nullptr || aligned16(dz));
   int64_t blocks = bwd_blocks(rows);
   float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
-  const bool narrow = vec && dispatch_narrow(cols, [&](auto lpr) {
-    constexpr int kLpr = decltype(lpr)::value;
-    auto* dxb = static_cast<bf16*>(dx);
-    auto* dzb = static_cast<bf16*>(dz);
-    const auto* dyb = static_cast<const bf16*>(dy);
-    const auto* xb = static_cast<const bf16*>(x);
-    const auto* zb = static_cast<const bf16*>(z);
-    const auto* wb = static_cast<const bf16*>(w);
-    const int64_t per_block = ceil_div(rows, blocks);
-    if (kind == NormKind::OnePlusW)
-      rmsnorm_bwd_narrow<kLpr, NormKind::OnePlusW><<<static_cast<unsigned>(blocks), kNarrowWarps * 32, 0, s>>>(
-          dxb, accumulate_dx, dzb, partials, dyb, xb, zb, wb, rstd, rows, cols, per_block);
-    else
-      rmsnorm_bwd_narrow<kLpr, NormKind::Gated><<<static_cast<unsigned>(blocks), kNarrowWarps * 32, 0, s>>>(
-          dxb, accumulate_dx, dzb, partials, dyb, xb, zb, wb, rstd, rows, cols, per_block);
-  });
   // Gated keeps z in registers too: its fast path stops at NV 4 (1024 columns).
-  const int nv = vec && !narrow ? fast_nv(cols) : 0;
-  if (narrow) {
-    // launched above
+  const int nv = vec ? fast_nv(cols) : 0;
+  if (vec && narrow_lanes(cols) > 0) {
+    dispatch_narrow(cols, [&](auto lpr) {
+      rmsnorm_bwd_narrow_launch<decltype(lpr)::value>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols,
+                                                      blocks, kind, s);
+    });
   } else if (nv > 0 && (kind == NormKind::OnePlusW || nv <= 4)) {
 #define QT_BWD_FAST(NV)                                                                                    \
   blocks = kind == NormKind::OnePlusW                                                                      \
