@@ -61,10 +61,11 @@ struct Gk {
 };
 template <class F>
 Gk(F) -> Gk<F>;
-template <class F>
-struct is_gk : std::false_type {};
-template <class F>
-struct is_gk<Gk<F>> : std::true_type {};
+// is_tag<T, Gk>::value: T is a functor wrapped in the tag Gk (or Pair, below).
+template <class T, template <class> class Tag>
+struct is_tag : std::false_type {};
+template <class F, template <class> class Tag>
+struct is_tag<Tag<F>, Tag> : std::true_type {};
 // The float2 at p (8-byte aligned: an even float offset from an aligned base).
 __device__ __forceinline__ float2 ld_f2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
@@ -127,7 +128,7 @@ __device__ __forceinline__ void frag_a(const FA& fa, int m, int k, uint32_t (&h)
     for (int q = 0; q < 4; ++q) {
       const int i = m + g + (q & 1) * 8, kk = k + 2 * t + (q >> 1) * 8;
       float x0, x1;
-      if constexpr (is_gk<FA>::value) {
+      if constexpr (is_tag<FA, Gk>::value) {
         const float2 x = fa.f(i, kk);
         x0 = x.x;
         x1 = x.y;
@@ -159,7 +160,7 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
     for (int q = 0; q < 4; ++q) {
       const int j = n + g + (q >> 1) * 8, kk = k + 2 * t + (q & 1) * 8;
       float x0, x1;
-      if constexpr (is_gk<FB>::value) {
+      if constexpr (is_tag<FB, Gk>::value) {
         const float2 x = fb.f(kk, j);
         x0 = x.x;
         x1 = x.y;
@@ -227,10 +228,6 @@ struct Pair {
 };
 template <class F>
 Pair(F) -> Pair<F>;
-template <class F>
-struct is_pair : std::false_type {};
-template <class F>
-struct is_pair<Pair<F>> : std::true_type {};
 
 // Every 16 x 8NT tile of an M x N output (M % 16 == 0, N % (8 NT) == 0), warp-strided over the
 // block: body(acc, m0, n0) accumulates into a zeroed tile, then epi(i, j, value) per element.
@@ -252,7 +249,7 @@ __device__ __forceinline__ void for_tiles(int M, int N, Body body, Epi epi, floa
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
     body(acc, m0, n0);
-    if constexpr (is_pair<Epi>::value) {
+    if constexpr (is_tag<Epi, Pair>::value) {
       if constexpr (std::is_void_v<decltype(epi.f(0, 0, 0.f, 0.f))>) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -325,7 +322,7 @@ __device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n
 // Whether a for_tiles_m2 epilogue returns row contributions (a float, or a float2 for a Pair).
 template <class Epi>
 __device__ constexpr bool m2_sums() {
-  if constexpr (is_pair<Epi>::value) {
+  if constexpr (is_tag<Epi, Pair>::value) {
     return !std::is_void_v<decltype(std::declval<Epi>().f(0, 0, 0.f, 0.f, 0.f, 0.f))>;
   } else {
     return !std::is_void_v<decltype(std::declval<Epi>()(0, 0, 0.f, 0.f))>;
@@ -352,7 +349,7 @@ __device__ __forceinline__ void for_tiles_m2(int M, int N, Body body, Epi epi, f
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float rsum[2] = {0.f, 0.f};
-      if constexpr (is_pair<Epi>::value) {
+      if constexpr (is_tag<Epi, Pair>::value) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
