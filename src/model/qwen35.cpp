@@ -362,6 +362,8 @@ void Qwen35Model::zero_grads() {
 
 void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x,
                                 bool accumulate_dx) {
+  // Keeps is_projection (which gradients zero_grads() skips) in step with the roles written here.
+  QT_CHECK(is_projection(role), "proj_backward: role ", static_cast<int>(role), " is not a projection");
   be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grads_fresh_);
 }
 
