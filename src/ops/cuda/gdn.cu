@@ -55,12 +55,8 @@ constexpr int kLdC = kC + 2;   // padded stride of C x C tiles (2-way bank confl
 constexpr int kThreads = 256;  // per block, every kernel but the chunk table
 constexpr float kL2Eps = 1e-6f;
 
-__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using dev::to_f;
+using dev::warp_sum;
 
 // Bump allocator over dynamic shared memory (floats); the host mirrors each kernel's sequence.
 struct Carve {

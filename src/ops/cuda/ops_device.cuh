@@ -101,9 +101,12 @@ __device__ __forceinline__ void acc_store(void* out, bool out_f32, int64_t i, fl
   }
 }
 
+// Sum over each group of WIDTH consecutive lanes (a power of 2; the whole warp by default), every
+// lane of the group getting it; all 32 lanes must take part.
+template <int WIDTH = 32>
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 

@@ -414,13 +414,6 @@ int64_t rmsnorm_bwd_fast_launch(void* dx, bool accumulate_dx, void* dz, float* p
 constexpr int kNarrowWarps = 8;
 constexpr int kNarrowUnroll = 2;
 
-template <int LPR>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 int narrow_lanes(int64_t cols) {
   if (cols % 8 != 0 || cols > 128) return 0;
   int lpr = 1;
@@ -445,7 +438,7 @@ __global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_fwd_narrow(bf16* __
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
-  ss = group_sum<LPR>(ss);  // every lane takes part: no return before the shuffles
+  ss = dev::warp_sum<LPR>(ss);  // every lane takes part: no return before the shuffles
   const float rs = 1.0f / sqrtf(ss / float(cols) + eps);
   if (row < rows && sub == 0) rstd[row] = rs;
   if (!ok) return;
@@ -496,7 +489,7 @@ __global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_bwd_narrow(
         sz[k] = kGated ? dev::siluf_(zv[k]) : 1.0f + wv[k];  // the factor y carries besides n
         dot += (xv[k] * rs[u]) * (dv[k] * (kGated ? wv[k] * sz[k] : sz[k]));
       }
-      const float mean = group_sum<LPR>(dot) / float(cols);
+      const float mean = dev::warp_sum<LPR>(dot) / float(cols);
       if (!ok[u]) continue;
       float dxv[8], dzv[8], old[8];
       dev::unpack8(old, oldr[u]);
