@@ -942,12 +942,12 @@ __global__ void __launch_bounds__(kPrepBwdWarps * 32) attn_prep_bwd_kernel(
     const int32_t* positions, int64_t T, int Hq, int Hkv, int D, int rot, double theta, int64_t tokens_per_block) {
   __shared__ __align__(16) float sm_dy[kPrepBwdWarps][kMaxHeadDim];
   __shared__ float sm_dw[kPrepBwdWarps][2 * kMaxHeadDim];
-  __shared__ float2 sm_cs[kPrepBwdWarps][1][kMaxHeadDim / 2];
+  __shared__ float2 sm_cs[kPrepBwdWarps][kMaxHeadDim / 2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool on = lane < D / 8;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   float* dyrow = sm_dy[warp];
-  const float2* cs = sm_cs[warp][0];
+  const float2* cs = sm_cs[warp];
   float wq[8], wk[8], dwq[8], dwk[8];
   dev::unpack8(wq, on ? reinterpret_cast<const uint4*>(qw)[lane] : zero);
   dev::unpack8(wk, on ? reinterpret_cast<const uint4*>(kw)[lane] : zero);
@@ -960,7 +960,7 @@ __global__ void __launch_bounds__(kPrepBwdWarps * 32) attn_prep_bwd_kernel(
   const int64_t t0 = int64_t(blockIdx.x) * tokens_per_block, t1 = min(T, t0 + tokens_per_block);
   for (int64_t t = t0 + warp; t < t1; t += kPrepBwdWarps) {
     __syncwarp();  // the previous token's reads of the cos/sin row are done
-    rope_table(sm_cs[warp], positions, t, 1, rot, theta, lane, 32);
+    rope_table(&sm_cs[warp], positions, t, 1, rot, theta, lane, 32);
     for (int hh = 0; hh < Hq + Hkv; ++hh) {
       const bool is_q = hh < Hq;
       const bf16* dy = is_q ? dq + (t * Hq + hh) * D : dk + (t * Hkv + (hh - Hq)) * D;
