@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/ops_device.cuh"
 #include "ops/cuda/kernels.h"
@@ -191,28 +192,60 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 
 // ---- chunk table -------------------------------------------------------------------------------
 // table[c] = {bos, len, seq, index in seq} for every chunk, seq_off[s] = first chunk of sample s,
-// seq_off[N] = *nchunks. One block of 1024 threads, each owning a run of samples.
-__global__ void gdn_chunk_table_kernel(int4* table, int* nchunks, int* seq_off, const int32_t* cu, int num_seqs) {
-  __shared__ int sums[1024];
-  const int tid = threadIdx.x, nt = blockDim.x;
+// seq_off[N] = *nchunks; seq_order[r] = the sample of rank r, longest first. One block of 1024
+// threads, each owning a run of samples.
+// The scans are serial over a sample's chunks, so a long sample whose CTAs start in the last wave
+// sets the tail; their grid runs samples in seq_order (LPT). The order is a counting sort over the
+// clamped chunk count; within a count it is arbitrary and harmless, since every (sample, head,
+// column block) CTA's result is independent of when it runs.
+constexpr int kTableThreads = 1024, kOrderKeys = 1024;
+__global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* table, int* nchunks, int* seq_off,
+                                                                        int* seq_order, const int32_t* cu,
+                                                                        int num_seqs) {
+  __shared__ int sums[kTableThreads];
+  __shared__ int count[kOrderKeys];
+  const int tid = threadIdx.x, nt = kTableThreads;
   const int per = (num_seqs + nt - 1) / nt;
   const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
+  static_assert(kOrderKeys == kTableThreads, "one order key per thread");
+  count[tid] = 0;
   int local = 0;
   for (int s = s0; s < s1; ++s) local += (cu[s + 1] - cu[s] + kC - 1) / kC;
   sums[tid] = local;
-  dev::block_inclusive_scan(sums);
+  dev::block_inclusive_scan(sums);  // starts with a barrier: count[] is zeroed
   int base = sums[tid] - local;
+  // Key k = kOrderKeys - 1 - min(chunks, kOrderKeys - 1): ascending keys are descending lengths.
+  auto key_of = [](int n) { return kOrderKeys - 1 - min(n, kOrderKeys - 1); };
   for (int s = s0; s < s1; ++s) {
     const int bos = cu[s], len = cu[s + 1] - cu[s];
     const int n = (len + kC - 1) / kC;
     seq_off[s] = base;
     for (int c = 0; c < n; ++c) table[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), s, c);
     base += n;
+    atomicAdd(&count[key_of(n)], 1);
   }
   if (tid == nt - 1) {
     *nchunks = sums[nt - 1];
     seq_off[num_seqs] = sums[nt - 1];
   }
+  __syncthreads();  // counts complete, every thread done reading sums[]
+  const int mine = count[tid];
+  sums[tid] = mine;
+  dev::block_inclusive_scan(sums);
+  count[tid] = sums[tid] - mine;  // first rank of key tid
+  __syncthreads();
+  for (int s = s0; s < s1; ++s) seq_order[atomicAdd(&count[key_of((cu[s + 1] - cu[s] + kC - 1) / kC)], 1)] = s;
+}
+
+// The scans' 1-D grid: block b runs column block b % cbs of head (b / cbs) % Hv of the sample of
+// rank b / (cbs Hv), so every CTA of the longest sample is dispatched first.
+struct ScanBlock {
+  int s, head, e0;
+};
+__device__ __forceinline__ ScanBlock scan_block(const int* seq_order, int Hv, int V, int bv) {
+  const int cbs = V / bv, b = static_cast<int>(blockIdx.x);
+  const int col = b % cbs, rest = b / cbs;
+  return {seq_order[rest / Hv], rest % Hv, col * bv};
 }
 
 // ---- L2 norm -----------------------------------------------------------------------------------
@@ -413,9 +446,10 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, bf16* 
                                                                 const bf16* Wh,
                                                                 const bf16* Wl, const bf16* qkv, const float* rs,
                                                                 const float* Gc, const int32_t* cu,
-                                                                const int* seq_off, int Hk, int Hv, int K, int V,
-                                                                int conv_dim, int bv) {
-  const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
+                                                                const int* seq_off, const int* seq_order, int Hk, int Hv,
+                                                                int K, int V, int conv_dim, int bv) {
+  const ScanBlock sb = scan_block(seq_order, Hv, V, bv);
+  const int s = sb.s, head = sb.head, e0 = sb.e0, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
@@ -631,9 +665,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, bf
                                                                    const float* dD, const bf16* Wh,
                                                                    const bf16* Wl, const bf16* qkv, const float* rs,
                                                                    const float* Gc, const bf16* d_o,
-                                                                   const int32_t* cu, const int* seq_off, int Hk,
-                                                                   int Hv, int K, int V, int conv_dim, int bv) {
-  const int s = blockIdx.x, head = blockIdx.y, e0 = blockIdx.z * bv, kh = head / (Hv / Hk);
+                                                                   const int32_t* cu, const int* seq_off,
+                                                                   const int* seq_order, int Hk, int Hv, int K, int V,
+                                                                   int conv_dim, int bv) {
+  const ScanBlock sb = scan_block(seq_order, Hv, V, bv);
+  const int s = sb.s, head = sb.head, e0 = sb.e0, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
   extern __shared__ float smem[];
   Carve cv{smem};
@@ -1177,6 +1213,7 @@ struct Workspace {
   int4* table;
   int* nchunks;
   int* seq_off;
+  int* seq_order;  // samples longest first (the scans' CTA order)
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U in the forward, dD_local in the backward
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K]
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
@@ -1211,6 +1248,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.nchunks = reinterpret_cast<int*>(take(sizeof(int)));
   ws.seq_off = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 1) * sizeof(int)));
+  ws.seq_order = reinterpret_cast<int*>(take(static_cast<size_t>(a.num_seqs) * sizeof(int)));
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   ws.Wh = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
   ws.Wl = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
@@ -1267,6 +1305,13 @@ int column_block(int V, bool backward) {
   return want != 0 && V % want == 0 ? want : (V % 32 == 0 ? 32 : 16);
 }
 
+// The scans' grid: one CTA per (sample, value head, column block), 1-D (see scan_block).
+unsigned scan_grid(const GdnArgs& a, int bv) {
+  const int64_t n = static_cast<int64_t>(a.num_seqs) * a.num_v_heads * (a.v_head_dim / bv);
+  QT_CHECK(n < (int64_t{1} << 31), "gdn: ", a.num_seqs, " samples x ", a.num_v_heads, " value heads is too many scan CTAs");
+  return static_cast<unsigned>(n);
+}
+
 // Per-kernel device times for bench_gdn (QT_GDN_STAGE_TIMES=1 there): when on, every launch is
 // bracketed by events and synchronized, so use it only for the breakdown, never for the totals.
 struct StageTimes {
@@ -1308,7 +1353,8 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
-  gdn_chunk_table_kernel<<<1, 1024, 0, stream>>>(w.table, w.nchunks, w.seq_off, a.cu_seqlens, a.num_seqs);
+  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
+                                                          a.num_seqs);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
   const int warps = T * Hk * 2;
@@ -1327,8 +1373,9 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_fwd_kernel, scan_bytes);
   stage_begin(stream);
-  gdn_scan_fwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, scan_bytes, stream>>>(
-      w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
+  gdn_scan_fwd_kernel<<<scan_grid(a, bv), kThreads, scan_bytes, stream>>>(
+      w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim,
+      bv);
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
   stage_end("gdn_scan_fwd_kernel", stream);
 }
@@ -1398,8 +1445,9 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
   set_smem(gdn_scan_bwd_kernel, sb_bytes);
   stage_begin(stream);
-  gdn_scan_bwd_kernel<<<dim3(a.num_seqs, Hv, V / bv), kThreads, sb_bytes, stream>>>(
-      w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, Hk, Hv, K, V, conv_dim, bv);
+  gdn_scan_bwd_kernel<<<scan_grid(a, bv), kThreads, sb_bytes, stream>>>(
+      w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V,
+      conv_dim, bv);
   QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
   stage_end("gdn_scan_bwd_kernel", stream);
 
