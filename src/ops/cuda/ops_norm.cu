@@ -364,12 +364,27 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
 }
 
 // Smallest NV in {1, 2, 4, 8} with 32 NV vectors covering the row; 0: no fast path.
+// 16-byte vectors per lane of the one-warp-per-row kernels: the smallest instantiated count that
+// covers the row (10: the 4B hidden size 2560; 16: 4096), 0 when the row is wider or cols % 8 != 0.
 int fast_nv(int64_t cols) {
   const int64_t cvec = cols / 8;
   if (cols % 8 != 0) return 0;
-  for (int nv = 1; nv <= 8; nv *= 2)
+  for (int nv : {1, 2, 4, 8, 10, 12, 16})
     if (32 * nv >= cvec) return nv;
   return 0;
+}
+// Calls f(std::integral_constant<int, nv>) for a count fast_nv returned.
+template <typename F>
+void dispatch_fast(int nv, F&& f) {
+  switch (nv) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 10: return f(std::integral_constant<int, 10>{});
+    case 12: return f(std::integral_constant<int, 12>{});
+    default: return f(std::integral_constant<int, 16>{});
+  }
 }
 
 template <int NV, NormKind KIND>
@@ -560,7 +575,7 @@ void dispatch_narrow(int64_t cols, F&& f) {
   }
 }
 
-// ---- backward, ring variant: cols % 8 == 0, cols <= 2048, (1+w) only ---------------------------
+// ---- backward, ring variant: cols % 8 == 0, cols <= 2560, (1+w) only ---------------------------
 // The register kernel above keeps one row per warp in flight and loads it only when the previous
 // one is done, so the warps' loads come in bursts (44.3 us for [8192, 2048] on the H200).
 // Here a persistent grid (one wave) gives each warp a ring of D stages, each one row of x and dy
@@ -597,6 +612,9 @@ __device__ __forceinline__ void rg_issue_row(char* dst, const bf16* xr, const bf
 
 template <int NV>
 constexpr int rg_w_bytes() { return NV * 64 * 16; }
+// Widest ring row in 16-byte vectors per lane: the row (2 NV uint4) and the dw sums (8 NV floats)
+// live in registers; 10 covers 2560 columns.
+constexpr int kRingMaxNv = 10;
 
 // smem: (1+w) as NV x 64 float4 (slot (2 j + h) * 32 + lane: columns (lane + 32 j) * 8 + 4 h ..),
 // then NW x D stages of 2 * cols bf16, then NW x D mbarriers.
@@ -754,11 +772,11 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
       rmsnorm_fwd_narrow_launch<decltype(lpr)::value>(y, rstd, x, z, w, rows, cols, eps, kind, s);
     });
   } else if (const int nv = vec ? fast_nv(cols) : 0; nv > 0) {
-#define QT_FWD_FAST(NV)                                                                                   \
-  if (kind == NormKind::OnePlusW) rmsnorm_fwd_fast_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s); \
-  else rmsnorm_fwd_fast_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
-    if (nv == 1) { QT_FWD_FAST(1) } else if (nv == 2) { QT_FWD_FAST(2) } else if (nv == 4) { QT_FWD_FAST(4) } else { QT_FWD_FAST(8) }
-#undef QT_FWD_FAST
+    dispatch_fast(nv, [&](auto c) {
+      constexpr int NV = decltype(c)::value;
+      if (kind == NormKind::OnePlusW) rmsnorm_fwd_fast_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s);
+      else rmsnorm_fwd_fast_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
+    });
   } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_fwd_kernel<8, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
     else rmsnorm_fwd_kernel<1, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
@@ -781,12 +799,9 @@ bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, co
   const auto* xb = static_cast<const bf16*>(x);
   const auto* rb = static_cast<const bf16*>(r);
   const auto* wb = static_cast<const bf16*>(w);
-  switch (nv) {
-    case 1: add_rmsnorm_fwd_fast<1><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
-    case 2: add_rmsnorm_fwd_fast<2><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
-    case 4: add_rmsnorm_fwd_fast<4><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
-    default: add_rmsnorm_fwd_fast<8><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps); break;
-  }
+  dispatch_fast(nv, [&](auto c) {
+    add_rmsnorm_fwd_fast<decltype(c)::value><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps);
+  });
   QT_LAUNCH_CHECK("add_rmsnorm_forward");
   return true;
 }
@@ -811,19 +826,22 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
       rmsnorm_bwd_narrow_launch<decltype(lpr)::value>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols,
                                                       blocks, kind, s);
     });
-  } else if (nv > 0 && (kind == NormKind::OnePlusW || nv <= 4)) {
-#define QT_BWD_FAST(NV)                                                                                    \
-  blocks = kind == NormKind::OnePlusW                                                                      \
-               ? rmsnorm_bwd_fast_launch<NV, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s) \
-               : rmsnorm_bwd_fast_launch<NV, NormKind::Gated>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, s);
-    // (1+w): the ring kernel, 8 warps x 2 row stages per block (3 stages, or 6 warps x 4, measured slower).
-#define QT_BWD_RING(NV) \
-  blocks = rmsnorm_bwd_ring_launch<NV, 8, 2>(dx, accumulate_dx, partials, dy, x, w, rstd, rows, cols, s);
+  } else if (nv > 0 && (kind == NormKind::OnePlusW ? nv <= kRingMaxNv : nv <= 4)) {
     if (kind == NormKind::OnePlusW) {
-      if (nv == 1) { QT_BWD_RING(1) } else if (nv == 2) { QT_BWD_RING(2) } else if (nv == 4) { QT_BWD_RING(4) } else { QT_BWD_RING(8) }
-    } else if (nv == 1) { QT_BWD_FAST(1) } else if (nv == 2) { QT_BWD_FAST(2) } else if (nv == 4) { QT_BWD_FAST(4) } else { QT_BWD_FAST(8) }
-#undef QT_BWD_RING
-#undef QT_BWD_FAST
+      // The ring kernel, 8 warps x 2 row stages per block (3 stages, or 6 warps x 4, measured slower).
+      dispatch_fast(nv, [&](auto c) {
+        constexpr int NV = decltype(c)::value;
+        if constexpr (NV <= kRingMaxNv)
+          blocks = rmsnorm_bwd_ring_launch<NV, 8, 2>(dx, accumulate_dx, partials, dy, x, w, rstd, rows, cols, s);
+      });
+    } else {
+      dispatch_fast(nv, [&](auto c) {
+        constexpr int NV = decltype(c)::value;
+        if constexpr (NV <= 4)
+          blocks = rmsnorm_bwd_fast_launch<NV, NormKind::Gated>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd,
+                                                                rows, cols, s);
+      });
+    }
   } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_bwd_launch<8, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
     else rmsnorm_bwd_launch<1, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
