@@ -3,6 +3,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -1022,6 +1023,10 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
   m = mx;
 }
 
+// One block per row, two passes over the fp32 row: online max / sum of exp, then the bf16
+// gradient in place. VEC = 4 (V % 4 == 0: 16-byte rows) moves float4s, so each thread keeps 16
+// bytes per load in flight: the scalar form left the kernel latency-bound (4 bytes per thread).
+template <int VEC>
 __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits, float* row_loss,
                                                                    const int32_t* targets, int64_t V,
                                                                    float grad_scale, bool want_grad) {
@@ -1031,24 +1036,41 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits
   float* row = logits + r * V;
   const int32_t tgt = targets[r];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t nv = V / VEC;  // vectors per row (V % VEC == 0)
+  bf16* out = reinterpret_cast<bf16*>(row);
+  using Vec = std::conditional_t<VEC == 4, float4, float>;
+  const Vec* rv = reinterpret_cast<const Vec*>(row);
+  auto lanes = [](const Vec& z, float (&f)[VEC]) {
+    if constexpr (VEC == 4) {
+      f[0] = z.x;
+      f[1] = z.y;
+      f[2] = z.z;
+      f[3] = z.w;
+    } else {
+      f[0] = z;
+    }
+  };
   if (tgt < 0 || tgt >= V) {  // ignored (-100) row: no loss, zero gradient
     if (tid == 0) row_loss[r] = 0.0f;
     if (want_grad) {
-      bf16* out = reinterpret_cast<bf16*>(row);
-      for (int64_t v = tid; v < V; v += kCeThreads) out[v] = to_bf(0.0f);
+      const float zero[VEC] = {};
+      for (int64_t i = tid; i < nv; i += kCeThreads) store_vec<VEC>(out, i, zero);
     }
     return;
   }
-  // Pass 1: online max / sum of exp.
+  // Pass 1: online max / sum of exp (one rescale per vector).
   float m = -INFINITY, s = 0.0f;
-  for (int64_t v = tid; v < V; v += kCeThreads) {
-    const float z = row[v];
-    if (z > m) {
-      s = s * expf(m - z) + 1.0f;
-      m = z;
-    } else {
-      s += expf(z - m);
-    }
+  for (int64_t i = tid; i < nv; i += kCeThreads) {
+    float f[VEC];
+    lanes(rv[i], f);
+    float mx = f[0];
+#pragma unroll
+    for (int k = 1; k < VEC; ++k) mx = fmaxf(mx, f[k]);
+    const float m2 = fmaxf(m, mx);
+    s *= expf(m - m2);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s += expf(f[k] - m2);
+    m = m2;
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -1070,26 +1092,31 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits
   __syncthreads();
   if (!want_grad) return;
   const float lse = sh_lse;
-  // Pass 2: bf16 gradient written over the first half of the fp32 row. Step k reads elements
+  // Pass 2: bf16 gradient written over the first half of the fp32 row. Step k reads vectors
   // [k*N, (k+1)*N) (N = threads * unroll) before a barrier and then writes their bf16 values,
-  // whose bytes lie inside fp32 elements < (k+1)*N/2: all already read.
-  bf16* out = reinterpret_cast<bf16*>(row);
-  constexpr int64_t kStep = int64_t(kCeThreads) * kCeUnroll;
-  for (int64_t base = 0; base < V; base += kStep) {
-    float p[kCeUnroll];
+  // whose bytes lie inside fp32 elements < (k+1)*N*VEC/2: all already read.
+  constexpr int kUnroll = kCeUnroll / VEC > 0 ? kCeUnroll / VEC : 1;
+  constexpr int64_t kStep = int64_t(kCeThreads) * kUnroll;
+  for (int64_t base = 0; base < nv; base += kStep) {
+    Vec p[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kCeUnroll; ++u) {
-      const int64_t v = base + int64_t(u) * kCeThreads + tid;
-      p[u] = v < V ? row[v] : 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * kCeThreads + tid;
+      if (i < nv) p[u] = rv[i];
     }
     __syncthreads();
 #pragma unroll
-    for (int u = 0; u < kCeUnroll; ++u) {
-      const int64_t v = base + int64_t(u) * kCeThreads + tid;
-      if (v < V) {
-        float d = grad_scale * expf(p[u] - lse);
-        if (v == tgt) d -= grad_scale;
-        out[v] = to_bf(d);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * kCeThreads + tid;
+      if (i < nv) {
+        float f[VEC], d[VEC];
+        lanes(p[u], f);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          d[k] = grad_scale * expf(f[k] - lse);
+          if (i * VEC + k == tgt) d[k] -= grad_scale;
+        }
+        store_vec<VEC>(out, i, d);
       }
     }
     __syncthreads();
@@ -1113,8 +1140,12 @@ __global__ void sum_to_double_kernel(double* out, const float* x, int64_t n) {
 void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* targets, int64_t n, int64_t V,
                                 float grad_scale, bool want_grad, cudaStream_t s) {
   if (n <= 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, grad_scale,
-                                                                      want_grad);
+  if (V % 4 == 0)
+    cross_entropy_kernel<4><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, grad_scale,
+                                                                           want_grad);
+  else
+    cross_entropy_kernel<1><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, grad_scale,
+                                                                           want_grad);
   QT_LAUNCH_CHECK("linear_cross_entropy (softmax chunk)");
 }
 
