@@ -413,15 +413,20 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   }
   loss_sums_ = be_.alloc(DType::F64, {slots});
   gdn_state_.assign(static_cast<size_t>(cfg_.num_hidden_layers), Tensor());
-  if (ckpt_ != Checkpointing::None) return;  // the other policies trade this memory away too
   const GdnDims gd = gdn_dims(cfg_);
   const int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs);
-  if (bytes <= 0) return;
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
-    if (cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
-      gdn_state_[static_cast<size_t>(l)] = be_.alloc(DType::U8, {bytes});
-      plan_.mixer_state += bytes;
-    }
+  // The other policies trade this memory away too.
+  if (ckpt_ == Checkpointing::None && bytes > 0)
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+      if (cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
+        gdn_state_[static_cast<size_t>(l)] = be_.alloc(DType::U8, {bytes});
+        plan_.mixer_state += bytes;
+      }
+  // The step is planned now (weights, optimizer, activations, GDN state); what stays free holds
+  // the kernel workspaces. A 2000 MiB logits chunk (2048 rows at V = 248,320) halves the
+  // cross-entropy's dW passes over the default 1000 MiB: -6 % of its time at 2B (bench_cuda_ops
+  // --ce-rows 2048), taken when 8 GiB stay free.
+  if (be_.free_memory_bytes() >= (int64_t(8) << 30)) be_.set_loss_chunk_budget(int64_t(2000) << 20);
 }
 
 const Tensor* Qwen35Model::gdn_state_for(int layer, int64_t T) const {

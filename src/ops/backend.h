@@ -61,6 +61,9 @@ class Backend {
   virtual void synchronize() = 0;  // waits for everything enqueued so far
   // Free device memory in bytes, or -1 where tensors live in host memory (nothing to plan against).
   virtual int64_t free_memory_bytes() const { return -1; }
+  // Device memory the fused cross-entropy may hold for one chunk of logits (bytes; 0 = the
+  // backend's default). More rows per chunk mean fewer passes of the dW GEMM over its fp32 output.
+  virtual void set_loss_chunk_budget(int64_t /*bytes*/) {}
 
   // ---- dense ---------------------------------------------------------------------------------
   // y[T,N] = x[T,K] W[N,K]^T.

@@ -35,6 +35,7 @@ class ProfiledBackend final : public Backend {
   void copy_to_host_async(void* dst, const Tensor& src) override { inner_.copy_to_host_async(dst, src); }
   void synchronize() override { inner_.synchronize(); }
   int64_t free_memory_bytes() const override { return inner_.free_memory_bytes(); }
+  void set_loss_chunk_budget(int64_t bytes) override { inner_.set_loss_chunk_budget(bytes); }
   int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
     return inner_.gdn_state_bytes(dims, tokens, num_seqs);
   }

@@ -293,10 +293,11 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                                                       sizeof(al_c)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                                       sizeof(al_c)));
-    cublasLtMatmulHeuristicResult_t res{};
+    cublasLtMatmulHeuristicResult_t res[kGemmCandidates] = {};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, gemm_tuning() ? kGemmCandidates : 1, res,
+                                       &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.a);
@@ -307,14 +308,62 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
               trans_b, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc, ", C ", c_f32 ? "f32" : "bf16", "): ",
               cuda::cublas_status_str(st));
     }
-    p.algo = res.algo;
+    p.algo = res[0].algo;
+    if (found > 1)
+      for (int i = 0; i < found; ++i) p.candidates.push_back(res[i].algo);
     it = gemm_plans_.emplace(key, p).first;
   }
   const float alpha = 1.0f;
-  const GemmPlan& p = it->second;
+  GemmPlan& p = it->second;
+  if (!p.candidates.empty() && beta == 0.0f && !capturing()) tune_gemm(p, A, B, C);
   CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, gemm_ws_,
                               gemm_ws_bytes_, stream_));
   QT_LAUNCH_CHECK("gemm");
+}
+
+bool CudaBackend::capturing() const {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream_, &cs));
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+// QT_GEMM_TUNE=1: time cuBLASLt's heuristic candidates on a plan's first beta = 0 call (outside
+// capture, in place: every run writes the same C) and keep the fastest.
+bool CudaBackend::gemm_tuning() {
+  static const bool on = [] {
+    const char* e = std::getenv("QT_GEMM_TUNE");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
+void CudaBackend::tune_gemm(GemmPlan& p, const void* A, const void* B, void* C) {
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  float best = 0.f;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    const cublasLtMatmulAlgo_t& algo = p.candidates[i];
+    auto run = [&] {
+      return cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &algo, gemm_ws_,
+                            gemm_ws_bytes_, stream_);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run here is skipped
+    CUDA_CHECK(cudaEventRecord(e0, stream_));
+    for (int r = 0; r < 3; ++r) CUBLAS_CHECK(run());
+    CUDA_CHECK(cudaEventRecord(e1, stream_));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i == 0 || ms < best) {
+      best = ms;
+      p.algo = algo;
+    }
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  p.candidates.clear();
 }
 
 void CudaBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
@@ -770,7 +819,7 @@ int64_t CudaBackend::cross_entropy_chunk_rows(int64_t V, int64_t T) const {
   if (rows <= 0) {
     // fp32 logits of one chunk: 1000 MiB keeps the op's extra memory under 1 GiB and gives 1024
     // rows at V = 248,320, i.e. exactly 8 chunks at 8192 tokens (960 MiB gave 896: 9 + a 128-row tail).
-    const int64_t budget = int64_t(1000) << 20;
+    const int64_t budget = ce_budget_bytes_ > 0 ? ce_budget_bytes_ : int64_t(1000) << 20;
     rows = std::max<int64_t>(128, budget / (4 * std::max<int64_t>(V, 1)) / 128 * 128);
   }
   return std::max<int64_t>(1, std::min(rows, T));

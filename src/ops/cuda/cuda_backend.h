@@ -37,7 +37,8 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType dtype, const Shape& shape) override;
   void* alloc_host(size_t bytes) override;  // cudaHostAlloc (page-locked)
   void copy_to_host_async(void* dst, const Tensor& src) override;
-  int64_t free_memory_bytes() const override;  // cudaMemGetInfo (the arena's unused tail not counted)
+  int64_t free_memory_bytes() const override;
+  void set_loss_chunk_budget(int64_t bytes) override { ce_budget_bytes_ = bytes; }  // cudaMemGetInfo (the arena's unused tail not counted)
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;
@@ -104,7 +105,8 @@ class CudaBackend final : public Backend {
                                double grad_scale, bool accumulate_dw) override;
 
   // Tokens per logits chunk in linear_cross_entropy; 0 (default) picks the largest multiple of
-  // 128 rows whose fp32 logits fit in 1000 MiB (1024 rows at V = 248320).
+  // 128 rows whose fp32 logits fit in the loss chunk budget (default 1000 MiB: 1024 rows at
+  // V = 248320).
   void set_cross_entropy_chunk_rows(int64_t rows) { ce_chunk_rows_ = rows; }
   int64_t cross_entropy_chunk_rows(int64_t V, int64_t T) const;
   // Scratch bytes linear_cross_entropy needs for V and T tokens (its peak extra device memory).
@@ -136,7 +138,13 @@ class CudaBackend final : public Backend {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    // Heuristic candidates (best first) while the plan waits to be timed; empty once settled.
+    std::vector<cublasLtMatmulAlgo_t> candidates;
   };
+  static constexpr int kGemmCandidates = 8;
+  static bool gemm_tuning();
+  bool capturing() const;
+  void tune_gemm(GemmPlan& p, const void* A, const void* B, void* C);
   using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
 
   int device_ = 0;
@@ -160,6 +168,7 @@ class CudaBackend final : public Backend {
   size_t block_bytes_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
   int64_t ce_chunk_rows_ = 0;
+  int64_t ce_budget_bytes_ = 0;
 };
 
 }  // namespace qt
