@@ -263,6 +263,53 @@ TEST_F(OpsTest, Linear) {
   }
 }
 
+// GEMM tuning (on in g_) only picks among cuBLASLt's candidates those that write the bits of the
+// heuristic's first choice: a backend with tuning off gives bit-identical y, dx and f32 dw, on the
+// call that tunes and on the next one. Shapes: the 4B k projection (where the candidates' speeds
+// differ) and odd ones.
+TEST_F(OpsTest, GemmTuningKeepsBits) {
+  QT_REQUIRE_GPU();
+  CudaBackend plain;
+  plain.set_gemm_tuning(false);
+  g_->set_gemm_tuning(true);
+  struct Shape3 {
+    int64_t T, N, K;
+  };
+  for (const Shape3 sh : {Shape3{8192, 1024, 2560}, Shape3{1021, 520, 2048}, Shape3{133, 96, 200}}) {
+    SCOPED_TRACE("T " + std::to_string(sh.T) + " N " + std::to_string(sh.N) + " K " + std::to_string(sh.K));
+    auto random = [&](int64_t n) {
+      std::vector<bf16> v(static_cast<size_t>(n));
+      for (auto& b : v) b = float_to_bf16(rng_.uniform(-1.0f, 1.0f));
+      return v;
+    };
+    const std::vector<bf16> xv = random(sh.T * sh.K), wv = random(sh.N * sh.K), dyv = random(sh.T * sh.N);
+    // y, dx (bf16) and dw (f32) of one forward + backward, as raw bytes.
+    auto run = [&](CudaBackend& be) {
+      Tensor x = be.alloc(DType::BF16, {sh.T, sh.K}), w = be.alloc(DType::BF16, {sh.N, sh.K}),
+             dy = be.alloc(DType::BF16, {sh.T, sh.N}), y = be.alloc(DType::BF16, {sh.T, sh.N}),
+             dx = be.alloc(DType::BF16, {sh.T, sh.K}), dw = be.alloc(DType::F32, {sh.N, sh.K});
+      be.copy_from_host(x, xv.data());
+      be.copy_from_host(w, wv.data());
+      be.copy_from_host(dy, dyv.data());
+      be.linear_forward(y, x, w);
+      be.linear_backward(dx, dw, dy, x, w, false, false);
+      std::vector<std::vector<uint8_t>> out;
+      for (const Tensor* t : {&y, &dx, &dw}) {
+        out.emplace_back(t->nbytes());
+        be.copy_to_host(out.back().data(), *t);
+      }
+      return out;
+    };
+    const auto want = run(plain);
+    for (int pass = 0; pass < 2; ++pass) {  // the tuning call, then the tuned plan
+      const auto got = run(*g_);
+      const char* names[] = {"y", "dx", "dw"};
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(got[i] == want[i]) << names[i] << " differs from the untuned backend's (pass " << pass << ")";
+    }
+  }
+}
+
 TEST_F(OpsTest, Embedding) {
   QT_REQUIRE_GPU();
   for (int64_t T : {int64_t(1), int64_t(133), int64_t(1021)}) {

@@ -109,6 +109,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   block_bytes_ = mb << 20;
   Tensor s = alloc(DType::F64, {1});
   d_scalar_ = static_cast<double*>(s.data);
+  d_hash_ = static_cast<unsigned long long*>(alloc(DType::F64, {1}).data);
+  const char* tune = std::getenv("QT_GEMM_TUNE");
+  gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
 }
 
 CudaBackend::~CudaBackend() {
@@ -178,6 +181,7 @@ void CudaBackend::reset_arena() {
   block_used_ = 0;
   Tensor s = alloc(DType::F64, {1});
   d_scalar_ = static_cast<double*>(s.data);
+  d_hash_ = static_cast<unsigned long long*>(alloc(DType::F64, {1}).data);
 }
 
 size_t CudaBackend::arena_bytes_reserved() const {
@@ -296,7 +300,7 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
     cublasLtMatmulHeuristicResult_t res[kGemmCandidates] = {};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, gemm_tuning() ? kGemmCandidates : 1, res,
+        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, gemm_tune_ ? kGemmCandidates : 1, res,
                                        &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
@@ -315,7 +319,8 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   }
   const float alpha = 1.0f;
   GemmPlan& p = it->second;
-  if (!p.candidates.empty() && beta == 0.0f && !capturing()) tune_gemm(p, A, B, C);
+  if (!p.candidates.empty() && beta == 0.0f && !capturing())
+    tune_gemm(p, A, B, C, size_t((M - 1) * ldc + N) * (c_f32 ? 4 : 2));
   CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, gemm_ws_,
                               gemm_ws_bytes_, stream_));
   QT_LAUNCH_CHECK("gemm");
@@ -327,43 +332,47 @@ bool CudaBackend::capturing() const {
   return cs != cudaStreamCaptureStatusNone;
 }
 
-// QT_GEMM_TUNE=1: time cuBLASLt's heuristic candidates on a plan's first beta = 0 call (outside
-// capture, in place: every run writes the same C) and keep the fastest.
-bool CudaBackend::gemm_tuning() {
-  static const bool on = [] {
-    const char* e = std::getenv("QT_GEMM_TUNE");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
-void CudaBackend::tune_gemm(GemmPlan& p, const void* A, const void* B, void* C) {
+// Times cuBLASLt's heuristic candidates on a plan's first beta = 0 call (outside capture, in
+// place: every run writes C = op(A) op(B)) and keeps the fastest of those that write exactly the
+// bits of the heuristic's first choice (a hash of C), so tuning changes speed, never results:
+// graph and eager steps, a resumed and an uninterrupted run, two processes stay bit-equal.
+void CudaBackend::tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, size_t c_bytes) {
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  candidates.swap(p.candidates);
   const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &algo, gemm_ws_,
+                          gemm_ws_bytes_, stream_);
+  };
+  auto hash = [&] {
+    cuda::launch_hash_words(d_hash_, C, c_bytes, stream_);
+    unsigned long long h = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&h, d_hash_, sizeof(h), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return h;
+  };
+  CUBLAS_CHECK(run(p.algo));  // the heuristic's first choice: the reference bits
+  const unsigned long long ref = hash();
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
-  float best = 0.f;
-  for (size_t i = 0; i < p.candidates.size(); ++i) {
-    const cublasLtMatmulAlgo_t& algo = p.candidates[i];
-    auto run = [&] {
-      return cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &algo, gemm_ws_,
-                            gemm_ws_bytes_, stream_);
-    };
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run here is skipped
+  float best = -1.0f;
+  for (const cublasLtMatmulAlgo_t& algo : candidates) {
+    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // cannot run here
+    if (hash() != ref) continue;                       // another summation order: other bits
     CUDA_CHECK(cudaEventRecord(e0, stream_));
-    for (int r = 0; r < 3; ++r) CUBLAS_CHECK(run());
+    for (int r = 0; r < 3; ++r) CUBLAS_CHECK(run(algo));
     CUDA_CHECK(cudaEventRecord(e1, stream_));
     CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.f;
+    float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i == 0 || ms < best) {
+    if (best < 0.0f || ms < best) {
       best = ms;
       p.algo = algo;
     }
   }
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
-  p.candidates.clear();
 }
 
 void CudaBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {

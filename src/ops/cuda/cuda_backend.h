@@ -108,6 +108,10 @@ class CudaBackend final : public Backend {
   // 128 rows whose fp32 logits fit in the loss chunk budget (default 1000 MiB: 1024 rows at
   // V = 248320).
   void set_cross_entropy_chunk_rows(int64_t rows) { ce_chunk_rows_ = rows; }
+  // GEMM tuning (default on; QT_GEMM_TUNE=0 in the environment turns it off): a new plan's first
+  // beta = 0 call times cuBLASLt's heuristic candidates and keeps the fastest that writes the same
+  // bits as the first candidate. Affects plans made after the call.
+  void set_gemm_tuning(bool on) { gemm_tune_ = on; }
   int64_t cross_entropy_chunk_rows(int64_t V, int64_t T) const;
   // Scratch bytes linear_cross_entropy needs for V and T tokens (its peak extra device memory).
   size_t cross_entropy_workspace_bytes(int64_t V, int64_t T) const;
@@ -142,9 +146,8 @@ class CudaBackend final : public Backend {
     std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   static constexpr int kGemmCandidates = 8;
-  static bool gemm_tuning();
   bool capturing() const;
-  void tune_gemm(GemmPlan& p, const void* A, const void* B, void* C);
+  void tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, size_t c_bytes);
   using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
 
   int device_ = 0;
@@ -167,6 +170,8 @@ class CudaBackend final : public Backend {
   size_t block_index_ = 0, block_used_ = 0;
   size_t block_bytes_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
+  unsigned long long* d_hash_ = nullptr;  // tune_gemm's output hash
+  bool gemm_tune_ = true;
   int64_t ce_chunk_rows_ = 0;
   int64_t ce_budget_bytes_ = 0;
 };

@@ -1149,6 +1149,31 @@ void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* t
   QT_LAUNCH_CHECK("linear_cross_entropy (softmax chunk)");
 }
 
+namespace {
+// splitmix64's finalizer: every input bit moves every output bit.
+__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__global__ void hash_words_kernel(unsigned long long* out, const uint16_t* w, int64_t n) {
+  unsigned long long acc = 0;  // a sum of per-position hashes: the same whatever the order
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc += mix64((static_cast<unsigned long long>(i) << 16) ^ w[i]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
+}
+}  // namespace
+
+void launch_hash_words(unsigned long long* out, const void* p, size_t bytes, cudaStream_t s) {
+  CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(*out), s));
+  const int64_t n = static_cast<int64_t>(bytes / 2);
+  if (n == 0) return;
+  hash_words_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, static_cast<const uint16_t*>(p), n);
+  QT_LAUNCH_CHECK("hash_words");
+}
+
 void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s) {
   sum_to_double_kernel<<<1, 1024, 0, s>>>(out, x, n);
   QT_LAUNCH_CHECK("linear_cross_entropy (loss sum)");

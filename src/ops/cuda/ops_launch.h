@@ -50,13 +50,16 @@ void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* t
                                 float grad_scale, bool want_grad, cudaStream_t s);
 // *out = sum of x[0, n) in double, one fixed reduction order.
 void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s);
+// *out = an order-free 64-bit hash of the 16-bit words of p[0, bytes) (bytes even): equal bytes
+// give equal hashes; used to tell whether two GEMM algorithms wrote the same bits.
+void launch_hash_words(unsigned long long* out, const void* p, size_t bytes, cudaStream_t s);
 
 // ---- ops_norm.cu ----
 enum class NormKind { OnePlusW, Gated };  // y = x rstd (1 + w)  |  y = w x rstd silu(z)
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
                             int64_t cols, float eps, NormKind kind, cudaStream_t s);
 // h = x + r (bf16), then the (1+w) RMSNorm of h, in one pass; false (nothing launched) when the
-// shape or alignment is outside the fused kernel's fast path (cols % 8, cols <= 2048, 16-byte).
+// shape or alignment is outside the fused kernel's fast path (cols % 8, cols <= 4096, 16-byte).
 bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, const void* r, const void* w,
                                 int64_t rows, int64_t cols, float eps, cudaStream_t s);
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols);
