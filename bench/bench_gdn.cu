@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     const double bwd_ms =
         time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr); });
     // The training path: the forward keeps its state (computed at the backward's precision) and the
-    // backward reads it instead of recomputing (Backend::gdn_forward_keep / gdn_backward_kept).
+    // backward reads it instead of recomputing (Backend::gdn_forward / gdn_backward with a state).
     void* kept;
     BCHECK(cudaMalloc(&kept, qt::cuda::gdn_state_bytes(a)));
     const double fk_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, kept); });

@@ -152,9 +152,9 @@ TEST(CudaTrainStep, KeptGdnStateBackwardIsBitEqualToRecompute) {
     dg[k] = be.alloc(DType::F32, {T, Hv});
     db[k] = be.alloc(DType::F32, {T, Hv});
   }
-  be.gdn_forward_keep(o, qkv, g, beta, d, seqs, state);
-  be.gdn_backward_kept(dq[0], dg[0], db[0], d_o, qkv, g, beta, d, seqs, state);
-  be.gdn_backward(dq[1], dg[1], db[1], d_o, qkv, g, beta, d, seqs);
+  be.gdn_forward(o, qkv, g, beta, d, seqs, state);
+  be.gdn_backward(dq[0], dg[0], db[0], d_o, qkv, g, beta, d, seqs, state);
+  be.gdn_backward(dq[1], dg[1], db[1], d_o, qkv, g, beta, d, seqs, Tensor());
   for (const auto& [a, b, name] : {std::tuple{dq[0], dq[1], "dqkv"}, {dg[0], dg[1], "dg"}, {db[0], db[1], "dbeta"}}) {
     std::vector<char> ha(a.nbytes()), hb(b.nbytes());
     be.copy_to_host(ha.data(), a);
@@ -162,7 +162,7 @@ TEST(CudaTrainStep, KeptGdnStateBackwardIsBitEqualToRecompute) {
     EXPECT_EQ(ha, hb) << name;
   }
   const Tensor small = be.alloc(DType::U8, {16});
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward_keep(o, qkv, g, beta, d, seqs, small); }, "gdn_forward", "state");
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv, g, beta, d, seqs, small); }, "gdn_forward", "state");
 }
 
 TEST(CudaTrainStep, StaticStepMatchesPlainStep) {

@@ -514,8 +514,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
     if (heavy) {
       be_.gdn_gates_forward(beta, gg, b, a, p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
-      if (const Tensor* st = gdn_state_for(l, T)) be_.gdn_forward_keep(o, conv, gg, beta, gd, seqs_, *st);
-      else be_.gdn_forward(o, conv, gg, beta, gd, seqs_);
+      const Tensor* st = gdn_state_for(l, T);
+      be_.gdn_forward(o, conv, gg, beta, gd, seqs_, st != nullptr ? *st : Tensor());
     }
     be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
                               p(ParamRole::GdnNorm, l), c.rms_norm_eps);
@@ -588,10 +588,9 @@ void Qwen35Model::backward_layers(int64_t T) {
       be_.gated_rmsnorm_backward(d_o, dz.view({T, Hv, dv}), g(ParamRole::GdnNorm, l), dy.view({T, Hv, dv}),
                                  rows(A.o, T).view({T, Hv, dv}), rows(A.z, T).view({T, Hv, dv}),
                                  p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
-      if (const Tensor* st = gdn_state_for(l, T))
-        be_.gdn_backward_kept(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_, *st);
-      else
-        be_.gdn_backward(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_);
+      const Tensor* st = gdn_state_for(l, T);
+      be_.gdn_backward(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_,
+                       st != nullptr ? *st : Tensor());
       // db and da reuse the (now free) dy buffer: [T, Hv] each.
       const Tensor db = slab(d_a_, {T, Hv});
       const Tensor da = Tensor(static_cast<char*>(d_a_.data) + static_cast<size_t>(T * Hv) * dtype_size(d_a_.dtype),

@@ -117,28 +117,18 @@ class Backend {
   // The gated delta rule over qkv[T, conv_dim] = [q (Hk*dk) | k (Hk*dk) | v (Hv*dv)] (the conv
   // output): q, k L2-normalized inside (eps 1e-6), q scaled by dk^-1/2, value head j reads key
   // head j / (Hv/Hk); state reset at every sample start. o: [T, Hv, dv].
+  // `state` (optional; an empty Tensor for none) keeps the forward's internal state (chunk states
+  // etc.) for the backward instead of recomputing it there: gdn_state_bytes is its size for a row
+  // of `tokens` tokens and at most `num_seqs` samples (0: the backend always recomputes and ignores
+  // `state`, as the CPU reference does); the forward writes it (u8, at least that size), the
+  // backward reads it (same inputs as that forward).
+  virtual int64_t gdn_state_bytes(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/) const { return 0; }
   virtual void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                           const GdnDims& dims, const SeqInfo& seqs) = 0;
+                           const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) = 0;
   // dqkv [T, conv_dim], dg, dbeta f32 [T,Hv]: all overwritten.
   virtual void gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                             const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                            const SeqInfo& seqs) = 0;
-
-  // Keeping the forward's internal state (chunk states etc.) for the backward instead of
-  // recomputing it there: gdn_state_bytes is its size for a row of `tokens` tokens and at most
-  // `num_seqs` samples (0: the backend always recomputes, as the CPU reference does);
-  // gdn_forward_keep writes it to `state` (u8, at least that size), gdn_backward_kept reads it
-  // (same inputs as that forward). The defaults are the plain calls.
-  virtual int64_t gdn_state_bytes(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/) const { return 0; }
-  virtual void gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                                const GdnDims& dims, const SeqInfo& seqs, const Tensor& /*state*/) {
-    gdn_forward(o, qkv, g, beta, dims, seqs);
-  }
-  virtual void gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
-                                 const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                                 const SeqInfo& seqs, const Tensor& /*state*/) {
-    gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs);
-  }
+                            const SeqInfo& seqs, const Tensor& state) = 0;
 
   // Gated RMSNorm per head: y = (w * x * rstd) * silu(z); x, z, y: [T, Hv, dv]; w: [dv]; rstd f32 [T*Hv].
   virtual void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,

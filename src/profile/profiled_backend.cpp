@@ -153,16 +153,16 @@ void ProfiledBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, con
 }
 
 void ProfiledBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                                  const GdnDims& dims, const SeqInfo& seqs) {
+                                  const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
   OpRange r(prof_, "gdn_forward", true);
-  inner_.gdn_forward(o, qkv, g, beta, dims, seqs);
+  inner_.gdn_forward(o, qkv, g, beta, dims, seqs, state);
 }
 
 void ProfiledBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                                    const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                                   const SeqInfo& seqs) {
+                                   const SeqInfo& seqs, const Tensor& state) {
   OpRange r(prof_, "gdn_backward", true);
-  inner_.gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs);
+  inner_.gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, state);
 }
 
 void ProfiledBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,
@@ -217,19 +217,6 @@ void ProfiledBackend::attn_gate_backward(const Tensor& d_o, const Tensor& dgate,
                                          const Tensor& gate) {
   OpRange r(prof_, "attn_gate_backward", true);
   inner_.attn_gate_backward(d_o, dgate, dy, o, gate);
-}
-
-void ProfiledBackend::gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                                       const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
-  OpRange r(prof_, "gdn_forward", true);
-  inner_.gdn_forward_keep(o, qkv, g, beta, dims, seqs, state);
-}
-
-void ProfiledBackend::gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
-                                        const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                                        const SeqInfo& seqs, const Tensor& state) {
-  OpRange r(prof_, "gdn_backward", true);
-  inner_.gdn_backward_kept(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, state);
 }
 
 double ProfiledBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,

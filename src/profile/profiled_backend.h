@@ -39,11 +39,6 @@ class ProfiledBackend final : public Backend {
   int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
     return inner_.gdn_state_bytes(dims, tokens, num_seqs);
   }
-  void gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                        const SeqInfo& seqs, const Tensor& state) override;
-  void gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
-                         const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                         const SeqInfo& seqs, const Tensor& state) override;
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;
@@ -73,9 +68,10 @@ class ProfiledBackend final : public Backend {
                           const Tensor& dbeta, const Tensor& dg, const Tensor& b, const Tensor& a, const Tensor& a_log,
                           const Tensor& dt_bias) override;
   void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                   const SeqInfo& seqs) override;
+                   const SeqInfo& seqs, const Tensor& state) override;
   void gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o, const Tensor& qkv,
-                    const Tensor& g, const Tensor& beta, const GdnDims& dims, const SeqInfo& seqs) override;
+                    const Tensor& g, const Tensor& beta, const GdnDims& dims, const SeqInfo& seqs,
+                    const Tensor& state) override;
   void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
                              double eps) override;
   void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,

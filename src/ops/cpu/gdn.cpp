@@ -499,8 +499,9 @@ void CpuBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, const Te
                           b.ptr<float>(), a.ptr<float>(), a_log.ptr<float>(), dt_bias.ptr<float>(), T, H);
 }
 
+// The reference keeps no state (gdn_state_bytes is 0): `state` is ignored, the backward recomputes.
 void CpuBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                             const GdnDims& dims, const SeqInfo& seqs) {
+                             const GdnDims& dims, const SeqInfo& seqs, const Tensor& /*state*/) {
   const char* op = "gdn_forward";
   check_gdn_dims(op, dims);
   const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
@@ -514,7 +515,7 @@ void CpuBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g
 
 void CpuBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                               const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                              const SeqInfo& seqs) {
+                              const SeqInfo& seqs, const Tensor& /*state*/) {
   const char* op = "gdn_backward";
   check_gdn_dims(op, dims);
   const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;

@@ -613,12 +613,7 @@ size_t gdn_scratch_bytes(const cuda::GdnArgs& args, bool state_kept) {
 }  // namespace
 
 void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                              const GdnDims& dims, const SeqInfo& seqs) {
-  gdn_forward_keep(o, qkv, g, beta, dims, seqs, Tensor());
-}
-
-void CudaBackend::gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                                   const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
+                              const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
   const char* op = "gdn_forward";
   check_gdn_dims(op, dims);
   const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
@@ -637,13 +632,7 @@ void CudaBackend::gdn_forward_keep(const Tensor& o, const Tensor& qkv, const Ten
 
 void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                                const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                               const SeqInfo& seqs) {
-  gdn_backward_kept(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, Tensor());
-}
-
-void CudaBackend::gdn_backward_kept(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
-                                    const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                                    const SeqInfo& seqs, const Tensor& state) {
+                               const SeqInfo& seqs, const Tensor& state) {
   const char* op = "gdn_backward";
   check_gdn_dims(op, dims);
   const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
