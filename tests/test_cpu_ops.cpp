@@ -24,6 +24,7 @@
 #include "core/parallel.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/reference_ops.h"
+#include "ops/op_check.h"
 #include "test_util.h"
 
 namespace qt {
@@ -1065,6 +1066,73 @@ TEST(CpuOpsErrors, WrongShapesAndDtypes) {
       "linear_cross_entropy", "dhidden", "f32[3, 5]", "[3, 4]");
   EXPECT_ERROR_CONTAINS([&] { be.rmsnorm_forward(x, be.alloc(DType::F32, {10}), x, be.alloc(DType::F32, {7}), 1e-6); },
                         "rmsnorm_forward", "x", "last dim 7");
+}
+
+// The per-op checks both backends share (ops/op_check.h), in the CUDA backend's configuration:
+// bf16 activations on a CUDA device. The tensors only carry a non-null address (nothing is read),
+// so this runs without a GPU and covers the argument sets CudaBackend passes.
+TEST(SharedOpChecks, CudaConfigurationAcceptsRightShapesAndNamesWrongOnes) {
+  static char storage[16];
+  const Device dev = Device::cuda();
+  auto t = [&](DType dt, const Shape& s) { return Tensor(storage, dt, s, dev); };
+  const DType BF = DType::BF16, F = DType::F32;
+  const DeviceKind cuda = DeviceKind::CUDA;
+  const int64_t T = 11;
+  // Gated delta rule: Hk 2, Hv 4, dk 16, dv 32 -> conv_dim 2*2*16 + 4*32 = 192.
+  const GdnDims gd{2, 4, 16, 32};
+  const Tensor qkv = t(BF, {T, 192}), g = t(F, {T, 4}), beta = t(F, {T, 4}), o = t(BF, {T, 4, 32});
+  EXPECT_EQ(ops::check_gdn_forward("gdn_forward", gd, o, qkv, g, beta, BF, cuda), T);
+  EXPECT_EQ(ops::check_gdn_backward("gdn_backward", gd, t(BF, {T, 192}), t(F, {T, 4}), t(F, {T, 4}), o, qkv, g, beta,
+                                    BF, cuda),
+            T);
+  EXPECT_ERROR_CONTAINS([&] { ops::check_gdn_forward("gdn_forward", gd, o, qkv, t(F, {T, 3}), beta, BF, cuda); },
+                        "gdn_forward", "g is", "[11, 4]");
+  EXPECT_ERROR_CONTAINS(
+      [&] {
+        ops::check_gdn_backward("gdn_backward", gd, t(BF, {T, 192}), g, beta, t(F, {T, 4, 32}), qkv, g, beta, BF, cuda);
+      },
+      "gdn_backward", "d_o", "expected dtype bf16");
+  EXPECT_ERROR_CONTAINS([&] { ops::check_gdn_forward("gdn_forward", gd, o, Tensor(storage, BF, {T, 192}), g, beta, BF,
+                                                     cuda); },
+                        "gdn_forward", "qkv", "not on the CUDA device");
+  // Gates: [T, H] projections and [H] parameters in bf16, beta / g in f32.
+  const auto th = ops::check_gdn_gates_backward("gdn_gates_backward", t(BF, {T, 4}), t(BF, {T, 4}), t(F, {T, 4}),
+                                                t(F, {T, 4}), t(BF, {T, 4}), t(BF, {T, 4}), t(BF, {4}), t(BF, {4}), BF,
+                                                cuda);
+  EXPECT_EQ(th.first, T);
+  EXPECT_EQ(th.second, 4);
+  EXPECT_ERROR_CONTAINS(
+      [&] {
+        ops::check_gdn_gates_forward("gdn_gates_forward", t(F, {T, 4}), t(F, {T, 4}), t(BF, {T, 4}), t(BF, {T, 4}),
+                                     t(F, {4}), t(BF, {4}), BF, cuda);
+      },
+      "gdn_gates_forward", "a_log", "expected dtype bf16");
+  // Attention (8 q / 2 kv heads, D 64) and its prep (qg holds q and the gate per head).
+  const AttnDims ad{8, 2, 64, 32, 1e6};
+  const Tensor q = t(BF, {T, 8, 64}), k = t(BF, {T, 2, 64}), v = t(BF, {T, 2, 64}), ao = t(BF, {T, 8, 64}),
+               lse = t(F, {8, T});
+  EXPECT_EQ(ops::check_attention_backward("attention_backward", ad, t(BF, {T, 8, 64}), t(BF, {T, 2, 64}),
+                                          t(BF, {T, 2, 64}), t(BF, {T, 8, 64}), q, k, v, ao, lse, BF, cuda),
+            T);
+  EXPECT_ERROR_CONTAINS(
+      [&] { ops::check_attention_forward("attention_forward", ad, ao, t(F, {T, 8}), q, k, v, BF, cuda); },
+      "attention_forward", "lse", "[8, 11]");
+  const Tensor qg = t(BF, {T, 8 * 2 * 64}), kr = t(BF, {T, 2 * 64}), w = t(BF, {64}), pos = t(DType::I32, {T});
+  EXPECT_EQ(ops::check_attn_prep_forward("attn_prep_forward", ad, q, k, t(BF, {T, 8 * 64}), t(F, {T * 8}),
+                                         t(F, {T * 2}), qg, kr, w, w, pos, BF, cuda),
+            T);
+  EXPECT_ERROR_CONTAINS(
+      [&] {
+        ops::check_attn_prep_backward("attn_prep_backward", ad, qg, t(BF, {T, 2 * 64 + 1}), q, k, t(BF, {T, 8 * 64}),
+                                      qg, kr, w, w, t(F, {T * 8}), t(F, {T * 2}), pos, BF, cuda);
+      },
+      "attn_prep_backward", "dkr");
+  EXPECT_ERROR_CONTAINS([&] { ops::check_attn_dims("attention_forward", AttnDims{6, 4, 64, 32, 1e6}); },
+                        "num_q_heads 6", "num_kv_heads 4");
+  // Elementwise: every tensor shaped like the first.
+  ops::check_same_shape("swiglu_forward", BF, cuda, {{"gate", &qg}, {"up", &qg}, {"h", &qg}});
+  EXPECT_ERROR_CONTAINS([&] { ops::check_same_shape("swiglu_forward", BF, cuda, {{"gate", &qg}, {"up", &kr}}); },
+                        "swiglu_forward", "up is");
 }
 
 }  // namespace

@@ -48,4 +48,170 @@ int64_t dim_of(const char* op, const char* name, const Tensor& t, int d) {
   return t.shape[static_cast<size_t>(d)];
 }
 
+// ---- per-op checks ----------------------------------------------------------------------------
+
+void check_attn_dims(const char* op, const AttnDims& d) {
+  QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
+           d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");
+  QT_CHECK(d.num_q_heads % d.num_kv_heads == 0, op, ": num_q_heads ", d.num_q_heads,
+           " is not a multiple of num_kv_heads ", d.num_kv_heads);
+  QT_CHECK(d.rotary_dim >= 0 && d.rotary_dim <= d.head_dim && d.rotary_dim % 2 == 0, op, ": rotary_dim ",
+           d.rotary_dim, " must be even and in [0, head_dim = ", d.head_dim, "]");
+}
+
+void check_gdn_dims(const char* op, const GdnDims& d) {
+  QT_CHECK(d.num_k_heads > 0 && d.num_v_heads > 0 && d.k_head_dim > 0 && d.v_head_dim > 0, op,
+           ": dims must be positive (Hk ", d.num_k_heads, ", Hv ", d.num_v_heads, ", dk ", d.k_head_dim, ", dv ",
+           d.v_head_dim, ")");
+  QT_CHECK(d.num_v_heads % d.num_k_heads == 0, op, ": num_v_heads ", d.num_v_heads,
+           " is not a multiple of num_k_heads ", d.num_k_heads);
+}
+
+void check_same_shape(const char* op, DType dtype, DeviceKind dev,
+                      std::initializer_list<std::pair<const char*, const Tensor*>> tensors) {
+  const auto& first = *tensors.begin();
+  check_storage(op, first.first, *first.second, dtype, dev);
+  const Shape s = first.second->shape_vec();
+  for (auto it = tensors.begin() + 1; it != tensors.end(); ++it)
+    check_tensor(op, it->first, *it->second, dtype, s, dev);
+}
+
+namespace {
+// attn_prep's inputs common to both directions. Returns T.
+int64_t check_attn_prep_inputs(const char* op, const AttnDims& d, const Tensor& qg, const Tensor& kr,
+                               const Tensor& q_norm_w, const Tensor& k_norm_w, const Tensor& q_rstd,
+                               const Tensor& k_rstd, const Tensor& positions, DType act, DeviceKind dev) {
+  check_attn_dims(op, d);
+  const int64_t Hq = d.num_q_heads, Hkv = d.num_kv_heads, D = d.head_dim;
+  const int64_t T = dim_of(op, "qg", qg, 0);
+  check_tensor(op, "qg", qg, act, {T, Hq * 2 * D}, dev);
+  check_tensor(op, "kr", kr, act, {T, Hkv * D}, dev);
+  check_tensor(op, "q_norm_w", q_norm_w, act, {D}, dev);
+  check_tensor(op, "k_norm_w", k_norm_w, act, {D}, dev);
+  check_tensor(op, "q_rstd", q_rstd, DType::F32, {T * Hq}, dev);
+  check_tensor(op, "k_rstd", k_rstd, DType::F32, {T * Hkv}, dev);
+  check_tensor(op, "positions", positions, DType::I32, {T}, dev);
+  return T;
+}
+// q [T, Hq, D], k [T, Hkv, D], gate [T, Hq * D] (or their gradients, under the given names).
+void check_attn_prep_heads(const char* op, const AttnDims& d, int64_t T, const char* qn, const Tensor& q,
+                           const char* kn, const Tensor& k, const char* gn, const Tensor& gate, DType act,
+                           DeviceKind dev) {
+  const int64_t Hq = d.num_q_heads, Hkv = d.num_kv_heads, D = d.head_dim;
+  check_tensor(op, qn, q, act, {T, Hq, D}, dev);
+  check_tensor(op, kn, k, act, {T, Hkv, D}, dev);
+  check_tensor(op, gn, gate, act, {T, Hq * D}, dev);
+}
+}  // namespace
+
+int64_t check_attn_prep_forward(const char* op, const AttnDims& d, const Tensor& q, const Tensor& k,
+                                const Tensor& gate, const Tensor& q_rstd, const Tensor& k_rstd, const Tensor& qg,
+                                const Tensor& kr, const Tensor& q_norm_w, const Tensor& k_norm_w,
+                                const Tensor& positions, DType act, DeviceKind dev) {
+  const int64_t T = check_attn_prep_inputs(op, d, qg, kr, q_norm_w, k_norm_w, q_rstd, k_rstd, positions, act, dev);
+  check_attn_prep_heads(op, d, T, "q", q, "k", k, "gate", gate, act, dev);
+  return T;
+}
+
+int64_t check_attn_prep_backward(const char* op, const AttnDims& d, const Tensor& dqg, const Tensor& dkr,
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dgate, const Tensor& qg,
+                                 const Tensor& kr, const Tensor& q_norm_w, const Tensor& k_norm_w,
+                                 const Tensor& q_rstd, const Tensor& k_rstd, const Tensor& positions, DType act,
+                                 DeviceKind dev) {
+  const int64_t T = check_attn_prep_inputs(op, d, qg, kr, q_norm_w, k_norm_w, q_rstd, k_rstd, positions, act, dev);
+  check_attn_prep_heads(op, d, T, "dq", dq, "dk", dk, "dgate", dgate, act, dev);
+  check_tensor(op, "dqg", dqg, act, qg.shape_vec(), dev);
+  check_tensor(op, "dkr", dkr, act, kr.shape_vec(), dev);
+  return T;
+}
+
+int64_t check_attention_forward(const char* op, const AttnDims& d, const Tensor& o, const Tensor& lse,
+                                const Tensor& q, const Tensor& k, const Tensor& v, DType act, DeviceKind dev) {
+  check_attn_dims(op, d);
+  const int64_t Hq = d.num_q_heads, Hkv = d.num_kv_heads, D = d.head_dim;
+  const int64_t T = dim_of(op, "q", q, 0);
+  check_tensor(op, "q", q, act, {T, Hq, D}, dev);
+  check_tensor(op, "k", k, act, {T, Hkv, D}, dev);
+  check_tensor(op, "v", v, act, {T, Hkv, D}, dev);
+  check_tensor(op, "o", o, act, {T, Hq, D}, dev);
+  check_tensor(op, "lse", lse, DType::F32, {Hq, T}, dev);
+  return T;
+}
+
+int64_t check_attention_backward(const char* op, const AttnDims& d, const Tensor& dq, const Tensor& dk,
+                                 const Tensor& dv, const Tensor& d_o, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& o, const Tensor& lse, DType act, DeviceKind dev) {
+  const int64_t T = check_attention_forward(op, d, o, lse, q, k, v, act, dev);
+  check_tensor(op, "d_o", d_o, act, o.shape_vec(), dev);
+  check_tensor(op, "dq", dq, act, q.shape_vec(), dev);
+  check_tensor(op, "dk", dk, act, k.shape_vec(), dev);
+  check_tensor(op, "dv", dv, act, v.shape_vec(), dev);
+  return T;
+}
+
+namespace {
+// The gated delta rule's inputs. Returns T.
+int64_t check_gdn_inputs(const char* op, const GdnDims& d, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                         DType act, DeviceKind dev) {
+  check_gdn_dims(op, d);
+  const int64_t T = dim_of(op, "qkv", qkv, 0);
+  check_tensor(op, "qkv", qkv, act, {T, d.conv_dim()}, dev);
+  check_tensor(op, "g", g, DType::F32, {T, d.num_v_heads}, dev);
+  check_tensor(op, "beta", beta, DType::F32, {T, d.num_v_heads}, dev);
+  return T;
+}
+}  // namespace
+
+int64_t check_gdn_forward(const char* op, const GdnDims& d, const Tensor& o, const Tensor& qkv, const Tensor& g,
+                          const Tensor& beta, DType act, DeviceKind dev) {
+  const int64_t T = check_gdn_inputs(op, d, qkv, g, beta, act, dev);
+  check_tensor(op, "o", o, act, {T, d.num_v_heads, d.v_head_dim}, dev);
+  return T;
+}
+
+int64_t check_gdn_backward(const char* op, const GdnDims& d, const Tensor& dqkv, const Tensor& dg,
+                           const Tensor& dbeta, const Tensor& d_o, const Tensor& qkv, const Tensor& g,
+                           const Tensor& beta, DType act, DeviceKind dev) {
+  const int64_t T = check_gdn_inputs(op, d, qkv, g, beta, act, dev);
+  check_tensor(op, "d_o", d_o, act, {T, d.num_v_heads, d.v_head_dim}, dev);
+  check_tensor(op, "dqkv", dqkv, act, qkv.shape_vec(), dev);
+  check_tensor(op, "dg", dg, DType::F32, g.shape_vec(), dev);
+  check_tensor(op, "dbeta", dbeta, DType::F32, beta.shape_vec(), dev);
+  return T;
+}
+
+namespace {
+// The gates' [T, H] projections and [H] parameters. Returns {T, H}.
+std::pair<int64_t, int64_t> check_gates_inputs(const char* op, const Tensor& b, const Tensor& a, const Tensor& a_log,
+                                               const Tensor& dt_bias, DType act, DeviceKind dev) {
+  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
+  check_tensor(op, "a_log", a_log, act, {H}, dev);
+  check_tensor(op, "dt_bias", dt_bias, act, {H}, dev);
+  check_tensor(op, "b", b, act, {T, H}, dev);
+  check_tensor(op, "a", a, act, {T, H}, dev);
+  return {T, H};
+}
+}  // namespace
+
+std::pair<int64_t, int64_t> check_gdn_gates_forward(const char* op, const Tensor& beta, const Tensor& g,
+                                                    const Tensor& b, const Tensor& a, const Tensor& a_log,
+                                                    const Tensor& dt_bias, DType act, DeviceKind dev) {
+  const auto th = check_gates_inputs(op, b, a, a_log, dt_bias, act, dev);
+  check_tensor(op, "beta", beta, DType::F32, b.shape_vec(), dev);
+  check_tensor(op, "g", g, DType::F32, b.shape_vec(), dev);
+  return th;
+}
+
+std::pair<int64_t, int64_t> check_gdn_gates_backward(const char* op, const Tensor& db, const Tensor& da,
+                                                     const Tensor& dbeta, const Tensor& dg, const Tensor& b,
+                                                     const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                                                     DType act, DeviceKind dev) {
+  const auto th = check_gates_inputs(op, b, a, a_log, dt_bias, act, dev);
+  check_tensor(op, "dbeta", dbeta, DType::F32, b.shape_vec(), dev);
+  check_tensor(op, "dg", dg, DType::F32, b.shape_vec(), dev);
+  check_tensor(op, "db", db, act, b.shape_vec(), dev);
+  check_tensor(op, "da", da, act, b.shape_vec(), dev);
+  return th;
+}
+
 }  // namespace qt::ops

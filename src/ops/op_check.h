@@ -2,8 +2,11 @@
 // "gdn_forward: qkv is f32[10, 96], expected f32[10, 128]". Backends pass the device they own.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "core/tensor.h"
+#include "ops/backend.h"
 
 namespace qt::ops {
 
@@ -19,5 +22,45 @@ bool check_optional(const char* op, const char* name, const Tensor& t, DType dty
                     DeviceKind kind);
 // The size of dim d of t, with a message naming op/name if t has fewer dims (d >= 0).
 int64_t dim_of(const char* op, const char* name, const Tensor& t, int d);
+
+
+// ---- per-op checks shared by the backends ------------------------------------------------------
+// What an op's entry point checks in every backend: `act` is the backend's activation dtype (f32 on
+// the CPU, bf16 on CUDA), `dev` its device. A backend's own rules (kernel limits, weight-gradient
+// dtypes, cu_seqlens) stay with it. The token-major ones return T.
+void check_attn_dims(const char* op, const AttnDims& d);
+void check_gdn_dims(const char* op, const GdnDims& d);
+// Elementwise ops: every tensor shaped like the first, all of `dtype`.
+void check_same_shape(const char* op, DType dtype, DeviceKind dev,
+                      std::initializer_list<std::pair<const char*, const Tensor*>> tensors);
+int64_t check_attn_prep_forward(const char* op, const AttnDims& d, const Tensor& q, const Tensor& k,
+                                const Tensor& gate, const Tensor& q_rstd, const Tensor& k_rstd, const Tensor& qg,
+                                const Tensor& kr, const Tensor& q_norm_w, const Tensor& k_norm_w,
+                                const Tensor& positions, DType act, DeviceKind dev);
+// The norm weights' gradients are not checked here (their dtype is the backend's choice).
+int64_t check_attn_prep_backward(const char* op, const AttnDims& d, const Tensor& dqg, const Tensor& dkr,
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dgate, const Tensor& qg,
+                                 const Tensor& kr, const Tensor& q_norm_w, const Tensor& k_norm_w,
+                                 const Tensor& q_rstd, const Tensor& k_rstd, const Tensor& positions, DType act,
+                                 DeviceKind dev);
+int64_t check_attention_forward(const char* op, const AttnDims& d, const Tensor& o, const Tensor& lse,
+                                const Tensor& q, const Tensor& k, const Tensor& v, DType act, DeviceKind dev);
+int64_t check_attention_backward(const char* op, const AttnDims& d, const Tensor& dq, const Tensor& dk,
+                                 const Tensor& dv, const Tensor& d_o, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& o, const Tensor& lse, DType act, DeviceKind dev);
+int64_t check_gdn_forward(const char* op, const GdnDims& d, const Tensor& o, const Tensor& qkv, const Tensor& g,
+                          const Tensor& beta, DType act, DeviceKind dev);
+int64_t check_gdn_backward(const char* op, const GdnDims& d, const Tensor& dqkv, const Tensor& dg,
+                           const Tensor& dbeta, const Tensor& d_o, const Tensor& qkv, const Tensor& g,
+                           const Tensor& beta, DType act, DeviceKind dev);
+// The gates' [T, H] inputs and outputs and the [H] parameters (a_log, dt_bias: act dtype); the
+// parameters' gradients are not checked here. Returns {T, H}.
+std::pair<int64_t, int64_t> check_gdn_gates_forward(const char* op, const Tensor& beta, const Tensor& g,
+                                                    const Tensor& b, const Tensor& a, const Tensor& a_log,
+                                                    const Tensor& dt_bias, DType act, DeviceKind dev);
+std::pair<int64_t, int64_t> check_gdn_gates_backward(const char* op, const Tensor& db, const Tensor& da,
+                                                     const Tensor& dbeta, const Tensor& dg, const Tensor& b,
+                                                     const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                                                     DType act, DeviceKind dev);
 
 }  // namespace qt::ops

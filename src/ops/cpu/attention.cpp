@@ -243,33 +243,13 @@ using cpu::dim_of;
 namespace {
 constexpr DType F32 = DType::F32;
 
-void check_attn_dims(const char* op, const AttnDims& d) {
-  QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
-           d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");
-  QT_CHECK(d.num_q_heads % d.num_kv_heads == 0, op, ": num_q_heads ", d.num_q_heads,
-           " is not a multiple of num_kv_heads ", d.num_kv_heads);
-  QT_CHECK(d.rotary_dim >= 0 && d.rotary_dim <= d.head_dim && d.rotary_dim % 2 == 0, op, ": rotary_dim ",
-           d.rotary_dim, " must be even and in [0, head_dim = ", d.head_dim, "]");
-}
 }  // namespace
 
 void CpuBackend::attn_prep_forward(const Tensor& q, const Tensor& k, const Tensor& gate, const Tensor& q_rstd,
                                    const Tensor& k_rstd, const Tensor& qg, const Tensor& kr, const Tensor& q_norm_w,
                                    const Tensor& k_norm_w, const Tensor& positions, const AttnDims& dims, double eps) {
-  const char* op = "attn_prep_forward";
-  check_attn_dims(op, dims);
-  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  const int64_t T = dim_of(op, "qg", qg, 0);
-  check_tensor(op, "qg", qg, F32, {T, Hq * 2 * D});
-  check_tensor(op, "kr", kr, F32, {T, Hkv * D});
-  check_tensor(op, "q_norm_w", q_norm_w, F32, {D});
-  check_tensor(op, "k_norm_w", k_norm_w, F32, {D});
-  check_tensor(op, "positions", positions, DType::I32, {T});
-  check_tensor(op, "q", q, F32, {T, Hq, D});
-  check_tensor(op, "k", k, F32, {T, Hkv, D});
-  check_tensor(op, "gate", gate, F32, {T, Hq * D});
-  check_tensor(op, "q_rstd", q_rstd, F32, {T * Hq});
-  check_tensor(op, "k_rstd", k_rstd, F32, {T * Hkv});
+  const int64_t T = ops::check_attn_prep_forward("attn_prep_forward", dims, q, k, gate, q_rstd, k_rstd, qg, kr,
+                                                 q_norm_w, k_norm_w, positions, F32, DeviceKind::CPU);
   ref::attn_prep_forward(q.ptr<float>(), k.ptr<float>(), gate.ptr<float>(), q_rstd.ptr<float>(), k_rstd.ptr<float>(),
                          qg.ptr<float>(), kr.ptr<float>(), q_norm_w.ptr<float>(), k_norm_w.ptr<float>(),
                          positions.ptr<int32_t>(), dims, T, eps);
@@ -281,21 +261,9 @@ void CpuBackend::attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const 
                                     const Tensor& k_norm_w, const Tensor& q_rstd, const Tensor& k_rstd,
                                     const Tensor& positions, const AttnDims& dims) {
   const char* op = "attn_prep_backward";
-  check_attn_dims(op, dims);
-  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  const int64_t T = dim_of(op, "qg", qg, 0);
-  check_tensor(op, "qg", qg, F32, {T, Hq * 2 * D});
-  check_tensor(op, "kr", kr, F32, {T, Hkv * D});
-  check_tensor(op, "q_norm_w", q_norm_w, F32, {D});
-  check_tensor(op, "k_norm_w", k_norm_w, F32, {D});
-  check_tensor(op, "q_rstd", q_rstd, F32, {T * Hq});
-  check_tensor(op, "k_rstd", k_rstd, F32, {T * Hkv});
-  check_tensor(op, "positions", positions, DType::I32, {T});
-  check_tensor(op, "dq", dq, F32, {T, Hq, D});
-  check_tensor(op, "dk", dk, F32, {T, Hkv, D});
-  check_tensor(op, "dgate", dgate, F32, {T, Hq * D});
-  check_tensor(op, "dqg", dqg, F32, {T, Hq * 2 * D});
-  check_tensor(op, "dkr", dkr, F32, {T, Hkv * D});
+  const int64_t T = ops::check_attn_prep_backward(op, dims, dqg, dkr, dq, dk, dgate, qg, kr, q_norm_w, k_norm_w, q_rstd,
+                                                  k_rstd, positions, F32, DeviceKind::CPU);
+  const int64_t D = dims.head_dim;
   const bool want_dqw = check_optional(op, "dq_norm_w", dq_norm_w, F32, {D});
   const bool want_dkw = check_optional(op, "dk_norm_w", dk_norm_w, F32, {D});
   ref::attn_prep_backward(dqg.ptr<float>(), dkr.ptr<float>(), want_dqw ? dq_norm_w.ptr<float>() : nullptr,
@@ -308,14 +276,7 @@ void CpuBackend::attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const 
 void CpuBackend::attention_forward(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const AttnDims& dims, const SeqInfo& seqs) {
   const char* op = "attention_forward";
-  check_attn_dims(op, dims);
-  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  const int64_t T = dim_of(op, "q", q, 0);
-  check_tensor(op, "q", q, F32, {T, Hq, D});
-  check_tensor(op, "k", k, F32, {T, Hkv, D});
-  check_tensor(op, "v", v, F32, {T, Hkv, D});
-  check_tensor(op, "o", o, F32, {T, Hq, D});
-  check_tensor(op, "lse", lse, F32, {Hq, T});
+  const int64_t T = ops::check_attention_forward(op, dims, o, lse, q, k, v, F32, DeviceKind::CPU);
   const int32_t* cu = check_seqs(op, seqs, T);
   ref::attention_forward(o.ptr<float>(), lse.ptr<float>(), q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), dims, T,
                          cu, seqs.num_seqs);
@@ -325,18 +286,7 @@ void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Te
                                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                     const Tensor& lse, const AttnDims& dims, const SeqInfo& seqs) {
   const char* op = "attention_backward";
-  check_attn_dims(op, dims);
-  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  const int64_t T = dim_of(op, "q", q, 0);
-  check_tensor(op, "q", q, F32, {T, Hq, D});
-  check_tensor(op, "k", k, F32, {T, Hkv, D});
-  check_tensor(op, "v", v, F32, {T, Hkv, D});
-  check_tensor(op, "o", o, F32, {T, Hq, D});
-  check_tensor(op, "d_o", d_o, F32, {T, Hq, D});
-  check_tensor(op, "lse", lse, F32, {Hq, T});
-  check_tensor(op, "dq", dq, F32, {T, Hq, D});
-  check_tensor(op, "dk", dk, F32, {T, Hkv, D});
-  check_tensor(op, "dv", dv, F32, {T, Hkv, D});
+  const int64_t T = ops::check_attention_backward(op, dims, dq, dk, dv, d_o, q, k, v, o, lse, F32, DeviceKind::CPU);
   const int32_t* cu = check_seqs(op, seqs, T);
   ref::attention_backward(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), d_o.ptr<float>(), q.ptr<float>(),
                           k.ptr<float>(), v.ptr<float>(), o.ptr<float>(), lse.ptr<float>(), dims, T, cu,
@@ -344,22 +294,14 @@ void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Te
 }
 
 void CpuBackend::attn_gate_forward(const Tensor& y, const Tensor& o, const Tensor& gate) {
-  const char* op = "attn_gate_forward";
-  check_storage(op, "o", o, F32);
-  check_tensor(op, "gate", gate, F32, o.shape_vec());
-  check_tensor(op, "y", y, F32, o.shape_vec());
+  ops::check_same_shape("attn_gate_forward", F32, DeviceKind::CPU, {{"o", &o}, {"gate", &gate}, {"y", &y}});
   ref::attn_gate_forward(y.ptr<float>(), o.ptr<float>(), gate.ptr<float>(), o.numel());
 }
 
 void CpuBackend::attn_gate_backward(const Tensor& d_o, const Tensor& dgate, const Tensor& dy, const Tensor& o,
                                     const Tensor& gate) {
-  const char* op = "attn_gate_backward";
-  check_storage(op, "o", o, F32);
-  const Shape s = o.shape_vec();
-  check_tensor(op, "gate", gate, F32, s);
-  check_tensor(op, "dy", dy, F32, s);
-  check_tensor(op, "d_o", d_o, F32, s);
-  check_tensor(op, "dgate", dgate, F32, s);
+  ops::check_same_shape("attn_gate_backward", F32, DeviceKind::CPU,
+                        {{"o", &o}, {"gate", &gate}, {"dy", &dy}, {"d_o", &d_o}, {"dgate", &dgate}});
   ref::attn_gate_backward(d_o.ptr<float>(), dgate.ptr<float>(), dy.ptr<float>(), o.ptr<float>(), gate.ptr<float>(),
                           o.numel());
 }

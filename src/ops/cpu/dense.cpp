@@ -304,22 +304,14 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
 }
 
 void CpuBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_forward";
-  check_storage(op, "gate", gate, F32);
-  check_tensor(op, "up", up, F32, gate.shape_vec());
-  check_tensor(op, "h", h, F32, gate.shape_vec());
+  ops::check_same_shape("swiglu_forward", F32, DeviceKind::CPU, {{"gate", &gate}, {"up", &up}, {"h", &h}});
   ref::swiglu_forward(h.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
 }
 
 void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dh, const Tensor& gate,
                                  const Tensor& up) {
-  const char* op = "swiglu_backward";
-  check_storage(op, "gate", gate, F32);
-  const Shape s = gate.shape_vec();
-  check_tensor(op, "up", up, F32, s);
-  check_tensor(op, "dh", dh, F32, s);
-  check_tensor(op, "dgate", dgate, F32, s);
-  check_tensor(op, "dup", dup, F32, s);
+  ops::check_same_shape("swiglu_backward", F32, DeviceKind::CPU,
+                        {{"gate", &gate}, {"up", &up}, {"dh", &dh}, {"dgate", &dgate}, {"dup", &dup}});
   ref::swiglu_backward(dgate.ptr<float>(), dup.ptr<float>(), dh.ptr<float>(), gate.ptr<float>(), up.ptr<float>(),
                        gate.numel());
 }

@@ -419,14 +419,6 @@ using cpu::dim_of;
 namespace {
 constexpr DType F32 = DType::F32;
 
-void check_gdn_dims(const char* op, const GdnDims& d) {
-  QT_CHECK(d.num_k_heads > 0 && d.num_v_heads > 0 && d.k_head_dim > 0 && d.v_head_dim > 0, op,
-           ": dims must be positive (Hk ", d.num_k_heads, ", Hv ", d.num_v_heads, ", dk ", d.k_head_dim, ", dv ",
-           d.v_head_dim, ")");
-  QT_CHECK(d.num_v_heads % d.num_k_heads == 0, op, ": num_v_heads ", d.num_v_heads,
-           " is not a multiple of num_k_heads ", d.num_k_heads);
-}
-
 // conv weight: [C, K] (or the checkpoint's [C, 1, K]).
 void conv_weight_dims(const char* op, const char* name, const Tensor& w, int64_t* C, int64_t* K) {
   QT_CHECK(w.ndim == 2 || (w.ndim == 3 && w.shape[1] == 1), op, ": ", name, " is ", w.describe(),
@@ -467,14 +459,8 @@ void CpuBackend::conv1d_silu_backward(const Tensor& dx, const Tensor& dw, const 
 
 void CpuBackend::gdn_gates_forward(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                                    const Tensor& a_log, const Tensor& dt_bias) {
-  const char* op = "gdn_gates_forward";
-  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
-  check_tensor(op, "a_log", a_log, F32, {H});
-  check_tensor(op, "dt_bias", dt_bias, F32, {H});
-  check_tensor(op, "b", b, F32, {T, H});
-  check_tensor(op, "a", a, F32, {T, H});
-  check_tensor(op, "beta", beta, F32, {T, H});
-  check_tensor(op, "g", g, F32, {T, H});
+  const auto [T, H] =
+      ops::check_gdn_gates_forward("gdn_gates_forward", beta, g, b, a, a_log, dt_bias, F32, DeviceKind::CPU);
   ref::gdn_gates_forward(beta.ptr<float>(), g.ptr<float>(), b.ptr<float>(), a.ptr<float>(), a_log.ptr<float>(),
                          dt_bias.ptr<float>(), T, H);
 }
@@ -483,15 +469,7 @@ void CpuBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, const Te
                                     const Tensor& dbeta, const Tensor& dg, const Tensor& b, const Tensor& a,
                                     const Tensor& a_log, const Tensor& dt_bias) {
   const char* op = "gdn_gates_backward";
-  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
-  check_tensor(op, "a_log", a_log, F32, {H});
-  check_tensor(op, "dt_bias", dt_bias, F32, {H});
-  check_tensor(op, "b", b, F32, {T, H});
-  check_tensor(op, "a", a, F32, {T, H});
-  check_tensor(op, "dbeta", dbeta, F32, {T, H});
-  check_tensor(op, "dg", dg, F32, {T, H});
-  check_tensor(op, "db", db, F32, {T, H});
-  check_tensor(op, "da", da, F32, {T, H});
+  const auto [T, H] = ops::check_gdn_gates_backward(op, db, da, dbeta, dg, b, a, a_log, dt_bias, F32, DeviceKind::CPU);
   const bool want_dalog = check_optional(op, "da_log", da_log, F32, {H});
   const bool want_ddt = check_optional(op, "ddt_bias", ddt_bias, F32, {H});
   ref::gdn_gates_backward(db.ptr<float>(), da.ptr<float>(), want_dalog ? da_log.ptr<float>() : nullptr,
@@ -503,12 +481,7 @@ void CpuBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, const Te
 void CpuBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                              const GdnDims& dims, const SeqInfo& seqs, const Tensor& /*state*/) {
   const char* op = "gdn_forward";
-  check_gdn_dims(op, dims);
-  const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
-  check_tensor(op, "qkv", qkv, F32, {T, dims.conv_dim()});
-  check_tensor(op, "g", g, F32, {T, Hv});
-  check_tensor(op, "beta", beta, F32, {T, Hv});
-  check_tensor(op, "o", o, F32, {T, Hv, dims.v_head_dim});
+  const int64_t T = ops::check_gdn_forward(op, dims, o, qkv, g, beta, F32, DeviceKind::CPU);
   const int32_t* cu = check_seqs(op, seqs, T);
   ref::gdn_forward(o.ptr<float>(), qkv.ptr<float>(), g.ptr<float>(), beta.ptr<float>(), dims, T, cu, seqs.num_seqs);
 }
@@ -517,15 +490,7 @@ void CpuBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor
                               const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
                               const SeqInfo& seqs, const Tensor& /*state*/) {
   const char* op = "gdn_backward";
-  check_gdn_dims(op, dims);
-  const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
-  check_tensor(op, "qkv", qkv, F32, {T, dims.conv_dim()});
-  check_tensor(op, "g", g, F32, {T, Hv});
-  check_tensor(op, "beta", beta, F32, {T, Hv});
-  check_tensor(op, "d_o", d_o, F32, {T, Hv, dims.v_head_dim});
-  check_tensor(op, "dqkv", dqkv, F32, {T, dims.conv_dim()});
-  check_tensor(op, "dg", dg, F32, {T, Hv});
-  check_tensor(op, "dbeta", dbeta, F32, {T, Hv});
+  const int64_t T = ops::check_gdn_backward(op, dims, dqkv, dg, dbeta, d_o, qkv, g, beta, F32, DeviceKind::CPU);
   const int32_t* cu = check_seqs(op, seqs, T);
   ref::gdn_backward(dqkv.ptr<float>(), dg.ptr<float>(), dbeta.ptr<float>(), d_o.ptr<float>(), qkv.ptr<float>(),
                     g.ptr<float>(), beta.ptr<float>(), dims, T, cu, seqs.num_seqs);

@@ -73,18 +73,9 @@ void conv_weight_dims(const char* op, const Tensor& w, int64_t* C, int64_t* K) {
   QT_CHECK(*K == 4, op, ": w is ", w.describe(), ", the CUDA conv1d supports kernel width 4 only");
 }
 
-void check_attn_dims(const char* op, const AttnDims& d) {
-  QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
-           d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");
-  QT_CHECK(d.num_q_heads % d.num_kv_heads == 0, op, ": num_q_heads ", d.num_q_heads,
-           " is not a multiple of num_kv_heads ", d.num_kv_heads);
-  QT_CHECK(d.rotary_dim >= 0 && d.rotary_dim <= d.head_dim && d.rotary_dim % 2 == 0, op, ": rotary_dim ",
-           d.rotary_dim, " must be even and in [0, head_dim = ", d.head_dim, "]");
-}
-
-void check_gdn_dims(const char* op, const GdnDims& d) {
-  QT_CHECK(d.num_k_heads > 0 && d.num_v_heads > 0 && d.num_v_heads % d.num_k_heads == 0, op, ": num_v_heads ",
-           d.num_v_heads, " must be a positive multiple of num_k_heads ", d.num_k_heads);
+// The GDN kernels' limits on top of ops::check_gdn_dims (which the shared argument checks run).
+void check_gdn_kernel_dims(const char* op, const GdnDims& d) {
+  ops::check_gdn_dims(op, d);
   QT_CHECK(d.k_head_dim % 16 == 0 && d.k_head_dim > 0 && d.k_head_dim <= 128 && d.v_head_dim % 16 == 0 &&
                d.v_head_dim > 0 && d.v_head_dim <= 128,
            op, ": head dims dk ", d.k_head_dim, ", dv ", d.v_head_dim,
@@ -474,22 +465,14 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Ten
 }
 
 void CudaBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_forward";
-  check_storage(op, "gate", gate, BF16);
-  check_tensor(op, "up", up, BF16, gate.shape_vec());
-  check_tensor(op, "h", h, BF16, gate.shape_vec());
+  ops::check_same_shape("swiglu_forward", BF16, DeviceKind::CUDA, {{"gate", &gate}, {"up", &up}, {"h", &h}});
   cuda::launch_swiglu_forward(h.data, gate.data, up.data, gate.numel(), stream_);
 }
 
 void CudaBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dh, const Tensor& gate,
                                   const Tensor& up) {
-  const char* op = "swiglu_backward";
-  check_storage(op, "gate", gate, BF16);
-  const Shape s = gate.shape_vec();
-  check_tensor(op, "up", up, BF16, s);
-  check_tensor(op, "dh", dh, BF16, s);
-  check_tensor(op, "dgate", dgate, BF16, s);
-  check_tensor(op, "dup", dup, BF16, s);
+  ops::check_same_shape("swiglu_backward", BF16, DeviceKind::CUDA,
+                        {{"gate", &gate}, {"up", &up}, {"dh", &dh}, {"dgate", &dgate}, {"dup", &dup}});
   cuda::launch_swiglu_backward(dgate.data, dup.data, dh.data, gate.data, up.data, gate.numel(), stream_);
 }
 
@@ -528,14 +511,8 @@ void CudaBackend::conv1d_silu_backward(const Tensor& dx, const Tensor& dw, const
 
 void CudaBackend::gdn_gates_forward(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                                     const Tensor& a_log, const Tensor& dt_bias) {
-  const char* op = "gdn_gates_forward";
-  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
-  check_tensor(op, "a_log", a_log, BF16, {H});
-  check_tensor(op, "dt_bias", dt_bias, BF16, {H});
-  check_tensor(op, "b", b, BF16, {T, H});
-  check_tensor(op, "a", a, BF16, {T, H});
-  check_tensor(op, "beta", beta, F32, {T, H});
-  check_tensor(op, "g", g, F32, {T, H});
+  const auto [T, H] =
+      ops::check_gdn_gates_forward("gdn_gates_forward", beta, g, b, a, a_log, dt_bias, BF16, DeviceKind::CUDA);
   cuda::launch_gdn_gates_forward(beta.ptr<float>(), g.ptr<float>(), b.data, a.data, a_log.data, dt_bias.data, T, H,
                                  stream_);
 }
@@ -544,15 +521,8 @@ void CudaBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, const T
                                      const Tensor& ddt_bias, const Tensor& dbeta, const Tensor& dg, const Tensor& b,
                                      const Tensor& a, const Tensor& a_log, const Tensor& dt_bias) {
   const char* op = "gdn_gates_backward";
-  const int64_t H = dim_of(op, "a_log", a_log, 0), T = dim_of(op, "b", b, 0);
-  check_tensor(op, "a_log", a_log, BF16, {H});
-  check_tensor(op, "dt_bias", dt_bias, BF16, {H});
-  check_tensor(op, "b", b, BF16, {T, H});
-  check_tensor(op, "a", a, BF16, {T, H});
-  check_tensor(op, "dbeta", dbeta, F32, {T, H});
-  check_tensor(op, "dg", dg, F32, {T, H});
-  check_tensor(op, "db", db, BF16, {T, H});
-  check_tensor(op, "da", da, BF16, {T, H});
+  const auto [T, H] =
+      ops::check_gdn_gates_backward(op, db, da, dbeta, dg, b, a, a_log, dt_bias, BF16, DeviceKind::CUDA);
   const bool want_alog = da_log.data != nullptr, want_dt = ddt_bias.data != nullptr;
   const bool alog_f32 = want_alog && check_grad(op, "da_log", da_log, {H});
   const bool dt_f32 = want_dt && check_grad(op, "ddt_bias", ddt_bias, {H});
@@ -615,12 +585,8 @@ size_t gdn_scratch_bytes(const cuda::GdnArgs& args, bool state_kept) {
 void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                               const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
   const char* op = "gdn_forward";
-  check_gdn_dims(op, dims);
-  const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
-  check_tensor(op, "qkv", qkv, BF16, {T, dims.conv_dim()});
-  check_tensor(op, "g", g, F32, {T, Hv});
-  check_tensor(op, "beta", beta, F32, {T, Hv});
-  check_tensor(op, "o", o, BF16, {T, Hv, dims.v_head_dim});
+  check_gdn_kernel_dims(op, dims);
+  const int64_t T = ops::check_gdn_forward(op, dims, o, qkv, g, beta, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
@@ -634,15 +600,8 @@ void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tenso
                                const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
                                const SeqInfo& seqs, const Tensor& state) {
   const char* op = "gdn_backward";
-  check_gdn_dims(op, dims);
-  const int64_t T = dim_of(op, "qkv", qkv, 0), Hv = dims.num_v_heads;
-  check_tensor(op, "qkv", qkv, BF16, {T, dims.conv_dim()});
-  check_tensor(op, "g", g, F32, {T, Hv});
-  check_tensor(op, "beta", beta, F32, {T, Hv});
-  check_tensor(op, "d_o", d_o, BF16, {T, Hv, dims.v_head_dim});
-  check_tensor(op, "dqkv", dqkv, BF16, {T, dims.conv_dim()});
-  check_tensor(op, "dg", dg, F32, {T, Hv});
-  check_tensor(op, "dbeta", dbeta, F32, {T, Hv});
+  check_gdn_kernel_dims(op, dims);
+  const int64_t T = ops::check_gdn_backward(op, dims, dqkv, dg, dbeta, d_o, qkv, g, beta, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
@@ -693,20 +652,9 @@ void CudaBackend::attn_prep_forward(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& k_rstd, const Tensor& qg, const Tensor& kr, const Tensor& q_norm_w,
                                     const Tensor& k_norm_w, const Tensor& positions, const AttnDims& dims,
                                     double eps) {
-  const char* op = "attn_prep_forward";
-  check_attn_dims(op, dims);
   const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  const int64_t T = dim_of(op, "qg", qg, 0);
-  check_tensor(op, "qg", qg, BF16, {T, Hq * 2 * D});
-  check_tensor(op, "kr", kr, BF16, {T, Hkv * D});
-  check_tensor(op, "q_norm_w", q_norm_w, BF16, {D});
-  check_tensor(op, "k_norm_w", k_norm_w, BF16, {D});
-  check_tensor(op, "positions", positions, I32, {T});
-  check_tensor(op, "q", q, BF16, {T, Hq, D});
-  check_tensor(op, "k", k, BF16, {T, Hkv, D});
-  check_tensor(op, "gate", gate, BF16, {T, Hq * D});
-  check_tensor(op, "q_rstd", q_rstd, F32, {T * Hq});
-  check_tensor(op, "k_rstd", k_rstd, F32, {T * Hkv});
+  const int64_t T = ops::check_attn_prep_forward("attn_prep_forward", dims, q, k, gate, q_rstd, k_rstd, qg, kr,
+                                                 q_norm_w, k_norm_w, positions, BF16, DeviceKind::CUDA);
   cuda::launch_attn_prep_forward(q.data, k.data, gate.data, q_rstd.ptr<float>(), k_rstd.ptr<float>(), qg.data,
                                  kr.data, q_norm_w.data, k_norm_w.data, positions.ptr<int32_t>(), T, int(Hq),
                                  int(Hkv), int(D), int(dims.rotary_dim), dims.rope_theta, float(eps), stream_);
@@ -718,21 +666,9 @@ void CudaBackend::attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const
                                      const Tensor& q_norm_w, const Tensor& k_norm_w, const Tensor& q_rstd,
                                      const Tensor& k_rstd, const Tensor& positions, const AttnDims& dims) {
   const char* op = "attn_prep_backward";
-  check_attn_dims(op, dims);
+  const int64_t T = ops::check_attn_prep_backward(op, dims, dqg, dkr, dq, dk, dgate, qg, kr, q_norm_w, k_norm_w, q_rstd,
+                                                  k_rstd, positions, BF16, DeviceKind::CUDA);
   const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  const int64_t T = dim_of(op, "qg", qg, 0);
-  check_tensor(op, "qg", qg, BF16, {T, Hq * 2 * D});
-  check_tensor(op, "kr", kr, BF16, {T, Hkv * D});
-  check_tensor(op, "q_norm_w", q_norm_w, BF16, {D});
-  check_tensor(op, "k_norm_w", k_norm_w, BF16, {D});
-  check_tensor(op, "q_rstd", q_rstd, F32, {T * Hq});
-  check_tensor(op, "k_rstd", k_rstd, F32, {T * Hkv});
-  check_tensor(op, "positions", positions, I32, {T});
-  check_tensor(op, "dq", dq, BF16, {T, Hq, D});
-  check_tensor(op, "dk", dk, BF16, {T, Hkv, D});
-  check_tensor(op, "dgate", dgate, BF16, {T, Hq * D});
-  check_tensor(op, "dqg", dqg, BF16, {T, Hq * 2 * D});
-  check_tensor(op, "dkr", dkr, BF16, {T, Hkv * D});
   const bool want_q = dq_norm_w.data != nullptr, want_k = dk_norm_w.data != nullptr;
   const bool q_f32 = want_q && check_grad(op, "dq_norm_w", dq_norm_w, {D});
   const bool k_f32 = want_k && check_grad(op, "dk_norm_w", dk_norm_w, {D});
@@ -747,15 +683,9 @@ void CudaBackend::attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const
 void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const AttnDims& dims, const SeqInfo& seqs) {
   const char* op = "attention_forward";
-  check_attn_dims(op, dims);
-  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  QT_CHECK(D == 64 || D == 128 || D == 256, op, ": head_dim ", D, " is not supported by the CUDA kernel (64, 128, 256)");
-  const int64_t T = dim_of(op, "q", q, 0);
-  check_tensor(op, "q", q, BF16, {T, Hq, D});
-  check_tensor(op, "k", k, BF16, {T, Hkv, D});
-  check_tensor(op, "v", v, BF16, {T, Hkv, D});
-  check_tensor(op, "o", o, BF16, {T, Hq, D});
-  check_tensor(op, "lse", lse, F32, {Hq, T});
+  QT_CHECK(dims.head_dim == 64 || dims.head_dim == 128 || dims.head_dim == 256, op, ": head_dim ", dims.head_dim,
+           " is not supported by the CUDA kernel (64, 128, 256)");
+  const int64_t T = ops::check_attention_forward(op, dims, o, lse, q, k, v, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::AttnArgs args = attn_args(dims, seqs);
@@ -768,19 +698,9 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
                                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                      const Tensor& lse, const AttnDims& dims, const SeqInfo& seqs) {
   const char* op = "attention_backward";
-  check_attn_dims(op, dims);
-  const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim;
-  QT_CHECK(D == 64 || D == 128 || D == 256, op, ": head_dim ", D, " is not supported by the CUDA kernel (64, 128, 256)");
-  const int64_t T = dim_of(op, "q", q, 0);
-  check_tensor(op, "q", q, BF16, {T, Hq, D});
-  check_tensor(op, "k", k, BF16, {T, Hkv, D});
-  check_tensor(op, "v", v, BF16, {T, Hkv, D});
-  check_tensor(op, "o", o, BF16, {T, Hq, D});
-  check_tensor(op, "d_o", d_o, BF16, {T, Hq, D});
-  check_tensor(op, "lse", lse, F32, {Hq, T});
-  check_tensor(op, "dq", dq, BF16, {T, Hq, D});
-  check_tensor(op, "dk", dk, BF16, {T, Hkv, D});
-  check_tensor(op, "dv", dv, BF16, {T, Hkv, D});
+  QT_CHECK(dims.head_dim == 64 || dims.head_dim == 128 || dims.head_dim == 256, op, ": head_dim ", dims.head_dim,
+           " is not supported by the CUDA kernel (64, 128, 256)");
+  const int64_t T = ops::check_attention_backward(op, dims, dq, dk, dv, d_o, q, k, v, o, lse, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::AttnArgs args = attn_args(dims, seqs);
@@ -791,22 +711,14 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
 }
 
 void CudaBackend::attn_gate_forward(const Tensor& y, const Tensor& o, const Tensor& gate) {
-  const char* op = "attn_gate_forward";
-  check_storage(op, "o", o, BF16);
-  check_tensor(op, "gate", gate, BF16, o.shape_vec());
-  check_tensor(op, "y", y, BF16, o.shape_vec());
+  ops::check_same_shape("attn_gate_forward", BF16, DeviceKind::CUDA, {{"o", &o}, {"gate", &gate}, {"y", &y}});
   cuda::launch_attn_gate_forward(y.data, o.data, gate.data, o.numel(), stream_);
 }
 
 void CudaBackend::attn_gate_backward(const Tensor& d_o, const Tensor& dgate, const Tensor& dy, const Tensor& o,
                                      const Tensor& gate) {
-  const char* op = "attn_gate_backward";
-  check_storage(op, "o", o, BF16);
-  const Shape s = o.shape_vec();
-  check_tensor(op, "gate", gate, BF16, s);
-  check_tensor(op, "dy", dy, BF16, s);
-  check_tensor(op, "d_o", d_o, BF16, s);
-  check_tensor(op, "dgate", dgate, BF16, s);
+  ops::check_same_shape("attn_gate_backward", BF16, DeviceKind::CUDA,
+                        {{"o", &o}, {"gate", &gate}, {"dy", &dy}, {"d_o", &d_o}, {"dgate", &dgate}});
   cuda::launch_attn_gate_backward(d_o.data, dgate.data, dy.data, o.data, gate.data, o.numel(), stream_);
 }
 
