@@ -1129,6 +1129,15 @@ TEST(SharedOpChecks, CudaConfigurationAcceptsRightShapesAndNamesWrongOnes) {
       "attn_prep_backward", "dkr");
   EXPECT_ERROR_CONTAINS([&] { ops::check_attn_dims("attention_forward", AttnDims{6, 4, 64, 32, 1e6}); },
                         "num_q_heads 6", "num_kv_heads 4");
+  // Linear: w [N, K], x [T, K], y / dy [T, N].
+  const ops::LinearDims ld =
+      ops::check_linear("linear_forward", t(BF, {6, 9}), t(BF, {T, 9}), "y", t(BF, {T, 6}), BF, cuda);
+  EXPECT_EQ(ld.T, T);
+  EXPECT_EQ(ld.N, 6);
+  EXPECT_EQ(ld.K, 9);
+  EXPECT_ERROR_CONTAINS(
+      [&] { ops::check_linear("linear_backward", t(BF, {6, 9}), t(BF, {T, 9}), "dy", t(BF, {T, 7}), BF, cuda); },
+      "linear_backward", "dy is", "[11, 6]");
   // Elementwise: every tensor shaped like the first.
   ops::check_same_shape("swiglu_forward", BF, cuda, {{"gate", &qg}, {"up", &qg}, {"h", &qg}});
   EXPECT_ERROR_CONTAINS([&] { ops::check_same_shape("swiglu_forward", BF, cuda, {{"gate", &qg}, {"up", &kr}}); },

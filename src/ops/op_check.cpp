@@ -50,6 +50,16 @@ int64_t dim_of(const char* op, const char* name, const Tensor& t, int d) {
 
 // ---- per-op checks ----------------------------------------------------------------------------
 
+LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const char* out_name, const Tensor& out,
+                        DType act, DeviceKind dev) {
+  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
+  check_tensor(op, "w", w, act, {N, K}, dev);
+  check_tensor(op, "x", x, act, {T, K}, dev);
+  check_tensor(op, out_name, out, act, {T, N}, dev);
+  return {T, N, K};
+}
+
 void check_attn_dims(const char* op, const AttnDims& d) {
   QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
            d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");

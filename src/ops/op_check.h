@@ -28,6 +28,12 @@ int64_t dim_of(const char* op, const char* name, const Tensor& t, int d);
 // What an op's entry point checks in every backend: `act` is the backend's activation dtype (f32 on
 // the CPU, bf16 on CUDA), `dev` its device. A backend's own rules (kernel limits, weight-gradient
 // dtypes, cu_seqlens) stay with it. The token-major ones return T.
+struct LinearDims {
+  int64_t T, N, K;
+};
+// y = x w^T: w [N, K], x [T, K] and `out` [T, N] (y in the forward, dy in the backward).
+LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const char* out_name, const Tensor& out,
+                        DType act, DeviceKind dev);
 void check_attn_dims(const char* op, const AttnDims& d);
 void check_gdn_dims(const char* op, const GdnDims& d);
 // Elementwise ops: every tensor shaped like the first, all of `dtype`.

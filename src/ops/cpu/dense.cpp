@@ -220,23 +220,14 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 // ---- CpuBackend: dense ---------------------------------------------------------------------------
 
 void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
-  const char* op = "linear_forward";
-  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
-  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
-  check_tensor(op, "w", w, F32, {N, K});
-  check_tensor(op, "x", x, F32, {T, K});
-  check_tensor(op, "y", y, F32, {T, N});
+  const auto [T, N, K] = ops::check_linear("linear_forward", w, x, "y", y, F32, DeviceKind::CPU);
   ref::linear_forward(y.ptr<float>(), x.ptr<float>(), w.ptr<float>(), T, N, K);
 }
 
 void CpuBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                  const Tensor& w, bool accumulate_dx, bool accumulate_dw) {
   const char* op = "linear_backward";
-  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
-  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
-  check_tensor(op, "w", w, F32, {N, K});
-  check_tensor(op, "x", x, F32, {T, K});
-  check_tensor(op, "dy", dy, F32, {T, N});
+  const auto [T, N, K] = ops::check_linear(op, w, x, "dy", dy, F32, DeviceKind::CPU);
   const bool want_dx = check_optional(op, "dx", dx, F32, {T, K});
   const bool want_dw = check_optional(op, "dw", dw, F32, {N, K});
   ref::linear_backward(want_dx ? dx.ptr<float>() : nullptr, want_dw ? dw.ptr<float>() : nullptr, dy.ptr<float>(),

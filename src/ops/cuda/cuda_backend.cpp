@@ -367,23 +367,14 @@ void CudaBackend::tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, 
 }
 
 void CudaBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
-  const char* op = "linear_forward";
-  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
-  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
-  check_tensor(op, "w", w, BF16, {N, K});
-  check_tensor(op, "x", x, BF16, {T, K});
-  check_tensor(op, "y", y, BF16, {T, N});
+  const auto [T, N, K] = ops::check_linear("linear_forward", w, x, "y", y, BF16, DeviceKind::CUDA);
   gemm(false, true, T, N, K, x.data, K, w.data, K, y.data, N, false, 0.0f);
 }
 
 void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                   const Tensor& w, bool accumulate_dx, bool accumulate_dw) {
   const char* op = "linear_backward";
-  QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");
-  const int64_t N = w.size(0), K = w.size(1), T = dim_of(op, "x", x, 0);
-  check_tensor(op, "w", w, BF16, {N, K});
-  check_tensor(op, "x", x, BF16, {T, K});
-  check_tensor(op, "dy", dy, BF16, {T, N});
+  const auto [T, N, K] = ops::check_linear(op, w, x, "dy", dy, BF16, DeviceKind::CUDA);
   if (check_optional(op, "dx", dx, BF16, {T, K}))
     gemm(false, false, T, K, N, dy.data, N, w.data, K, dx.data, K, false, accumulate_dx ? 1.0f : 0.0f);
   if (dw.data != nullptr) {
