@@ -1138,6 +1138,18 @@ TEST(SharedOpChecks, CudaConfigurationAcceptsRightShapesAndNamesWrongOnes) {
   EXPECT_ERROR_CONTAINS(
       [&] { ops::check_linear("linear_backward", t(BF, {6, 9}), t(BF, {T, 9}), "dy", t(BF, {T, 7}), BF, cuda); },
       "linear_backward", "dy is", "[11, 6]");
+  // Row norms: w [cols], x [..., cols], rstd [rows], the rest shaped like x.
+  const Tensor nx = t(BF, {T, 4, 32});
+  const ops::NormDims nd = ops::check_norm("gated_rmsnorm_forward", t(BF, {32}), nx, {{"z", &nx}, {"y", &nx}},
+                                           t(F, {T * 4}), BF, cuda);
+  EXPECT_EQ(nd.rows, T * 4);
+  EXPECT_EQ(nd.cols, 32);
+  EXPECT_ERROR_CONTAINS(
+      [&] { ops::check_norm("rmsnorm_forward", t(BF, {32}), nx, {{"y", &nx}}, t(F, {T}), BF, cuda); },
+      "rmsnorm_forward", "rstd", "[44]");
+  EXPECT_ERROR_CONTAINS(
+      [&] { ops::check_norm("rmsnorm_forward", t(BF, {31}), nx, {{"y", &nx}}, t(F, {T * 4}), BF, cuda); },
+      "rmsnorm_forward", "last dim 31");
   // Elementwise: every tensor shaped like the first.
   ops::check_same_shape("swiglu_forward", BF, cuda, {{"gate", &qg}, {"up", &qg}, {"h", &qg}});
   EXPECT_ERROR_CONTAINS([&] { ops::check_same_shape("swiglu_forward", BF, cuda, {{"gate", &qg}, {"up", &kr}}); },

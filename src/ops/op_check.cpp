@@ -50,6 +50,21 @@ int64_t dim_of(const char* op, const char* name, const Tensor& t, int d) {
 
 // ---- per-op checks ----------------------------------------------------------------------------
 
+NormDims check_norm(const char* op, const Tensor& w, const Tensor& x,
+                    std::initializer_list<std::pair<const char*, const Tensor*>> like_x, const Tensor& rstd, DType act,
+                    DeviceKind dev) {
+  const int64_t cols = dim_of(op, "w", w, 0);
+  check_tensor(op, "w", w, act, {cols}, dev);
+  check_storage(op, "x", x, act, dev);
+  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
+           ", expected last dim ", cols, " (from w)");
+  const Shape s = x.shape_vec();
+  for (const auto& [name, t] : like_x) check_tensor(op, name, *t, act, s, dev);
+  const int64_t rows = x.numel() / cols;
+  check_tensor(op, "rstd", rstd, DType::F32, {rows}, dev);
+  return {rows, cols};
+}
+
 LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const char* out_name, const Tensor& out,
                         DType act, DeviceKind dev) {
   QT_CHECK(w.ndim == 2, op, ": w is ", w.describe(), ", expected 2 dims [N, K]");

@@ -28,6 +28,14 @@ int64_t dim_of(const char* op, const char* name, const Tensor& t, int d);
 // What an op's entry point checks in every backend: `act` is the backend's activation dtype (f32 on
 // the CPU, bf16 on CUDA), `dev` its device. A backend's own rules (kernel limits, weight-gradient
 // dtypes, cu_seqlens) stay with it. The token-major ones return T.
+struct NormDims {
+  int64_t rows, cols;
+};
+// A row norm: w [cols] and x [..., cols] of `act`, every tensor of `like_x` shaped like x, then
+// rstd f32 [rows].
+NormDims check_norm(const char* op, const Tensor& w, const Tensor& x,
+                    std::initializer_list<std::pair<const char*, const Tensor*>> like_x, const Tensor& rstd, DType act,
+                    DeviceKind dev);
 struct LinearDims {
   int64_t T, N, K;
 };

@@ -265,29 +265,14 @@ void CpuBackend::embedding_backward(const Tensor& dtable, const Tensor& dout, co
 }
 
 void CpuBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
-  const char* op = "rmsnorm_forward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, F32, {cols});
-  check_storage(op, "x", x, F32);
-  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
-           ", expected last dim ", cols, " (from w)");
-  const int64_t rows = x.numel() / cols;
-  check_tensor(op, "y", y, F32, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] = ops::check_norm("rmsnorm_forward", w, x, {{"y", &y}}, rstd, F32, DeviceKind::CPU);
   ref::rmsnorm_forward(y.ptr<float>(), rstd.ptr<float>(), x.ptr<float>(), w.ptr<float>(), rows, cols, eps);
 }
 
 void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                   const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
   const char* op = "rmsnorm_backward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, F32, {cols});
-  check_storage(op, "x", x, F32);
-  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
-           ", expected last dim ", cols, " (from w)");
-  const int64_t rows = x.numel() / cols;
-  check_tensor(op, "dy", dy, F32, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] = ops::check_norm(op, w, x, {{"dy", &dy}}, rstd, F32, DeviceKind::CPU);
   const bool want_dx = check_optional(op, "dx", dx, F32, x.shape_vec());
   const bool want_dw = check_optional(op, "dw", dw, F32, {cols});
   ref::rmsnorm_backward(want_dx ? dx.ptr<float>() : nullptr, want_dw ? dw.ptr<float>() : nullptr, dy.ptr<float>(),

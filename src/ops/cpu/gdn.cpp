@@ -498,16 +498,8 @@ void CpuBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor
 
 void CpuBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,
                                        const Tensor& w, double eps) {
-  const char* op = "gated_rmsnorm_forward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, F32, {cols});
-  check_storage(op, "x", x, F32);
-  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
-           ", expected last dim ", cols, " (from w)");
-  const int64_t rows = x.numel() / cols;
-  check_tensor(op, "z", z, F32, x.shape_vec());
-  check_tensor(op, "y", y, F32, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] =
+      ops::check_norm("gated_rmsnorm_forward", w, x, {{"z", &z}, {"y", &y}}, rstd, F32, DeviceKind::CPU);
   ref::gated_rmsnorm_forward(y.ptr<float>(), rstd.ptr<float>(), x.ptr<float>(), z.ptr<float>(), w.ptr<float>(), rows,
                              cols, eps);
 }
@@ -515,18 +507,8 @@ void CpuBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, cons
 void CpuBackend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
                                         const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& rstd) {
   const char* op = "gated_rmsnorm_backward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, F32, {cols});
-  check_storage(op, "x", x, F32);
-  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
-           ", expected last dim ", cols, " (from w)");
-  const int64_t rows = x.numel() / cols;
-  const Shape s = x.shape_vec();
-  check_tensor(op, "z", z, F32, s);
-  check_tensor(op, "dy", dy, F32, s);
-  check_tensor(op, "rstd", rstd, F32, {rows});
-  check_tensor(op, "dx", dx, F32, s);
-  check_tensor(op, "dz", dz, F32, s);
+  const auto [rows, cols] =
+      ops::check_norm(op, w, x, {{"z", &z}, {"dy", &dy}, {"dx", &dx}, {"dz", &dz}}, rstd, F32, DeviceKind::CPU);
   const bool want_dw = check_optional(op, "dw", dw, F32, {cols});
   ref::gated_rmsnorm_backward(dx.ptr<float>(), dz.ptr<float>(), want_dw ? dw.ptr<float>() : nullptr, dy.ptr<float>(),
                               x.ptr<float>(), z.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), rows, cols);

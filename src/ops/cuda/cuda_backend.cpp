@@ -53,12 +53,6 @@ void check_seqs(const char* op, const SeqInfo& seqs, int64_t T) {
            ", expected in [0, T = ", T, "]");
 }
 
-int64_t last_dim_rows(const char* op, const Tensor& x, int64_t cols) {
-  QT_CHECK(cols > 0 && x.ndim >= 1 && x.shape[static_cast<size_t>(x.ndim - 1)] == cols, op, ": x is ", x.describe(),
-           ", expected last dim ", cols, " (from w)");
-  return x.numel() / cols;
-}
-
 int alignment_of(const void* p) {
   const auto u = reinterpret_cast<uintptr_t>(p);
   int a = 1;
@@ -409,28 +403,15 @@ void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout, c
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
-  const char* op = "rmsnorm_forward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, BF16, {cols});
-  check_storage(op, "x", x, BF16);
-  const int64_t rows = last_dim_rows(op, x, cols);
-  check_tensor(op, "y", y, BF16, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] = ops::check_norm("rmsnorm_forward", w, x, {{"y", &y}}, rstd, BF16, DeviceKind::CUDA);
   cuda::launch_rmsnorm_forward(y.data, rstd.ptr<float>(), x.data, nullptr, w.data, rows, cols, float(eps),
                                cuda::NormKind::OnePlusW, stream_);
 }
 
 void CudaBackend::add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x,
                                       const Tensor& r, const Tensor& w, double eps) {
-  const char* op = "add_rmsnorm_forward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, BF16, {cols});
-  check_storage(op, "x", x, BF16);
-  const int64_t rows = last_dim_rows(op, x, cols);
-  check_tensor(op, "r", r, BF16, x.shape_vec());
-  check_tensor(op, "h", h, BF16, x.shape_vec());
-  check_tensor(op, "y", y, BF16, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] =
+      ops::check_norm("add_rmsnorm_forward", w, x, {{"r", &r}, {"h", &h}, {"y", &y}}, rstd, BF16, DeviceKind::CUDA);
   if (cuda::launch_add_rmsnorm_forward(h.data, y.data, rstd.ptr<float>(), x.data, r.data, w.data, rows, cols,
                                        float(eps), stream_))
     return;
@@ -440,12 +421,7 @@ void CudaBackend::add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Te
 void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                    const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
   const char* op = "rmsnorm_backward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, BF16, {cols});
-  check_storage(op, "x", x, BF16);
-  const int64_t rows = last_dim_rows(op, x, cols);
-  check_tensor(op, "dy", dy, BF16, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] = ops::check_norm(op, w, x, {{"dy", &dy}}, rstd, BF16, DeviceKind::CUDA);
   const bool want_dx = check_optional(op, "dx", dx, BF16, x.shape_vec());
   const bool want_dw = dw.data != nullptr;
   const bool f32 = want_dw && check_grad(op, "dw", dw, {cols});
@@ -605,14 +581,8 @@ void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tenso
 
 void CudaBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,
                                         const Tensor& w, double eps) {
-  const char* op = "gated_rmsnorm_forward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, BF16, {cols});
-  check_storage(op, "x", x, BF16);
-  const int64_t rows = last_dim_rows(op, x, cols);
-  check_tensor(op, "z", z, BF16, x.shape_vec());
-  check_tensor(op, "y", y, BF16, x.shape_vec());
-  check_tensor(op, "rstd", rstd, F32, {rows});
+  const auto [rows, cols] =
+      ops::check_norm("gated_rmsnorm_forward", w, x, {{"z", &z}, {"y", &y}}, rstd, BF16, DeviceKind::CUDA);
   cuda::launch_rmsnorm_forward(y.data, rstd.ptr<float>(), x.data, z.data, w.data, rows, cols, float(eps),
                                cuda::NormKind::Gated, stream_);
 }
@@ -620,16 +590,8 @@ void CudaBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, con
 void CudaBackend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
                                          const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& rstd) {
   const char* op = "gated_rmsnorm_backward";
-  const int64_t cols = dim_of(op, "w", w, 0);
-  check_tensor(op, "w", w, BF16, {cols});
-  check_storage(op, "x", x, BF16);
-  const int64_t rows = last_dim_rows(op, x, cols);
-  const Shape s = x.shape_vec();
-  check_tensor(op, "z", z, BF16, s);
-  check_tensor(op, "dy", dy, BF16, s);
-  check_tensor(op, "rstd", rstd, F32, {rows});
-  check_tensor(op, "dx", dx, BF16, s);
-  check_tensor(op, "dz", dz, BF16, s);
+  const auto [rows, cols] =
+      ops::check_norm(op, w, x, {{"z", &z}, {"dy", &dy}, {"dx", &dx}, {"dz", &dz}}, rstd, BF16, DeviceKind::CUDA);
   const bool want_dw = dw.data != nullptr;
   const bool f32 = want_dw && check_grad(op, "dw", dw, {cols});
   void* ws = want_dw ? workspace(cuda::rmsnorm_backward_workspace_bytes(rows, cols)) : nullptr;
