@@ -37,8 +37,8 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType dtype, const Shape& shape) override;
   void* alloc_host(size_t bytes) override;  // cudaHostAlloc (page-locked)
   void copy_to_host_async(void* dst, const Tensor& src) override;
-  int64_t free_memory_bytes() const override;
-  void set_loss_chunk_budget(int64_t bytes) override { ce_budget_bytes_ = bytes; }  // cudaMemGetInfo (the arena's unused tail not counted)
+  int64_t free_memory_bytes() const override;  // cudaMemGetInfo (the arena's unused tail not counted)
+  void set_loss_chunk_budget(int64_t bytes) override { ce_budget_bytes_ = bytes; }
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_from_host(const Tensor& dst, const void* src) override;

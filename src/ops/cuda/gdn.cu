@@ -446,8 +446,8 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, bf16* 
                                                                 const bf16* Wh,
                                                                 const bf16* Wl, const bf16* qkv, const float* rs,
                                                                 const float* Gc, const int32_t* cu,
-                                                                const int* seq_off, const int* seq_order, int Hk, int Hv,
-                                                                int K, int V, int conv_dim, int bv) {
+                                                                const int* seq_off, const int* seq_order, int Hk,
+                                                                int Hv, int K, int V, int conv_dim, int bv) {
   const ScanBlock sb = scan_block(seq_order, Hv, V, bv);
   const int s = sb.s, head = sb.head, e0 = sb.e0, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
@@ -1308,7 +1308,8 @@ int column_block(int V, bool backward) {
 // The scans' grid: one CTA per (sample, value head, column block), 1-D (see scan_block).
 unsigned scan_grid(const GdnArgs& a, int bv) {
   const int64_t n = static_cast<int64_t>(a.num_seqs) * a.num_v_heads * (a.v_head_dim / bv);
-  QT_CHECK(n < (int64_t{1} << 31), "gdn: ", a.num_seqs, " samples x ", a.num_v_heads, " value heads is too many scan CTAs");
+  QT_CHECK(n < (int64_t{1} << 31), "gdn: ", a.num_seqs, " samples x ", a.num_v_heads,
+           " value heads is too many scan CTAs");
   return static_cast<unsigned>(n);
 }
 

@@ -774,8 +774,10 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
   } else if (const int nv = vec ? fast_nv(cols) : 0; nv > 0) {
     dispatch_fast(nv, [&](auto c) {
       constexpr int NV = decltype(c)::value;
-      if (kind == NormKind::OnePlusW) rmsnorm_fwd_fast_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s);
-      else rmsnorm_fwd_fast_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
+      if (kind == NormKind::OnePlusW)
+        rmsnorm_fwd_fast_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s);
+      else
+        rmsnorm_fwd_fast_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
     });
   } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_fwd_kernel<8, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
@@ -800,7 +802,8 @@ bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, co
   const auto* rb = static_cast<const bf16*>(r);
   const auto* wb = static_cast<const bf16*>(w);
   dispatch_fast(nv, [&](auto c) {
-    add_rmsnorm_fwd_fast<decltype(c)::value><<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps);
+    add_rmsnorm_fwd_fast<decltype(c)::value>
+        <<<grid, kFastWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps);
   });
   QT_LAUNCH_CHECK("add_rmsnorm_forward");
   return true;
