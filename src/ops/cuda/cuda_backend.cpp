@@ -92,9 +92,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   size_t mb = 1024;
   if (const char* env = std::getenv("QT_CUDA_ARENA_MB")) mb = std::max<size_t>(16, std::strtoull(env, nullptr, 10));
   block_bytes_ = mb << 20;
-  Tensor s = alloc(DType::F64, {1});
-  d_scalar_ = static_cast<double*>(s.data);
-  d_hash_ = static_cast<unsigned long long*>(alloc(DType::F64, {1}).data);
+  alloc_scalars();
   const char* tune = std::getenv("QT_GEMM_TUNE");
   gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
 }
@@ -164,8 +162,12 @@ void CudaBackend::reset_arena() {
   dedicated_bytes_ = 0;
   block_index_ = 0;
   block_used_ = 0;
-  Tensor s = alloc(DType::F64, {1});
-  d_scalar_ = static_cast<double*>(s.data);
+  alloc_scalars();
+}
+
+// The backend's own device words (the loss sum, tune_gemm's hash) from the arena.
+void CudaBackend::alloc_scalars() {
+  d_scalar_ = static_cast<double*>(alloc(DType::F64, {1}).data);
   d_hash_ = static_cast<unsigned long long*>(alloc(DType::F64, {1}).data);
 }
 
@@ -179,9 +181,7 @@ void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void* CudaBackend::workspace(size_t bytes) {
   if (bytes <= ws_bytes_) return ws_;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream_, &cap));
-  QT_CHECK(cap == cudaStreamCaptureStatusNone, "CudaBackend: the workspace must grow to ", bytes,
+  QT_CHECK(!capturing(), "CudaBackend: the workspace must grow to ", bytes,
            " bytes during CUDA-graph capture; run the step once eagerly before capturing");
   synchronize();
   CUDA_CHECK(cudaFree(ws_));

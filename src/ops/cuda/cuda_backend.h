@@ -142,7 +142,8 @@ class CudaBackend final : public Backend {
     std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   static constexpr int kGemmCandidates = 8;
-  bool capturing() const;
+  bool capturing() const;  // the stream is being captured into a CUDA graph
+  void alloc_scalars();
   void tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, size_t c_bytes);
   using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
 
