@@ -29,9 +29,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
+#include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/ops_device.cuh"
@@ -737,14 +736,6 @@ __global__ void __launch_bounds__(kTableThreads) attn_tile_table_kernel(int2* ta
 
 // ---- launch helpers -----------------------------------------------------------------------------
 
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "qwentune: CUDA error after %s: %s\n", what, cudaGetErrorString(e));
-    std::abort();
-  }
-}
-
 // Workspace layout (bytes, 256-aligned pieces): tile table | dsum [Hq*T] f32 | lse2 [Hq*T] f32 |
 // dq_acc [T*Hq*D] f32 | (splits > 1) splits x (dK, dV) f32 [T*Hkv*D] slices. The forward uses only
 // the table.
@@ -782,7 +773,7 @@ const int2* build_tile_table(void* workspace, const AttnArgs& a, int tile, bool 
   int2* table = static_cast<int2*>(workspace);
   attn_tile_table_kernel<<<1, kTableThreads, 0, stream>>>(table, a.cu_seqlens, a.num_seqs, tile, tile_slots(a, tile),
                                                           backward ? 1 : 0);
-  check_launch("attn_tile_table_kernel");
+  QT_LAUNCH_CHECK("attn_tile_table_kernel");
   return table;
 }
 
@@ -799,7 +790,7 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
               a.scale};
   const dim3 grid(a.num_q_heads, tile_slots(a, Tr::kBlockM));
   attn_fwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
-  check_launch("attn_fwd_kernel");
+  QT_LAUNCH_CHECK("attn_fwd_kernel");
 }
 
 template <int D>
@@ -818,7 +809,7 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
       dsum, lse2, dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse, a.total_tokens,
       a.num_q_heads);
-  check_launch("attn_bwd_pre_kernel");
+  QT_LAUNCH_CHECK("attn_bwd_pre_kernel");
   static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
   const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
   BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, dq_acc, lse2, dsum,
@@ -827,23 +818,20 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
               splits, a.scale};
   const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
   attn_bwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
-  check_launch("attn_bwd_kernel");
+  QT_LAUNCH_CHECK("attn_bwd_kernel");
   if (splits > 1) {
     const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
     attn_bwd_dkv_sum_kernel<<<static_cast<unsigned>((2 * n4 + 255) / 256), 256, 0, stream>>>(
         static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, n4, splits);
-    check_launch("attn_bwd_dkv_sum_kernel");
+    QT_LAUNCH_CHECK("attn_bwd_dkv_sum_kernel");
   }
   const int64_t n8 = rows * D / 8;
   attn_bwd_post_kernel<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(static_cast<bf16*>(dq), dq_acc,
                                                                                     n8, a.scale);
-  check_launch("attn_bwd_post_kernel");
+  QT_LAUNCH_CHECK("attn_bwd_post_kernel");
 }
 
-[[noreturn]] void bad_head_dim(int d) {
-  std::fprintf(stderr, "qwentune: attention head_dim %d is not supported (64, 128 or 256)\n", d);
-  std::abort();
-}
+[[noreturn]] void bad_head_dim(int d) { QT_FAIL("attention: head_dim ", d, " is not supported (64, 128 or 256)"); }
 
 }  // namespace
 
