@@ -95,6 +95,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   alloc_scalars();
   const char* tune = std::getenv("QT_GEMM_TUNE");
   gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
+  if (const char* n = std::getenv("QT_GEMM_CANDIDATES"))
+    gemm_candidates_ = std::clamp(std::atoi(n), 1, kGemmMaxCandidates);
 }
 
 CudaBackend::~CudaBackend() {
@@ -282,10 +284,10 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                                                       sizeof(al_c)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                                       sizeof(al_c)));
-    cublasLtMatmulHeuristicResult_t res[kGemmCandidates] = {};
+    cublasLtMatmulHeuristicResult_t res[kGemmMaxCandidates] = {};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, gemm_tune_ ? kGemmCandidates : 1, res,
+        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, gemm_tune_ ? gemm_candidates_ : 1, res,
                                        &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {

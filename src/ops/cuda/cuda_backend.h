@@ -141,7 +141,10 @@ class CudaBackend final : public Backend {
     // Heuristic candidates (best first) while the plan waits to be timed; empty once settled.
     std::vector<cublasLtMatmulAlgo_t> candidates;
   };
-  static constexpr int kGemmCandidates = 8;
+  static constexpr int kGemmMaxCandidates = 64;
+  // Heuristic candidates a new plan's tuning times (QT_GEMM_CANDIDATES, 1..64): 32 found faster
+  // bit-identical algorithms than 8 (4b +0.8 %, notes/train_step.md).
+  int gemm_candidates_ = 32;
   bool capturing() const;  // the stream is being captured into a CUDA graph
   void alloc_scalars();
   void tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, size_t c_bytes);
