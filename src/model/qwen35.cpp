@@ -482,9 +482,11 @@ void Qwen35Model::forward_layers(int64_t T) {
   const ModelConfig& c = cfg_;
   profile::Scope phase(prof_, "forward");
   be_.embedding_forward(rows(acts_[0].x, T), p(ParamRole::EmbedTokens, -1), rows(ids_, T));
+  // The first layer normalizes its input; every later norm (layer inputs, the final norm) is fused
+  // with the residual add that ends the layer before it.
+  be_.rmsnorm_forward(rows(acts_[0].xn, T), rows(acts_[0].rstd_in, T), rows(acts_[0].x, T),
+                      p(ParamRole::InputNorm, 0), c.rms_norm_eps);
   for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) forward_layer(l, T, LayerPass::Forward);
-  be_.rmsnorm_forward(rows(final_out_, T), rows(final_rstd_, T), rows(final_in_, T), p(ParamRole::FinalNorm, -1),
-                      c.rms_norm_eps);
 }
 
 void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
@@ -498,7 +500,9 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   profile::Scope layer(prof_, pass == LayerPass::Forward ? "layer" : "recompute", l,
                        layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
   const Tensor x = rows(A.x, T), xn = rows(A.xn, T);
-  be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
+  // The forward pass got xn with x (forward_layers, or the previous layer's residual add).
+  if (pass != LayerPass::Forward)
+    be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
   Tensor mix_out = rows(A.h, T);  // mixer output, turned into h = x + mixer in place
   if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
     const Tensor mixed = rows(A.mixed, T), z = rows(A.z, T), b = rows(A.b, T), a = rows(A.a, T);
@@ -549,10 +553,18 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   }
   be_.swiglu_forward(act, mg, mu);
   if (pass != LayerPass::Forward) return;  // the backward needs neither the MLP output nor the next input
-  const Tensor next = l + 1 < static_cast<int>(c.num_hidden_layers) ? rows(acts_[static_cast<size_t>(l) + 1].x, T)
-                                                                     : rows(final_in_, T);
-  be_.linear_forward(next, act, p(ParamRole::MlpDown, l));  // MLP output, then next = h + mlp
-  be_.add(next, next, h);
+  // MLP output, then next = h + mlp (in place) fused with the next layer's input norm, or the final
+  // norm after the last layer.
+  const bool last = l + 1 == static_cast<int>(c.num_hidden_layers);
+  LayerActs* N = last ? nullptr : &acts_[static_cast<size_t>(l) + 1];
+  const Tensor next = last ? rows(final_in_, T) : rows(N->x, T);
+  be_.linear_forward(next, act, p(ParamRole::MlpDown, l));
+  if (last)
+    be_.add_rmsnorm_forward(next, rows(final_out_, T), rows(final_rstd_, T), h, next, p(ParamRole::FinalNorm, -1),
+                            c.rms_norm_eps);
+  else
+    be_.add_rmsnorm_forward(next, rows(N->xn, T), rows(N->rstd_in, T), h, next, p(ParamRole::InputNorm, l + 1),
+                            c.rms_norm_eps);
 }
 
 void Qwen35Model::backward_layers(int64_t T) {
