@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -27,6 +28,7 @@
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/cuda_backend.h"
+#include "test_util.h"
 #include "train/optimizer.h"
 
 namespace qt {
@@ -261,6 +263,17 @@ TEST_F(OpsTest, Linear) {
       }
     }
   }
+}
+
+// A malformed QT_GEMM_CANDIDATES stops the backend's construction with a message naming it (the
+// environment is read before any device call, so this runs without a GPU too).
+TEST(CudaBackendEnv, BadGemmCandidatesNamed) {
+  for (const char* bad : {"abc", "0", "65", "8x", ""}) {
+    SCOPED_TRACE(std::string("QT_GEMM_CANDIDATES='") + bad + "'");
+    ::setenv("QT_GEMM_CANDIDATES", bad, 1);
+    EXPECT_ERROR_CONTAINS([] { CudaBackend be; }, "QT_GEMM_CANDIDATES", "from 1 to 64");
+  }
+  ::unsetenv("QT_GEMM_CANDIDATES");
 }
 
 // GEMM tuning (on in g_) only picks among cuBLASLt's candidates those that write the bits of the

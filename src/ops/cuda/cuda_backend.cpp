@@ -81,6 +81,16 @@ void check_gdn_kernel_dims(const char* op, const GdnDims& d) {
 // ---- lifetime and memory ---------------------------------------------------------------------
 
 CudaBackend::CudaBackend(int device) : device_(device) {
+  // The environment first: a bad setting fails before anything is acquired.
+  const char* tune = std::getenv("QT_GEMM_TUNE");
+  gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
+  if (const char* n = std::getenv("QT_GEMM_CANDIDATES")) {
+    char* end = nullptr;
+    const long v = std::strtol(n, &end, 10);
+    QT_CHECK(end != n && *end == '\0' && v >= 1 && v <= kGemmMaxCandidates, "QT_GEMM_CANDIDATES is '", n,
+             "': expected an integer from 1 to ", kGemmMaxCandidates);
+    gemm_candidates_ = static_cast<int>(v);
+  }
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
   QT_CHECK(device >= 0 && device < count, "CudaBackend: device ", device, " does not exist (", count, " found)");
@@ -93,10 +103,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* env = std::getenv("QT_CUDA_ARENA_MB")) mb = std::max<size_t>(16, std::strtoull(env, nullptr, 10));
   block_bytes_ = mb << 20;
   alloc_scalars();
-  const char* tune = std::getenv("QT_GEMM_TUNE");
-  gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
-  if (const char* n = std::getenv("QT_GEMM_CANDIDATES"))
-    gemm_candidates_ = std::clamp(std::atoi(n), 1, kGemmMaxCandidates);
 }
 
 CudaBackend::~CudaBackend() {
