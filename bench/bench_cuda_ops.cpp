@@ -4,9 +4,9 @@
 // RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear
 // cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory; `layer`
 // times the layers' other elementwise ops (gated norm, GDN gates, attention prep, SwiGLU).
-// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,layer,ce] [--ce-rows N]   (prints: key  value
-// unit  ceiling; --only runs just the named sections after the ceilings; --ce-rows sets the
-// cross-entropy chunk, 0 = the backend's default)
+// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,layer,ce,ce-parts] [--ce-rows N]
+// (prints: key  value  unit  ceiling; --only runs just the named sections after the ceilings,
+// ce-parts only when named; --ce-rows sets the cross-entropy chunk, 0 = the backend's default)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "core/bf16.h"
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/ops_launch.h"
 
 using namespace qt;
 
@@ -290,6 +291,44 @@ int main(int argc, char** argv) {
   }
 
   // ---- fused linear cross-entropy, T x H -> V ----
+  // ---- fused cross-entropy, part by part (only with --only ce-parts): where the chunk's time goes ----
+  // One 2048-row chunk (the training step's) at the 2B and 4B hidden sizes: the fp32 logits GEMM,
+  // the softmax / gradient kernel, the dX GEMM over the in-place bf16 gradient (row stride 2V) and
+  // the dW GEMM accumulating into fp32 [V, H]; ms and TFLOP/s each (printed, not table rows).
+  if (only.find(",ce-parts,") != std::string::npos) {
+    const int64_t n = 2048;
+    for (const int64_t Hc : {int64_t(2048), int64_t(2560)}) {
+      Tensor h = be.alloc(DType::BF16, {n, Hc}), w = be.alloc(DType::BF16, {V, Hc});
+      Tensor dh = be.alloc(DType::BF16, {n, Hc});
+      Tensor logits = be.alloc(DType::F32, {n, V}), dw = be.alloc(DType::F32, {V, Hc});
+      Tensor loss = be.alloc(DType::F32, {n}), targets = be.alloc(DType::I32, {n});
+      fill(be, h, 1.0f, 30);
+      fill(be, w, 0.02f, 31);
+      std::vector<int32_t> tg(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) tg[size_t(t)] = int32_t((t * 7919) % V);
+      be.copy_from_host(targets, tg.data());
+      auto logits_gemm = [&] { be.gemm(false, true, n, V, Hc, h.data, Hc, w.data, Hc, logits.data, V, true, 0.0f); };
+      auto softmax = [&] {
+        cuda::launch_cross_entropy_chunk(logits.ptr<float>(), loss.ptr<float>(), targets.ptr<int32_t>(), n, V,
+                                         1.0f / float(n), true, be.stream());
+      };
+      const double t_logits = time_ms(be, logits_gemm, iters);
+      const double t_both = time_ms(be, [&] { logits_gemm(); softmax(); }, iters);
+      const double t_dx = time_ms(be, [&] {
+        be.gemm(false, false, n, Hc, V, logits.data, 2 * V, w.data, Hc, dh.data, Hc, false, 0.0f);
+      }, iters);
+      const double t_dw = time_ms(be, [&] {
+        be.gemm(true, false, V, Hc, n, logits.data, 2 * V, h.data, Hc, dw.data, Hc, true, 1.0f);
+      }, iters);
+      const double f = 2.0 * double(n) * double(V) * double(Hc) / 1e9;  // GFLOP per GEMM
+      std::printf("  ce part H %lld: logits gemm %.3f ms (%.0f TFLOP/s), softmax %.3f ms, dX gemm %.3f ms (%.0f), "
+                  "dW gemm (+=, f32) %.3f ms (%.0f)\n",
+                  static_cast<long long>(Hc), t_logits, f / t_logits, t_both - t_logits, t_dx, f / t_dx, t_dw,
+                  f / t_dw);
+      be.reset_arena();
+    }
+  }
+
   if (run("ce")) {
     Tensor hidden = be.alloc(DType::BF16, {T, H}), w = be.alloc(DType::BF16, {V, H}), dh = be.alloc(DType::BF16, {T, H}),
            dw = be.alloc(DType::BF16, {V, H}), targets = be.alloc(DType::I32, {T});
