@@ -113,6 +113,26 @@ __device__ __forceinline__ void ld_b2(uint32_t (&r)[4], const __nv_bfloat16* p, 
   }
 }
 
+// One fragment register of a gathered operand: the k-adjacent pair (k, k + 1) at row / column i
+// of A (kA: A(i, k), A(i, k + 1)) or B (B(k, i), B(k + 1, i)), as bf16 (hi / lo when want_lo).
+template <bool kA, class F>
+__device__ __forceinline__ void gather_pair(const F& f, int i, int k, uint32_t& h, uint32_t& l, bool want_lo) {
+  float x0, x1;
+  if constexpr (is_tag<F, Gk>::value) {
+    const float2 x = kA ? f.f(i, k) : f.f(k, i);
+    x0 = x.x;
+    x1 = x.y;
+  } else {
+    x0 = kA ? f(i, k) : f(k, i);
+    x1 = kA ? f(i, k + 1) : f(k + 1, i);
+  }
+  if (want_lo) {
+    split_bf16(x0, x1, h, l);
+  } else {
+    h = pack_bf16(x0, x1);
+  }
+}
+
 // A fragment (PTX m16n8k16 .bf16; g = lane / 4, t = lane % 4) of rows m.., k columns k..k+15:
 // reg 0 (g, 2t..2t+1), 1 (g+8, 2t..), 2 (g, 2t+8..), 3 (g+8, 2t+8..). lo only when want_lo.
 template <class FA>
@@ -125,23 +145,8 @@ __device__ __forceinline__ void frag_a(const FA& fa, int m, int k, uint32_t (&h)
   } else {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int i = m + g + (q & 1) * 8, kk = k + 2 * t + (q >> 1) * 8;
-      float x0, x1;
-      if constexpr (is_tag<FA, Gk>::value) {
-        const float2 x = fa.f(i, kk);
-        x0 = x.x;
-        x1 = x.y;
-      } else {
-        x0 = fa(i, kk);
-        x1 = fa(i, kk + 1);
-      }
-      if (want_lo) {
-        split_bf16(x0, x1, h[q], l[q]);
-      } else {
-        h[q] = pack_bf16(x0, x1);
-      }
-    }
+    for (int q = 0; q < 4; ++q)
+      gather_pair<true>(fa, m + g + (q & 1) * 8, k + 2 * t + (q >> 1) * 8, h[q], l[q], want_lo);
   }
 }
 
@@ -157,23 +162,8 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
   } else {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int j = n + g + (q >> 1) * 8, kk = k + 2 * t + (q & 1) * 8;
-      float x0, x1;
-      if constexpr (is_tag<FB, Gk>::value) {
-        const float2 x = fb.f(kk, j);
-        x0 = x.x;
-        x1 = x.y;
-      } else {
-        x0 = fb(kk, j);
-        x1 = fb(kk + 1, j);
-      }
-      if (want_lo) {
-        split_bf16(x0, x1, h[q], l[q]);
-      } else {
-        h[q] = pack_bf16(x0, x1);
-      }
-    }
+    for (int q = 0; q < 4; ++q)
+      gather_pair<false>(fb, n + g + (q >> 1) * 8, k + 2 * t + (q & 1) * 8, h[q], l[q], want_lo);
   }
 }
 
