@@ -132,7 +132,8 @@ class CudaBackend final : public Backend {
   void* workspace(size_t bytes);  // the shared scratch, grown (outside graph capture) to >= bytes
   // Enqueues the chunked cross-entropy; its loss sum goes to sum_dst (a device double).
   void enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
-                             const Tensor& hidden, const Tensor& w, const Tensor& targets, double grad_scale, bool accumulate_dw);
+                             const Tensor& hidden, const Tensor& w, const Tensor& targets, double grad_scale,
+                             bool accumulate_dw);
 
   struct GemmPlan {
     cublasLtMatmulDesc_t desc = nullptr;
