@@ -111,6 +111,7 @@ class CudaBackend final : public Backend {
   // Attention backward with dQ from its own kernel instead of fp32 atomics: bitwise reproducible,
   // ~1.4x the backward's MMA work (QT_ATTN_DETERMINISTIC=1 in the environment turns it on).
   void set_deterministic_attention(bool on) { deterministic_attention_ = on; }
+  void set_deterministic(bool on) override { set_deterministic_attention(on); }
   int64_t cross_entropy_chunk_rows(int64_t V, int64_t T) const;
   // Scratch bytes linear_cross_entropy needs for V and T tokens (its peak extra device memory).
   size_t cross_entropy_workspace_bytes(int64_t V, int64_t T) const;
