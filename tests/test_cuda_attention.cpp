@@ -357,9 +357,12 @@ std::vector<uint16_t> to_bf16_vec(const Vec& x) {
   return h;
 }
 
-void run_case(const Problem& p, bool backward, uint64_t seed) {
+// deterministic: the backward's dQ from attn_bwd_dq_kernel; it also runs the backward twice and
+// requires the same bits for dq, dk and dv.
+void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false) {
   SCOPED_TRACE("D " + std::to_string(p.d) + ", Hq " + std::to_string(p.hq) + ", Hkv " + std::to_string(p.hkv) +
-               ", T " + std::to_string(p.total()) + ", samples " + std::to_string(p.num_seqs()));
+               ", T " + std::to_string(p.total()) + ", samples " + std::to_string(p.num_seqs()) +
+               (deterministic ? ", deterministic" : ""));
   const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
   std::mt19937_64 rng(seed);
   const Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
@@ -377,6 +380,7 @@ void run_case(const Problem& p, bool backward, uint64_t seed) {
   dev_alloc(dv, nk * 2, nullptr);
   cuda::AttnArgs a{static_cast<const int32_t*>(dcu.ptr), p.num_seqs(), p.max_seqlen(), p.total(), p.hq, p.hkv,
                    p.d, 1.f / std::sqrt(static_cast<float>(p.d))};
+  a.deterministic = deterministic;
   dev_alloc(ws, std::max<size_t>(cuda::attention_workspace_bytes(a), 16), nullptr);
   if (::testing::Test::HasFatalFailure()) return;
 
@@ -400,6 +404,15 @@ void run_case(const Problem& p, bool backward, uint64_t seed) {
     expect_guard_intact("dq", dq);
     expect_guard_intact("dk", dk);
     expect_guard_intact("dv", dv);
+  }
+  if (backward && deterministic) {
+    const std::vector<float> q1 = download_bf16(dq), k1 = download_bf16(dk), v1 = download_bf16(dv);
+    cuda::attention_backward(dq.ptr, dk.ptr, dv.ptr, ddo.ptr, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr,
+                             static_cast<const float*>(lse.ptr), a, ws.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(download_bf16(dq) == q1) << "dq differs between two deterministic runs";
+    EXPECT_TRUE(download_bf16(dk) == k1) << "dk differs between two deterministic runs";
+    EXPECT_TRUE(download_bf16(dv) == v1) << "dv differs between two deterministic runs";
   }
 }
 
@@ -441,6 +454,22 @@ TEST(CudaAttention, LongSample) {
   SKIP_WITHOUT_CUDA();
   run_case(make_problem({2048}, 2, 1, 256), true, 31);
   run_case(make_problem({700, 1, 1300, 47}, 4, 2, 128), true, 32);
+}
+
+// The deterministic backward (dQ by its own kernel, no atomics): the same cases against the
+// references, and bit-equal across two runs.
+TEST(CudaAttention, DeterministicBackward) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<int> lens = {1, 2, 3, 63, 64, 65, 127, 129};
+  uint64_t seed = 51;
+  for (int d : {64, 128, 256})
+    for (const auto& hh : kHeads) run_case(make_problem(lens, hh[0], hh[1], d), true, seed++, true);
+  std::mt19937_64 rng(6);
+  std::uniform_int_distribution<int> len(1, 48);
+  std::vector<int> short_lens(60);
+  for (auto& l : short_lens) l = len(rng);
+  run_case(make_problem(short_lens, 8, 2, 256), true, seed++, true);
+  run_case(make_problem({700, 1, 1300, 47}, 8, 2, 256), true, seed++, true);
 }
 
 // 8192-token sample, forward only: o and lse of a subset of rows (the first, some in the middle,

@@ -245,6 +245,11 @@ TEST(CudaGdn, SegmentEdgesEqualHeadsKWide) {
 }
 TEST(CudaGdn, GroupOfThree) { run_case({1, 3, 16, 32, {70, 1, 130}, Gate::Normal, Beta::Normal, 13}); }
 TEST(CudaGdn, RealHeadDims) { run_case({1, 2, 128, 128, {65, 200, 1}, Gate::Normal, Beta::Normal, 14}); }
+// dk = dv = 128 with the segment edges and strong gates: the shape where QT_GDN_BV_FWD / _BWD = 128
+// (one 512-thread scan CTA per head) can run, so a run with those set covers that path too.
+TEST(CudaGdn, RealHeadDimsSegmentEdgesStrongGates) {
+  run_case({2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 21});
+}
 TEST(CudaGdn, ManyShortSegments) {
   std::mt19937 rng(5);
   std::vector<int> lens(300);

@@ -97,6 +97,9 @@ TEST(TrainerBadInput, ConfigErrorsNameTheKey) {
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.schedule=exp"}); }, "unknown lr schedule 'exp'");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"nonsense"}); }, "expected key=value");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.backend=tpu"}); }, "train.backend 'tpu'");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.deterministic=maybe"}); }, "train.deterministic");
+  EXPECT_TRUE(train_config_load(cfg, {"train.deterministic=true"}).deterministic);
+  EXPECT_FALSE(train_config_load(cfg, {}).deterministic);
   EXPECT_ERROR_CONTAINS([&] { train_run(train_config_load(cfg, {"train.resume=" + dir.file("nope")})); }, "nope");
 }
 

@@ -64,6 +64,9 @@ class Backend {
   // Device memory the fused cross-entropy may hold for one chunk of logits (bytes; 0 = the
   // backend's default). More rows per chunk mean fewer passes of the dW GEMM over its fp32 output.
   virtual void set_loss_chunk_budget(int64_t /*bytes*/) {}
+  // Bitwise reproducible steps where the backend has a faster non-deterministic path (CUDA: the
+  // attention backward's dQ without fp32 atomics). The CPU reference is deterministic already.
+  virtual void set_deterministic(bool /*on*/) {}
 
   // ---- dense ---------------------------------------------------------------------------------
   // y[T,N] = x[T,K] W[N,K]^T.

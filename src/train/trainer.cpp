@@ -156,7 +156,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
     static const std::set<std::string> known = {
         "backend", "lr", "min_lr_ratio", "schedule", "warmup_steps", "weight_decay", "beta1", "beta2", "eps",
         "max_grad_norm", "global_batch_tokens", "epochs", "max_steps", "eval_fraction", "eval_every", "save_every",
-        "log_every", "seed", "save_dtype", "resume", "cuda_graph", "activation_checkpointing"};
+        "log_every", "seed", "save_dtype", "resume", "cuda_graph", "deterministic", "activation_checkpointing"};
     for (const auto& kv : t) {
       const std::string k = kv.first.as<std::string>();
       QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
@@ -184,6 +184,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.save_dtype = yaml_get<std::string>(t, "train", "save_dtype", "auto", path);
   c.resume = yaml_get<std::string>(t, "train", "resume", "", path);
   c.cuda_graph = yaml_get<bool>(t, "train", "cuda_graph", true, path);
+  c.deterministic = yaml_get<bool>(t, "train", "deterministic", false, path);
   c.activation_checkpointing = yaml_get<std::string>(t, "train", "activation_checkpointing", "auto", path);
   QT_CHECK(c.activation_checkpointing == "auto" || checkpointing_from_name(c.activation_checkpointing), path,
            ": train.activation_checkpointing '", c.activation_checkpointing, "' is not auto, none, selective or full");
@@ -231,6 +232,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
   LrScheduleConfig sched = cfg.schedule;
   sched.total_steps = total_steps;
 
+  run.backend->set_deterministic(cfg.deterministic);
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
   const int static_max_seqs = static_sample_bound(max_row_samples);
   const Checkpointing ckpt =

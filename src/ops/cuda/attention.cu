@@ -206,6 +206,31 @@ __device__ __forceinline__ uint32_t blk(uint32_t row_base, const LaneSwz& x, int
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Epilogue of a warp's 16 rows: acc (the m16 accumulator over D columns) times mul[r] for rows
+// g and g + 8, to bf16, staged in the warp's own rows of the swizzled tile s, then 16-byte stores to
+// g_rows (row stride ld) for the first `valid` rows.
+template <int D>
+__device__ __forceinline__ void store_warp_rows(bf16* g_rows, int64_t ld, bf16* s, const float (&acc)[D / 8][4],
+                                                const float (&mul)[2], int valid, int warp, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + 8 * r, col = i * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(s + swz<D>(row, col)) =
+          pack_bf16(acc[i][2 * r] * mul[r], acc[i][2 * r + 1] * mul[r]);
+    }
+  __syncwarp();
+#pragma unroll
+  for (int c = lane; c < 16 * D / 8; c += 32) {
+    const int row = c / (D / 8), ch = c % (D / 8);
+    if (row < valid)
+      *reinterpret_cast<uint4*>(g_rows + row * ld + ch * 8) =
+          *reinterpret_cast<const uint4*>(s + (warp * 16 + row) * D + ((ch ^ (row & 7)) << 3));
+  }
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 struct FwdParams {
@@ -359,23 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
     if (t4 == 0 && row < L)
       p.lse[static_cast<int64_t>(h) * p.total + start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
   }
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + 8 * r, col = i * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sQ + swz<D>(row, col)) =
-          pack_bf16(acc_o[i][2 * r] * inv[r], acc_o[i][2 * r + 1] * inv[r]);
-    }
-  __syncwarp();
-  bf16* gO = p.o + (start + wrow0) * ldq + h * D;
-#pragma unroll
-  for (int c = lane; c < 16 * D / 8; c += 32) {
-    const int row = c / (D / 8), ch = c % (D / 8);
-    if (wrow0 + row < L)
-      *reinterpret_cast<uint4*>(gO + row * ldq + ch * 8) =
-          *reinterpret_cast<const uint4*>(sQ + (warp * 16 + row) * D + ((ch ^ (row & 7)) << 3));
-  }
+  store_warp_rows<D>(p.o + (start + wrow0) * ldq + h * D, ldq, sQ, acc_o, inv, L - wrow0, warp, lane);
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -416,8 +425,9 @@ __global__ void __launch_bounds__(256) attn_bwd_pre_kernel(float* dsum, float* l
       acc = fmaf(x.y, y.y, acc);
     }
   }
-  for (int c = lane; c < D / 4; c += 32)
-    reinterpret_cast<float4*>(dq_acc + row * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (dq_acc != nullptr)  // null when dQ comes from the deterministic kernel
+    for (int c = lane; c < D / 4; c += 32)
+      reinterpret_cast<float4*>(dq_acc + row * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
@@ -426,7 +436,8 @@ __global__ void __launch_bounds__(256) attn_bwd_pre_kernel(float* dsum, float* l
   }
 }
 
-template <int D>
+// kDQ: also dQ (fp32 atomics into dq_acc); false when attn_bwd_dq_kernel computes it.
+template <int D, bool kDQ>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p) {
   using Tr = BwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
@@ -595,33 +606,35 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
     cp_async_commit();
 
     // dQ_acc += dS K (unscaled), 16 rows x 32 columns at a time, fp32 atomics.
-    float* gdq = p.dq_acc + (start + m0) * ldq + h * D;
+    if constexpr (kDQ) {
+      float* gdq = p.dq_acc + (start + m0) * ldq + h * D;
 #pragma unroll
-    for (int c = 0; c < D / 64; ++c) {
-      const int d0 = wn * (D / 2) + c * 32;
-      float acc[4][4];
+      for (int c = 0; c < D / 64; ++c) {
+        const int d0 = wn * (D / 2) + c * 32;
+        float acc[4][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[4], b[4];
-        ldsm_x4(a, blk<BN>(ds_3, x3, wm * 16, kk));
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t a[4], b[4];
+          ldsm_x4(a, blk<BN>(ds_3, x3, wm * 16, kk));
 #pragma unroll
-        for (int db = 0; db < 2; ++db) {
-          ldsm_x4_t(b, kFoldQ ? blk<D>(k_bt[0], x3, kk * 16, 2 * c + db)
-                              : k_bt[kFoldQ ? 0 : 2 * c + db] + 2 * D * 16 * kk);
-          mma_bf16(acc[2 * db], a, b[0], b[1]);
-          mma_bf16(acc[2 * db + 1], a, b[2], b[3]);
+          for (int db = 0; db < 2; ++db) {
+            ldsm_x4_t(b, kFoldQ ? blk<D>(k_bt[0], x3, kk * 16, 2 * c + db)
+                                : k_bt[kFoldQ ? 0 : 2 * c + db] + 2 * D * 16 * kk);
+            mma_bf16(acc[2 * db], a, b[0], b[1]);
+            mma_bf16(acc[2 * db + 1], a, b[2], b[3]);
+          }
         }
-      }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int rl = wm * 16 + g + 8 * r;
-        if (m0 + rl < L) {
+        for (int r = 0; r < 2; ++r) {
+          const int rl = wm * 16 + g + 8 * r;
+          if (m0 + rl < L) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            atomicAdd(reinterpret_cast<float2*>(gdq + rl * ldq + d0 + i * 8 + 2 * t4),
-                      make_float2(acc[i][2 * r], acc[i][2 * r + 1]));
+            for (int i = 0; i < 4; ++i)
+              atomicAdd(reinterpret_cast<float2*>(gdq + rl * ldq + d0 + i * 8 + 2 * t4),
+                        make_float2(acc[i][2 * r], acc[i][2 * r + 1]));
+          }
         }
       }
     }
@@ -653,6 +666,160 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
         }
       }
     }
+}
+
+// ---- deterministic dQ ---------------------------------------------------------------------------
+// AttnArgs::deterministic: dQ without atomics. One CTA per (query tile of 128 rows, q head) on the
+// forward's work list walks the key tiles up to the diagonal as the forward does, recomputing
+// S = Q K^T and dP = dO V^T (P from the saved lse: no online softmax), dS = P (dP - Dsum), and
+// accumulates dQ = dS K in registers over the key tiles in order: the same bits on every run. Two
+// GEMMs per tile pair more than the atomic path (which attn_bwd_kernel<D, false> then skips).
+// 8 warps x 16 query rows; key tiles of 32 at D = 256 (the dQ accumulator is D / 2 floats per
+// thread, S and dP 2 x BN / 2 more), 64 below. K and V double buffered.
+template <int D>
+struct DqTraits {
+  static constexpr int kBlockM = attn_tile(D).fwd_m;  // the forward's tile: its work list serves
+  static constexpr int kBlockN = D > 128 ? 32 : 64;
+  static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>((2 * kBlockM + 4 * kBlockN) * D);
+  static_assert(kBlockM == 16 * kWarps, "each warp owns 16 query rows");
+  static_assert(kBlockN % 16 == 0 && D % 64 == 0, "tiles must be multiples of the mma / swizzle shape");
+  static_assert(kSmemBytes <= 227 * 1024, "dQ kernel smem over the sm_90 per-block limit");
+};
+
+struct DqParams {
+  bf16* dq;            // [T, Hq, D], scale applied
+  const float* lse2;   // [Hq, T] lse * log2(e)
+  const float* dsum;   // [Hq, T] rowsum(dO * O)
+  const bf16 *d_o, *q, *k, *v;
+  const int32_t* cu;
+  const int2* tiles;   // the forward's work list: slot -> (sample, query tile), sample -1 past the last
+  int total, hq, hkv;
+  float scale;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams p) {
+  using Tr = DqTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  constexpr uint32_t kKvBytes = 2u * BN * D;  // one K or V buffer
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sdO = sQ + BM * D;
+  bf16* sK = sdO + BM * D;  // 2 buffers
+  bf16* sV = sK + 2 * BN * D;  // 2 buffers
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const int seq = work.x, h = blockIdx.x;
+  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
+  const int m0 = work.y * BM;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int kvh = h / (p.hq / p.hkv);
+  const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
+  const bf16* gK = p.k + start * ldk + kvh * D;
+  const bf16* gV = p.v + start * ldk + kvh * D;
+  const int n_tiles = (min(m0 + BM, L) + BN - 1) / BN;
+
+  load_tile<BM, D>(sQ, p.q + (start + m0) * ldq + h * D, ldq, min(BM, L - m0), tid);
+  load_tile<BM, D>(sdO, p.d_o + (start + m0) * ldq + h * D, ldq, min(BM, L - m0), tid);
+  load_tile<BN, D>(sK, gK, ldk, min(BN, L), tid);
+  load_tile<BN, D>(sV, gV, ldk, min(BN, L), tid);
+  cp_async_commit();
+
+  const int wrow0 = m0 + warp * 16;  // sample-local index of this warp's first row
+  float lse2[2], dsum[2];            // of rows wrow0 + g and + 8 (0 past the sample: P, dS vanish)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wrow0 + g + 8 * r;
+    const int64_t i = static_cast<int64_t>(h) * p.total + start + row;
+    lse2[r] = row < L ? p.lse2[i] : 0.f;
+    dsum[r] = row < L ? p.dsum[i] : 0.f;
+  }
+  const float scale_log2 = p.scale * kLog2e;
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  const LaneSwz x3 = lane_swz<kRowBit3>(lane), x4 = lane_swz<kRowBit4>(lane);
+  const uint32_t q_a = lane_row<D, kRowBit3>(smem_u32(sQ), lane) + 2 * D * warp * 16;    // A: this warp's rows
+  const uint32_t do_a = lane_row<D, kRowBit3>(smem_u32(sdO), lane) + 2 * D * warp * 16;  // A of dO V^T
+  const uint32_t k_b = lane_row<D, kRowBit4>(smem_u32(sK), lane);   // B of Q K^T
+  const uint32_t v_b = lane_row<D, kRowBit4>(smem_u32(sV), lane);   // B of dO V^T
+  const uint32_t k_bt = lane_row<D, kRowBit3>(smem_u32(sK), lane);  // B of dS K (.trans)
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * BN;
+    const uint32_t buf = static_cast<uint32_t>(j & 1) * kKvBytes;
+    if (j + 1 < n_tiles) {  // the other buffers were released by the barrier ending tile j - 1
+      const int nb0 = n0 + BN, nbuf = ((j + 1) & 1) * BN * D;
+      load_tile<BN, D>(sK + nbuf, gK + nb0 * ldk, ldk, min(BN, L - nb0), tid);
+      load_tile<BN, D>(sV + nbuf, gV + nb0 * ldk, ldk, min(BN, L - nb0), tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // tile j (and Q, dO) have landed
+    __syncthreads();
+
+    if (n0 <= wrow0 + 15) {  // the warp has at least one unmasked column here
+      float s[BN / 8][4], dp[BN / 8][4];
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4], b[4];
+        ldsm_x4(a, blk<D>(q_a, x3, 0, kk));
+#pragma unroll
+        for (int nb = 0; nb < BN / 16; ++nb) {
+          ldsm_x4(b, blk<D>(k_b + buf, x4, nb * 16, kk));
+          mma_bf16(s[2 * nb], a, b[0], b[1]);
+          mma_bf16(s[2 * nb + 1], a, b[2], b[3]);
+        }
+        ldsm_x4(a, blk<D>(do_a, x3, 0, kk));
+#pragma unroll
+        for (int nb = 0; nb < BN / 16; ++nb) {
+          ldsm_x4(b, blk<D>(v_b + buf, x4, nb * 16, kk));
+          mma_bf16(dp[2 * nb], a, b[0], b[1]);
+          mma_bf16(dp[2 * nb + 1], a, b[2], b[3]);
+        }
+      }
+      // dS = P (dP - Dsum) in place of S; P = 0 above the diagonal and past the sample.
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, col = n0 + nb * 8 + 2 * t4 + (e & 1), row = wrow0 + g + 8 * r;
+          float pe = exp2f(fmaf(s[nb][e], scale_log2, -lse2[r]));
+          if (col > row || col >= L) pe = 0.f;
+          s[nb][e] = pe * (dp[nb][e] - dsum[r]);
+        }
+      // dS as bf16 A fragments (the accumulator layout of two n-blocks is the A layout of one k-step).
+      uint32_t da[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        da[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        da[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        da[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        da[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      // dQ += dS K_j: B = K_j stored [key][d], read with .trans.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+        for (int db = 0; db < D / 16; ++db) {
+          uint32_t b[4];
+          ldsm_x4_t(b, blk<D>(k_bt + buf, x3, kk * 16, db));
+          mma_bf16(acc[2 * db], da[kk], b[0], b[1]);
+          mma_bf16(acc[2 * db + 1], da[kk], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with tile j's buffers before tile j + 2 refills them
+  }
+
+  // Epilogue: dq = bf16(scale dQ).
+  const float scale2[2] = {p.scale, p.scale};
+  store_warp_rows<D>(p.dq + (start + wrow0) * ldq + h * D, ldq, sQ, acc, scale2, L - wrow0, warp, lane);
 }
 
 // dk, dv = bf16(sum over the splits' f32 slices, in split order), 4 elements per thread.
@@ -797,7 +964,8 @@ template <int D>
 void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* q, const void* k, const void* v,
                      const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream) {
   using Tr = BwdTraits<D>;
-  cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+  auto bwd_kernel = a.deterministic ? attn_bwd_kernel<D, false> : attn_bwd_kernel<D, true>;
+  cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
   char* ws = static_cast<char*>(workspace) + ws_table_bytes(a);
   float* dsum = reinterpret_cast<float*>(ws);
   float* lse2 = reinterpret_cast<float*>(ws + ws_rows_bytes(a));
@@ -807,8 +975,8 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   const int64_t rows = static_cast<int64_t>(a.total_tokens) * a.num_q_heads;
   if (rows == 0) return;
   attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
-      dsum, lse2, dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse, a.total_tokens,
-      a.num_q_heads);
+      dsum, lse2, a.deterministic ? nullptr : dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse,
+      a.total_tokens, a.num_q_heads);
   QT_LAUNCH_CHECK("attn_bwd_pre_kernel");
   static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
   const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
@@ -817,13 +985,27 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
               splits, a.scale};
   const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
-  attn_bwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
+  bwd_kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
   QT_LAUNCH_CHECK("attn_bwd_kernel");
   if (splits > 1) {
     const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
     attn_bwd_dkv_sum_kernel<<<static_cast<unsigned>((2 * n4 + 255) / 256), 256, 0, stream>>>(
         static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, n4, splits);
     QT_LAUNCH_CHECK("attn_bwd_dkv_sum_kernel");
+  }
+  if (a.deterministic) {
+    // The forward's work list (query tiles of DqTraits::kBlockM), built over the backward's table
+    // once attn_bwd_kernel has read it (same stream).
+    using Dq = DqTraits<D>;
+    cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(Dq::kSmemBytes));
+    const int2* qtiles = build_tile_table(workspace, a, Dq::kBlockM, false, stream);
+    const DqParams dp{static_cast<bf16*>(dq), lse2, dsum, static_cast<const bf16*>(d_o), static_cast<const bf16*>(q),
+                      static_cast<const bf16*>(k), static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens,
+                      a.num_q_heads, a.num_kv_heads, a.scale};
+    attn_bwd_dq_kernel<D><<<dim3(a.num_q_heads, tile_slots(a, Dq::kBlockM)), kThreads, Dq::kSmemBytes, stream>>>(dp);
+    QT_LAUNCH_CHECK("attn_bwd_dq_kernel");
+    return;
   }
   const int64_t n8 = rows * D / 8;
   attn_bwd_post_kernel<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(static_cast<bf16*>(dq), dq_acc,

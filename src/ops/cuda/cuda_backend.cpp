@@ -84,6 +84,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The environment first: a bad setting fails before anything is acquired.
   const char* tune = std::getenv("QT_GEMM_TUNE");
   gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
+  if (const char* d = std::getenv("QT_ATTN_DETERMINISTIC")) deterministic_attention_ = std::strcmp(d, "0") != 0;
   if (const char* n = std::getenv("QT_GEMM_CANDIDATES")) {
     char* end = nullptr;
     const long v = std::strtol(n, &end, 10);
@@ -664,7 +665,8 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
   const int64_t T = ops::check_attention_backward(op, dims, dq, dk, dv, d_o, q, k, v, o, lse, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
-  const cuda::AttnArgs args = attn_args(dims, seqs);
+  cuda::AttnArgs args = attn_args(dims, seqs);
+  args.deterministic = deterministic_attention_;
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_backward(dq.data, dk.data, dv.data, d_o.data, q.data, k.data, v.data, o.data, lse.ptr<float>(),
                            args, ws, stream_);

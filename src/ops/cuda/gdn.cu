@@ -442,7 +442,9 @@ __device__ __forceinline__ void update_state(ScanState& st, int u, int m0, int n
 // rows as its A operand and folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and
 // k of chunk c+1 load (cp.async, one group) during chunk c's update and are waited on at the top of
 // chunk c+1; the gates and row scales of chunk c+1 are read into registers during chunk c.
-__global__ void __launch_bounds__(kThreads) gdn_scan_fwd_kernel(float* h, bf16* Dgh, bf16* Dgl, const float* U,
+// kMaxThreads: 256, or 512 for bv = 128 (16 warps, kScanTiles state tiles each; see scan_threads).
+template <int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf16* Dgh, bf16* Dgl, const float* U,
                                                                 const bf16* Wh,
                                                                 const bf16* Wl, const bf16* qkv, const float* rs,
                                                                 const float* Gc, const int32_t* cu,
@@ -661,13 +663,12 @@ int scan_bwd_smem_floats(int K, int bv) {
 // Pipelined, two barriers per chunk: q, W, dO of chunk c load (cp.async) during the dD product and
 // are waited on before (B), k and dD_local of chunk c-1 during the dS update (waited on before the
 // next (A)), the gates and row scales of chunk c-1 into registers during chunk c.
-__global__ void __launch_bounds__(kThreads, 2) gdn_scan_bwd_kernel(float* dh, bf16* dDgh, bf16* dDgl,
-                                                                   const float* dD, const bf16* Wh,
-                                                                   const bf16* Wl, const bf16* qkv, const float* rs,
-                                                                   const float* Gc, const bf16* d_o,
-                                                                   const int32_t* cu, const int* seq_off,
-                                                                   const int* seq_order, int Hk, int Hv, int K, int V,
-                                                                   int conv_dim, int bv) {
+// kMaxThreads as gdn_scan_fwd_kernel's (2 CTAs per SM at 256, 1 at 512: 128 registers either way).
+template <int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
+    gdn_scan_bwd_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD, const bf16* Wh, const bf16* Wl,
+                        const bf16* qkv, const float* rs, const float* Gc, const bf16* d_o, const int32_t* cu,
+                        const int* seq_off, const int* seq_order, int Hk, int Hv, int K, int V, int conv_dim, int bv) {
   const ScanBlock sb = scan_block(seq_order, Hv, V, bv);
   const int s = sb.s, head = sb.head, e0 = sb.e0, kh = head / (Hv / Hk);
   const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
@@ -1297,12 +1298,22 @@ int env_knob(const char* name, std::initializer_list<int> allowed) {
   return 0;
 }
 
-// dv columns per scan CTA (16, 32 or 64, dividing V); QT_GDN_BV_FWD / QT_GDN_BV_BWD override the
-// default for tuning runs of bench_gdn.
+// dv columns per scan CTA (16, 32, 64 or 128, dividing V); QT_GDN_BV_FWD / QT_GDN_BV_BWD override
+// the default for tuning runs of bench_gdn.
 int column_block(int V, bool backward) {
-  static const int fwd = env_knob("QT_GDN_BV_FWD", {16, 32, 64}), bwd = env_knob("QT_GDN_BV_BWD", {16, 32, 64});
+  static const int fwd = env_knob("QT_GDN_BV_FWD", {16, 32, 64, 128}),
+                   bwd = env_knob("QT_GDN_BV_BWD", {16, 32, 64, 128});
   const int want = backward ? bwd : fwd;
   return want != 0 && V % want == 0 ? want : (V % 32 == 0 ? 32 : 16);
+}
+
+// Threads per scan CTA: the K x bv state is spread over the warps in kScanTiles 16 x 16 tiles each,
+// so bv = 128 (one CTA per head: W and k read once, not V / bv times) takes 16 warps.
+int scan_threads(int K, int bv) {
+  const int threads = bv > 64 ? 2 * kThreads : kThreads;
+  QT_CHECK((K / 16) * (bv / 16) <= kScanTiles * (threads / 32), "gdn: a ", K, " x ", bv,
+           " state does not fit the scan's ", threads / 32, " warps");
+  return threads;
 }
 
 // The scans' grid: one CTA per (sample, value head, column block), 1-D (see scan_block).
@@ -1370,11 +1381,12 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
-  const int bv = column_block(V, false);
+  const int bv = column_block(V, false), scan_thr = scan_threads(K, bv);
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
-  set_smem(gdn_scan_fwd_kernel, scan_bytes);
+  auto scan_fwd = scan_thr > kThreads ? gdn_scan_fwd_kernel<2 * kThreads> : gdn_scan_fwd_kernel<kThreads>;
+  set_smem(scan_fwd, scan_bytes);
   stage_begin(stream);
-  gdn_scan_fwd_kernel<<<scan_grid(a, bv), kThreads, scan_bytes, stream>>>(
+  scan_fwd<<<scan_grid(a, bv), scan_thr, scan_bytes, stream>>>(
       w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim,
       bv);
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
@@ -1442,11 +1454,12 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
-  const int bv = column_block(V, true);
+  const int bv = column_block(V, true), scan_thr = scan_threads(K, bv);
   const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
-  set_smem(gdn_scan_bwd_kernel, sb_bytes);
+  auto scan_bwd = scan_thr > kThreads ? gdn_scan_bwd_kernel<2 * kThreads> : gdn_scan_bwd_kernel<kThreads>;
+  set_smem(scan_bwd, sb_bytes);
   stage_begin(stream);
-  gdn_scan_bwd_kernel<<<scan_grid(a, bv), kThreads, sb_bytes, stream>>>(
+  scan_bwd<<<scan_grid(a, bv), scan_thr, sb_bytes, stream>>>(
       w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V,
       conv_dim, bv);
   QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
