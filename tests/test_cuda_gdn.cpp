@@ -250,6 +250,11 @@ TEST(CudaGdn, RealHeadDims) { run_case({1, 2, 128, 128, {65, 200, 1}, Gate::Norm
 TEST(CudaGdn, RealHeadDimsSegmentEdgesStrongGates) {
   run_case({2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 21});
 }
+// The 4B / 9B head layout (16 key heads, 32 value heads, dk = dv = 128): the default scans then run
+// at bv = 128 (column_block), one 512-thread CTA per (sample, head).
+TEST(CudaGdn, FourBHeadsDefaultScanOneCtaPerHead) {
+  run_case({16, 32, 128, 128, {1, 65, 300, 2, 129}, Gate::Normal, Beta::Normal, 22});
+}
 TEST(CudaGdn, ManyShortSegments) {
   std::mt19937 rng(5);
   std::vector<int> lens(300);
