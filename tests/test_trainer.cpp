@@ -98,8 +98,8 @@ TEST(TrainerBadInput, ConfigErrorsNameTheKey) {
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"nonsense"}); }, "expected key=value");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.backend=tpu"}); }, "train.backend 'tpu'");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.deterministic=maybe"}); }, "train.deterministic");
-  EXPECT_TRUE(train_config_load(cfg, {"train.deterministic=true"}).deterministic);
-  EXPECT_FALSE(train_config_load(cfg, {}).deterministic);
+  EXPECT_FALSE(train_config_load(cfg, {"train.deterministic=false"}).deterministic);
+  EXPECT_TRUE(train_config_load(cfg, {}).deterministic);  // on by default: exact resume on the GPU too
   EXPECT_ERROR_CONTAINS([&] { train_run(train_config_load(cfg, {"train.resume=" + dir.file("nope")})); }, "nope");
 }
 

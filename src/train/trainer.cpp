@@ -184,7 +184,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.save_dtype = yaml_get<std::string>(t, "train", "save_dtype", "auto", path);
   c.resume = yaml_get<std::string>(t, "train", "resume", "", path);
   c.cuda_graph = yaml_get<bool>(t, "train", "cuda_graph", true, path);
-  c.deterministic = yaml_get<bool>(t, "train", "deterministic", false, path);
+  c.deterministic = yaml_get<bool>(t, "train", "deterministic", true, path);
   c.activation_checkpointing = yaml_get<std::string>(t, "train", "activation_checkpointing", "auto", path);
   QT_CHECK(c.activation_checkpointing == "auto" || checkpointing_from_name(c.activation_checkpointing), path,
            ": train.activation_checkpointing '", c.activation_checkpointing, "' is not auto, none, selective or full");

@@ -13,10 +13,11 @@
 //                         loops over its query heads and the query tiles from the diagonal to the
 //                         sample's end, accumulating dK and dV in registers (the GQA reduction is
 //                         inside the CTA, or over the 2 CTAs' f32 slices in split order: deterministic,
-//                         no dK/dV atomics). dQ partials
-//                         (dS K) go to an fp32 accumulator with atomics (not bitwise deterministic;
-//                         a deterministic variant would run a separate dQ pass per query tile
-//                         that loops over key tiles, i.e. 7 GEMMs instead of 5).
+//                         no dK/dV atomics). dQ: with AttnArgs::deterministic (the backend's
+//                         default) attn_bwd_dq_kernel computes it per query tile over the key
+//                         tiles in order (7 GEMMs per tile pair instead of 5, bitwise
+//                         reproducible); otherwise the dS K partials go to an fp32 accumulator
+//                         with atomics (faster at 2B, not bitwise reproducible).
 //   attn_bwd_post_kernel: dq = bf16(scale * dQaccum) (and attn_bwd_dkv_sum_kernel for split CTAs).
 // Scheduling: attn_tile_table_kernel lists every (sample, tile) of the packed row, heaviest first
 // across all samples (a forward query tile i costs i + 1 key tiles; a backward key tile j of an
