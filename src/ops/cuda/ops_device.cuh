@@ -20,7 +20,19 @@ __device__ __forceinline__ float silu_gradf_(float x) {
 
 // Fast-math SiLU and its derivative (ex2 + reciprocal on the SFU, a few ulp off the exact ones;
 // far below bf16 rounding) for the bandwidth-bound kernels whose issue rate matters (conv1d).
-__device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+// The .ftz forms are one SFU instruction each; without .ftz ptxas wraps both in denormal range
+// fixes. Flushing is harmless here: 1 + 2^y >= 1, and a flushed 2^y only drops a term below 2^-126.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float sigmoid_fast(float x) { return rcp_ftz(1.0f + ex2_ftz(x * -1.4426950408889634f)); }
 __device__ __forceinline__ float silu_fast(float x) { return x * sigmoid_fast(x); }
 __device__ __forceinline__ float silu_grad_fast(float x) {
   const float s = sigmoid_fast(x);
@@ -70,6 +82,15 @@ __device__ __forceinline__ void store_vec(bf16* p, int64_t i, const float (&v)[V
   } else {
     p[i] = to_bf(v[0]);
   }
+}
+
+// 4 floats to 4 bf16 at p (8-byte aligned) in one st.global.v2. store_vec<4> above compiles to two
+// 4-byte stores in the conv1d kernels (NVVM splits the uint2 there), each warp store then
+// half-masking its 256 bytes; __stwb (st.global.wb = the default policy) keeps it one.
+__device__ __forceinline__ void store4_v2(bf16* p, float a, float b, float c, float d) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  __stwb(reinterpret_cast<uint2*>(p),
+         make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)));
 }
 
 // 8 bf16 packed in 16 bytes <-> 8 floats.

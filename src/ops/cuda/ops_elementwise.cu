@@ -605,7 +605,8 @@ __global__ void __launch_bounds__(kConvWarps * 32) conv1d_bwd_kernel(bf16* __res
 // dist[i] = min(3, t - start(t)) for the tile's tokens masks every tap that would cross a sample
 // start (warp-uniform: a warp shares its tokens). The backward (conv1d_bwd_stream below) uses the
 // same row layout and masks.
-// Used: VEC 4, G 4, R 8 (256 threads, 32-token tiles), 4 tiles per span, MINB 0 (64 registers).
+// Used: VEC 4, G 4, R 8 (256 threads, 32-token tiles), 4 tiles per span, MINB 0 (61 registers; y
+// stored by one 8-byte st.global per token, SiLU by the .ftz SFU forms: 64.2 -> 58.5 us on the H200).
 // VEC 2 (4-byte columns, more warps) and minimum-block bounds of 3-6 measured slower on the H200
 // (notes/dense_kernels.md).
 constexpr int kCtChan = 256;
@@ -684,7 +685,7 @@ __device__ __forceinline__ void ct_shift(float (&h)[3][VEC], const float (&cur)[
 }
 template <int VEC>
 __device__ __forceinline__ void ct_store(bf16* p, const float (&v)[VEC]) {
-  if constexpr (VEC == 4) store_vec<4>(p, 0, v);
+  if constexpr (VEC == 4) dev::store4_v2(p, v[0], v[1], v[2], v[3]);
   else *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v[0], v[1]);
 }
 
@@ -778,8 +779,9 @@ __global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
 // t's sample. dw: per thread over its own tokens, then over the G groups in group order into one
 // fp32 partial row per span (deterministic; launch_column_reduce sums the spans).
 // Used: G 2, R 8, NSTEP 16 (128 threads, 128 tokens per group, 256-token spans = kCtSpanB * 32;
-// 137 registers, 3 blocks per SM). G 4 x 64 tokens (256 threads, 128 registers) and G 4, R 4 with a
-// 3-blocks bound (spills) measured slower on the H200 (notes/dense_kernels.md).
+// 128 registers with the .ftz SiLU, held at 3 blocks per SM by the smem request). G 4 x 64 tokens
+// (256 threads) and G 4, R 4 with a 3-blocks bound (spills) measured slower on the H200
+// (notes/dense_kernels.md).
 template <int R>
 constexpr int cs_stage_bytes() { return (2 * R + 9) * kCtRowBytes + 64; }  // x: 3 + R + 3, dy: R + 3, dist
 
@@ -831,7 +833,10 @@ __device__ __forceinline__ void cs_step(bf16* __restrict__ dx, float (&h)[3][4],
       if (!MASK || d >= 3) p[3][v] += dc * wr[v][0];
     }
     const int64_t tau = tb + k - 3;
-    if (tau >= gs && tau < T) ct_store<4>(dx + tau * C + cq, p[3]);
+    // store_vec's two 4-byte stores, not ct_store's single 8-byte one: the latter (an asm store
+    // with a memory clobber) keeps NVVM from hoisting the next token's shared loads above it, and
+    // measured slower here (bwd+dw 113 vs 106 us), though faster in the forward (notes).
+    if (tau >= gs && tau < T) store_vec<4>(dx + tau * C + cq, 0, p[3]);
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       p[3][v] = p[2][v];
@@ -924,7 +929,11 @@ __global__ void __launch_bounds__(64 * G, MINB)
 template <int G, int R, int NSTEP, int MINB>
 int64_t cs_bwd_launch(bf16* dx, float* partials, const bf16* dy, const bf16* x, const bf16* w, const int32_t* cu,
                       int num_seqs, int64_t T, int64_t C, cudaStream_t s) {
-  const int smem = 2 * G * cs_stage_bytes<R>();
+  // Exactly 3 blocks per SM: the dynamic smem request is padded to 60 KB (4 x 61 KB > 228 KB).
+  // At 128 registers 4 blocks would fit, and 4 blocks measured slower on the H200 each time (bwd+dw
+  // 113 -> 120 us, 110 -> 124 us with a 128-register bound), 2 blocks slower still (133 us): more
+  // concurrent streams do not hide more latency here (notes/dense_kernels.md).
+  const int smem = std::max(2 * G * cs_stage_bytes<R>(), 60 * 1024);
   auto kernel = conv1d_bwd_stream<G, R, NSTEP, MINB>;
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t spans = ceil_div(T, int64_t(G) * R * NSTEP);
