@@ -19,13 +19,14 @@ log() { echo "== $*"; }
 if [ "$phase" = kernels ]; then
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
   log "op harness"
-  timeout 300 "$BIN/qwentune_tests" --gtest_filter='OpsTest.*:CudaGdn.*:CudaAttention.*:CudaTrainStep.*' >"$OUT/harness.log" 2>&1
+  timeout 300 "$BIN/qwentune_tests" --gtest_filter='OpsTest.*:CudaGdn.*:CudaAttention.*:CudaTrainStep.*:CudaBackendEnv.*' >"$OUT/harness.log" 2>&1
   echo "harness exit $?"
   grep -E "^\[       OK|^\[  FAILED|tests ran|PASSED" "$OUT/harness.log" | sed 's/^\[       OK \] //' | cut -c1-110 | tail -45
   log "kernel benchmarks"
   timeout 100 "$BIN/bench_cuda_ops" >"$OUT/bench_ops.log" 2>&1; echo "rc $?"; tail -12 "$OUT/bench_ops.log"
   timeout 60 "$BIN/bench_gdn" 10 >"$OUT/bench_gdn.log" 2>&1; echo "rc $?"; tail -9 "$OUT/bench_gdn.log"
   timeout 60 "$BIN/bench_attention" --iters 10 >"$OUT/bench_attn.log" 2>&1; echo "rc $?"; tail -8 "$OUT/bench_attn.log"
+  timeout 60 "$BIN/bench_attention" --iters 10 --deterministic >"$OUT/bench_attn_det.log" 2>&1; echo "rc $?"; grep _det "$OUT/bench_attn_det.log"
 else
   log "end to end"
   timeout 240 "$BIN/qwentune" bench --preset 2b --steps 5 --warmup 2 >"$OUT/bench_2b.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_2b.log"
