@@ -232,6 +232,67 @@ __device__ __forceinline__ void store_warp_rows(bf16* g_rows, int64_t ld, bf16* 
   }
 }
 
+// ---- score-tile pieces of the forward (pack_p also serves the dQ kernel) -------------------------
+// s[nb][e]: the warp's S fragment over BN keys (row g + 8 (e >> 1), key 8 nb + 2 t4 + (e & 1)), the
+// mma.sync m16n8 C layout (also each warp's slice of a wgmma m64nN accumulator).
+
+// Masks keys past the diagonal (col > row) or the sample end (col >= L); rows / keys sample-local.
+template <int BN>
+__device__ __forceinline__ void mask_tile(float (&s)[BN / 8][4], int n0, int wrow0, int g, int t4, int L) {
+#pragma unroll
+  for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + nb * 8 + 2 * t4 + (e & 1);
+      const int row = wrow0 + g + (e >> 1) * 8;
+      if (col > row || col >= L) s[nb][e] = -INFINITY;
+    }
+}
+
+// Online softmax step (base 2, scale folded in): updates the running row max and the per-thread
+// partial row sum, turns s into P, and rescales the O accumulator rows.
+template <int BN, int D>
+__device__ __forceinline__ void softmax_step(float (&s)[BN / 8][4], float (&acc_o)[D / 8][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = row_max[r];
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+    const float alpha = exp2f(row_max[r] * scale_log2 - m_scaled);
+    row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) {
+      s[nb][2 * r] = exp2f(fmaf(s[nb][2 * r], scale_log2, -m_scaled));
+      s[nb][2 * r + 1] = exp2f(fmaf(s[nb][2 * r + 1], scale_log2, -m_scaled));
+      sum += s[nb][2 * r] + s[nb][2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial; reduced across the quad at the end
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      acc_o[i][2 * r] *= alpha;
+      acc_o[i][2 * r + 1] *= alpha;
+    }
+  }
+}
+
+// P as bf16 A fragments (the S accumulator layout of two n-blocks is the A layout of one k-step,
+// for mma.sync m16n8k16 and for wgmma m64nNk16 alike).
+template <int BN>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 struct FwdParams {
@@ -312,50 +373,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
     cp_async_commit();
 
     if (active) {
-      if (n0 + BN - 1 > wrow0 || n0 + BN > L) {  // tile crosses the diagonal or the sample end
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = n0 + nb * 8 + 2 * t4 + (e & 1);
-            const int row = wrow0 + g + (e >> 1) * 8;
-            if (col > row || col >= L) s[nb][e] = -INFINITY;
-          }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[r];
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float alpha = exp2f(row_max[r] * scale_log2 - m_scaled);
-        row_max[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb) {
-          s[nb][2 * r] = exp2f(fmaf(s[nb][2 * r], scale_log2, -m_scaled));
-          s[nb][2 * r + 1] = exp2f(fmaf(s[nb][2 * r + 1], scale_log2, -m_scaled));
-          sum += s[nb][2 * r] + s[nb][2 * r + 1];
-        }
-        row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial; reduced across the quad at the end
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          acc_o[i][2 * r] *= alpha;
-          acc_o[i][2 * r + 1] *= alpha;
-        }
-      }
+      if (n0 + BN - 1 > wrow0 || n0 + BN > L) mask_tile<BN>(s, n0, wrow0, g, t4, L);  // diagonal / sample end
+      softmax_step<BN, D>(s, acc_o, row_max, row_sum, scale_log2);
     }
-    // P as bf16 A fragments (the S accumulator layout of two n-blocks is the A layout of one k-step).
     uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    pack_p<BN>(pa, s);
     cp_async_wait<1>();  // V_j has landed
     __syncthreads();
     if (active) {
@@ -794,15 +816,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
           if (col > row || col >= L) pe = 0.f;
           s[nb][e] = pe * (dp[nb][e] - dsum[r]);
         }
-      // dS as bf16 A fragments (the accumulator layout of two n-blocks is the A layout of one k-step).
-      uint32_t da[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        da[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        da[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        da[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        da[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
+      uint32_t da[BN / 16][4];  // dS as bf16 A fragments
+      pack_p<BN>(da, s);
       // dQ += dS K_j: B = K_j stored [key][d], read with .trans.
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
