@@ -76,6 +76,12 @@ void check_gdn_kernel_dims(const char* op, const GdnDims& d) {
            " must be multiples of 16 in [16, 128] for the CUDA kernel");
 }
 
+// The attention kernels' head dims on top of ops::check_attention_* (which the shared checks run).
+void check_attn_kernel_dims(const char* op, const AttnDims& d) {
+  QT_CHECK(d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256, op, ": head_dim ", d.head_dim,
+           " is not supported by the CUDA kernel (64, 128, 256)");
+}
+
 }  // namespace
 
 // ---- lifetime and memory ---------------------------------------------------------------------
@@ -645,8 +651,7 @@ void CudaBackend::attn_prep_backward(const Tensor& dqg, const Tensor& dkr, const
 void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const AttnDims& dims, const SeqInfo& seqs) {
   const char* op = "attention_forward";
-  QT_CHECK(dims.head_dim == 64 || dims.head_dim == 128 || dims.head_dim == 256, op, ": head_dim ", dims.head_dim,
-           " is not supported by the CUDA kernel (64, 128, 256)");
+  check_attn_kernel_dims(op, dims);
   const int64_t T = ops::check_attention_forward(op, dims, o, lse, q, k, v, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
@@ -660,8 +665,7 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
                                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                      const Tensor& lse, const AttnDims& dims, const SeqInfo& seqs) {
   const char* op = "attention_backward";
-  QT_CHECK(dims.head_dim == 64 || dims.head_dim == 128 || dims.head_dim == 256, op, ": head_dim ", dims.head_dim,
-           " is not supported by the CUDA kernel (64, 128, 256)");
+  check_attn_kernel_dims(op, dims);
   const int64_t T = ops::check_attention_backward(op, dims, dq, dk, dv, d_o, q, k, v, o, lse, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;

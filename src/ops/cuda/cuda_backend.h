@@ -108,12 +108,11 @@ class CudaBackend final : public Backend {
   // beta = 0 call times cuBLASLt's heuristic candidates and keeps the fastest that writes the same
   // bits as the first candidate. Affects plans made after the call.
   void set_gemm_tuning(bool on) { gemm_tune_ = on; }
-  // Attention backward with dQ from its own kernel instead of fp32 atomics: bitwise reproducible
+  // The attention backward's dQ from its own kernel instead of fp32 atomics: bitwise reproducible
   // steps (and so exactly resumable runs) at ~1.4x the backward's MMA work, which measured within
   // noise end to end (notes/attention_kernels.md). On by default; QT_ATTN_DETERMINISTIC=0 in the
   // environment or set_deterministic(false) (train.deterministic: false) turns it off.
-  void set_deterministic_attention(bool on) { deterministic_attention_ = on; }
-  void set_deterministic(bool on) override { set_deterministic_attention(on); }
+  void set_deterministic(bool on) override { deterministic_attention_ = on; }
   int64_t cross_entropy_chunk_rows(int64_t V, int64_t T) const;
   // Scratch bytes linear_cross_entropy needs for V and T tokens (its peak extra device memory).
   size_t cross_entropy_workspace_bytes(int64_t V, int64_t T) const;
