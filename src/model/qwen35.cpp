@@ -556,15 +556,11 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   // MLP output, then next = h + mlp (in place) fused with the next layer's input norm, or the final
   // norm after the last layer.
   const bool last = l + 1 == static_cast<int>(c.num_hidden_layers);
-  LayerActs* N = last ? nullptr : &acts_[static_cast<size_t>(l) + 1];
-  const Tensor next = last ? rows(final_in_, T) : rows(N->x, T);
+  const LayerActs* N = last ? nullptr : &acts_[static_cast<size_t>(l) + 1];
+  const Tensor next = rows(last ? final_in_ : N->x, T);
   be_.linear_forward(next, act, p(ParamRole::MlpDown, l));
-  if (last)
-    be_.add_rmsnorm_forward(next, rows(final_out_, T), rows(final_rstd_, T), h, next, p(ParamRole::FinalNorm, -1),
-                            c.rms_norm_eps);
-  else
-    be_.add_rmsnorm_forward(next, rows(N->xn, T), rows(N->rstd_in, T), h, next, p(ParamRole::InputNorm, l + 1),
-                            c.rms_norm_eps);
+  be_.add_rmsnorm_forward(next, rows(last ? final_out_ : N->xn, T), rows(last ? final_rstd_ : N->rstd_in, T), h, next,
+                          last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps);
 }
 
 void Qwen35Model::backward_layers(int64_t T) {
