@@ -290,7 +290,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  // ---- fused linear cross-entropy, T x H -> V ----
   // ---- fused cross-entropy, part by part (only with --only ce-parts): where the chunk's time goes ----
   // One 2048-row chunk (the training step's) at the 2B and 4B hidden sizes: the fp32 logits GEMM,
   // the softmax / gradient kernel, the dX GEMM over the in-place bf16 gradient (row stride 2V) and
@@ -329,6 +328,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  // ---- fused linear cross-entropy, T x H -> V ----
   if (run("ce")) {
     Tensor hidden = be.alloc(DType::BF16, {T, H}), w = be.alloc(DType::BF16, {V, H}), dh = be.alloc(DType::BF16, {T, H}),
            dw = be.alloc(DType::BF16, {V, H}), targets = be.alloc(DType::I32, {T});

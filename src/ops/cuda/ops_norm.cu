@@ -363,7 +363,6 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
   }
 }
 
-// Smallest NV in {1, 2, 4, 8} with 32 NV vectors covering the row; 0: no fast path.
 // 16-byte vectors per lane of the one-warp-per-row kernels: the smallest instantiated count that
 // covers the row (10: the 4B hidden size 2560; 16: 4096), 0 when the row is wider or cols % 8 != 0.
 int fast_nv(int64_t cols) {
