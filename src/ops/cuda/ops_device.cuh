@@ -19,7 +19,8 @@ __device__ __forceinline__ float silu_gradf_(float x) {
 }
 
 // Fast-math SiLU and its derivative (ex2 + reciprocal on the SFU, a few ulp off the exact ones;
-// far below bf16 rounding) for the bandwidth-bound kernels whose issue rate matters (conv1d).
+// far below bf16 rounding) for the bandwidth-bound kernels whose issue rate matters (conv1d, the
+// gated RMSNorm).
 // The .ftz forms are one SFU instruction each; without .ftz ptxas wraps both in denormal range
 // fixes. Flushing is harmless here: 1 + 2^y >= 1, and a flushed 2^y only drops a term below 2^-126.
 __device__ __forceinline__ float ex2_ftz(float x) {

@@ -56,7 +56,7 @@ __global__ void rmsnorm_fwd_kernel(bf16* y, float* rstd, const bf16* x, const bf
       float zv[VEC];
       load_vec<VEC>(zv, z + row * cols, i);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) out[k] = wv[k] * (v[k] * rs) * dev::siluf_(zv[k]);
+      for (int k = 0; k < VEC; ++k) out[k] = wv[k] * (v[k] * rs) * dev::silu_fast(zv[k]);
     }
     store_vec<VEC>(y + row * cols, i, out);
   }
@@ -92,7 +92,7 @@ __global__ void rmsnorm_bwd_kernel(bf16* dx, bool accumulate_dx, bf16* dz, float
         float zv[VEC];
         load_vec<VEC>(zv, z + row * cols, i);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) dot += (xv[k] * rs) * (dv[k] * wv[k] * dev::siluf_(zv[k]));
+        for (int k = 0; k < VEC; ++k) dot += (xv[k] * rs) * (dv[k] * wv[k] * dev::silu_fast(zv[k]));
       }
     }
     const float mean = dev::warp_sum(dot) / float(cols);
@@ -117,9 +117,9 @@ __global__ void rmsnorm_bwd_kernel(bf16* dx, bool accumulate_dx, bf16* dz, float
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float n = xv[k] * rs;
-          const float sz = dev::siluf_(zv[k]);
+          const float sz = dev::silu_fast(zv[k]);
           dxv[k] = rs * (dv[k] * wv[k] * sz - n * mean);
-          dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
+          dzv[k] = dv[k] * wv[k] * n * dev::silu_grad_fast(zv[k]);
           if (partials != nullptr) my_dw[i * VEC + k] += dv[k] * n * sz;
         }
         store_vec<VEC>(dz + row * cols, i, dzv);
@@ -171,7 +171,7 @@ __device__ __forceinline__ uint4 norm_vec8(const float (&v)[8], float rs, const 
     float zv[8];
     dev::unpack8(zv, reinterpret_cast<const uint4*>(zrow)[i]);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = wv[k] * (v[k] * rs) * dev::siluf_(zv[k]);
+    for (int k = 0; k < 8; ++k) out[k] = wv[k] * (v[k] * rs) * dev::silu_fast(zv[k]);
   }
   return dev::pack8(out);
 }
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
         float zv[8];
         dev::unpack8(zv, zr[j]);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) dot += (xv[k] * rs) * (dv[k] * wv[k] * dev::siluf_(zv[k]));
+        for (int k = 0; k < 8; ++k) dot += (xv[k] * rs) * (dv[k] * wv[k] * dev::silu_fast(zv[k]));
       }
     }
     const float mean = dev::warp_sum(dot) / float(cols);
@@ -333,9 +333,9 @@ __global__ void __launch_bounds__(kFastWarps * 32) rmsnorm_bwd_fast(
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           const float n = xv[k] * rs;
-          const float sz = dev::siluf_(zv[k]);
+          const float sz = dev::silu_fast(zv[k]);
           dxv[k] = rs * (dv[k] * wv[k] * sz - n * mean);
-          dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
+          dzv[k] = dv[k] * wv[k] * n * dev::silu_grad_fast(zv[k]);
           dwv[k] = dv[k] * n * sz;
         }
         reinterpret_cast<uint4*>(dz + row * cols)[i] = dev::pack8(dzv);
@@ -500,7 +500,7 @@ __global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_bwd_narrow(
       float dot = 0.0f;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        sz[k] = kGated ? dev::siluf_(zv[k]) : 1.0f + wv[k];  // the factor y carries besides n
+        sz[k] = kGated ? dev::silu_fast(zv[k]) : 1.0f + wv[k];  // the factor y carries besides n
         dot += (xv[k] * rs[u]) * (dv[k] * (kGated ? wv[k] * sz[k] : sz[k]));
       }
       const float mean = dev::warp_sum<LPR>(dot) / float(cols);
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(kNarrowWarps * 32) rmsnorm_bwd_narrow(
         const float n = xv[k] * rs[u];
         if constexpr (kGated) {
           dxv[k] = rs[u] * (dv[k] * wv[k] * sz[k] - n * mean);
-          dzv[k] = dv[k] * wv[k] * n * dev::silu_gradf_(zv[k]);
+          dzv[k] = dv[k] * wv[k] * n * dev::silu_grad_fast(zv[k]);
           dw[k] += dv[k] * n * sz[k];
         } else {
           dxv[k] = rs[u] * (dv[k] * sz[k] - n * mean) + old[k];
