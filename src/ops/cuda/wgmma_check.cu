@@ -1,0 +1,90 @@
+// wgmma_gemm_check (kernels.h): one warpgroup computes C[64, N] = A[64, K] B with both operands
+// staged in 128-byte-swizzled shared memory (wgmma.cuh), B either K-major ([N, K]) or N-major
+// ([K, N]). It exists to pin the descriptor and fragment conventions of wgmma.cuh against a host
+// reference (tests/test_cuda_wgmma.cpp) before kernels build on them; it is not tuned.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/wgmma.cuh"
+
+namespace qt::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+template <int N, bool kBKMajor>
+__global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c, const bf16* __restrict__ a,
+                                                          const bf16* __restrict__ b, int K) {
+  extern __shared__ __align__(16) char wgc_sm[];
+  // Panels must start 1024-byte aligned (the swizzle works on address bits).
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(wgc_sm));
+  char* as = wgc_sm + ((1024u - (s0 & 1023u)) & 1023u);
+  char* bs = as + 64 * K * 2;
+  const int tid = threadIdx.x;
+  for (int i = tid; i < 64 * K; i += 128) {  // A [64, K]: panel (col / 64) of 64 rows x 128 bytes
+    const int r = i / K, col = i % K;
+    *reinterpret_cast<bf16*>(as + (col / 64) * 8192 + wg::sw128(r, col % 64)) = a[i];
+  }
+  for (int i = tid; i < N * K; i += 128) {
+    if constexpr (kBKMajor) {  // B as [N, K]: panel (k / 64) of N rows
+      const int n = i / K, k = i % K;
+      *reinterpret_cast<bf16*>(bs + (k / 64) * (N * 128) + wg::sw128(n, k % 64)) = b[i];
+    } else {  // B as [K, N]: block (n / 64) of K rows
+      const int k = i / N, n = i % N;
+      *reinterpret_cast<bf16*>(bs + (n / 64) * (K * 128) + wg::sw128(k, n % 64)) = b[i];
+    }
+  }
+  wg::fence_proxy_async();
+  __syncthreads();
+  float d[N / 2];
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) d[j] = 0.0f;
+  wg::fence();
+  for (int s = 0; s < K / 16; ++s) {
+    const uint64_t da = wg::desc_sw128(as + (s / 4) * 8192 + (s % 4) * 32, 16, 1024);
+    const uint64_t db = kBKMajor ? wg::desc_sw128(bs + (s / 4) * (N * 128) + (s % 4) * 32, 16, 1024)
+                                 : wg::desc_sw128(bs + s * 2048, K * 128, 1024);
+    if constexpr (N == 64) wg::mma_m64n64k16<kBKMajor ? 0 : 1>(d, da, db, 1);
+    else wg::mma_m64n128k16<kBKMajor ? 0 : 1>(d, da, db, 1);
+  }
+  wg::commit();
+  wg::wait<0>();
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) wg::fence_operand(d[j]);
+  const int warp = tid / 32, lane = tid % 32, r0 = 16 * warp + lane / 4;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+    c[r0 * N + col] = d[4 * j];
+    c[r0 * N + col + 1] = d[4 * j + 1];
+    c[(r0 + 8) * N + col] = d[4 * j + 2];
+    c[(r0 + 8) * N + col + 1] = d[4 * j + 3];
+  }
+}
+
+template <int N, bool kBKMajor>
+void launch_wgmma_check(float* c, const void* a, const void* b, int k, cudaStream_t stream) {
+  const int smem = 64 * k * 2 + N * k * 2 + 1024;
+  auto kernel = wgmma_check_kernel<N, kBKMajor>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<1, 128, smem, stream>>>(c, static_cast<const bf16*>(a), static_cast<const bf16*>(b), k);
+  QT_LAUNCH_CHECK("wgmma_check_kernel");
+}
+
+}  // namespace
+
+void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, cudaStream_t stream) {
+  QT_CHECK(n == 64 || n == 128, "wgmma_gemm_check: n = ", n, " (64 or 128)");
+  QT_CHECK(k > 0 && k % 64 == 0 && k <= 256, "wgmma_gemm_check: k = ", k, " (a multiple of 64, at most 256)");
+  if (n == 64 && b_k_major) launch_wgmma_check<64, true>(c, a, b, k, stream);
+  else if (n == 64) launch_wgmma_check<64, false>(c, a, b, k, stream);
+  else if (b_k_major) launch_wgmma_check<128, true>(c, a, b, k, stream);
+  else launch_wgmma_check<128, false>(c, a, b, k, stream);
+}
+
+}  // namespace qt::cuda
