@@ -10,28 +10,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "ops/cuda/kernels.h"
 
 namespace {
-
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 bool have_device() {
   int n = 0;
@@ -43,9 +30,9 @@ void run_case(int n, int k, bool b_k_major, uint64_t seed) {
   SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + (b_k_major ? " B [n, k]" : " B [k, n]"));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<uint16_t> a(64 * size_t(k)), b(size_t(n) * k);
-  for (auto& x : a) x = to_bf16(dist(rng));
-  for (auto& x : b) x = to_bf16(dist(rng));
+  std::vector<qt::bf16> a(64 * size_t(k)), b(size_t(n) * k);
+  for (auto& x : a) x = qt::float_to_bf16(dist(rng));
+  for (auto& x : b) x = qt::float_to_bf16(dist(rng));
   void *da = nullptr, *db = nullptr;
   float* dc = nullptr;
   ASSERT_EQ(cudaMalloc(&da, a.size() * 2), cudaSuccess);
@@ -66,8 +53,8 @@ void run_case(int n, int k, bool b_k_major, uint64_t seed) {
     for (int j = 0; j < n; ++j) {
       double ref = 0, mag = 0;
       for (int t = 0; t < k; ++t) {
-        const double bv = from_bf16(b_k_major ? b[size_t(j) * k + t] : b[size_t(t) * n + j]);
-        const double p = double(from_bf16(a[size_t(i) * k + t])) * bv;
+        const double bv = qt::bf16_to_float(b_k_major ? b[size_t(j) * k + t] : b[size_t(t) * n + j]);
+        const double p = double(qt::bf16_to_float(a[size_t(i) * k + t])) * bv;
         ref += p;
         mag += std::fabs(p);
       }
