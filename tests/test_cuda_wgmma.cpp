@@ -25,9 +25,10 @@ bool have_device() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-void run_case(int n, int k, bool b_k_major, uint64_t seed) {
+void run_case(int n, int k, bool b_k_major, bool a_regs, uint64_t seed) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + (b_k_major ? " B [n, k]" : " B [k, n]"));
+  SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + (b_k_major ? " B [n, k]" : " B [k, n]") +
+               (a_regs ? ", A in registers" : ", A in smem"));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   std::vector<qt::bf16> a(64 * size_t(k)), b(size_t(n) * k);
@@ -41,7 +42,7 @@ void run_case(int n, int k, bool b_k_major, uint64_t seed) {
   ASSERT_EQ(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(dc, 0xFF, 64 * size_t(n) * 4), cudaSuccess);  // NaN: unwritten elements fail
-  qt::cuda::wgmma_gemm_check(dc, da, db, n, k, b_k_major, nullptr);
+  qt::cuda::wgmma_gemm_check(dc, da, db, n, k, b_k_major, a_regs, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> c(64 * size_t(n));
   ASSERT_EQ(cudaMemcpy(c.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -65,21 +66,24 @@ void run_case(int n, int k, bool b_k_major, uint64_t seed) {
   EXPECT_EQ(bad, 0) << bad << " of " << 64 * n << " elements wrong";
 }
 
-TEST(CudaWgmma, KMajorBN64OnePanel) { run_case(64, 64, true, 1); }
-TEST(CudaWgmma, KMajorBN128ThreePanels) { run_case(128, 192, true, 2); }
-TEST(CudaWgmma, NMajorBN64) { run_case(64, 128, false, 3); }
-TEST(CudaWgmma, NMajorBN128TwoBlocks) { run_case(128, 256, false, 4); }
+TEST(CudaWgmma, KMajorBN64OnePanel) { run_case(64, 64, true, false, 1); }
+TEST(CudaWgmma, KMajorBN128ThreePanels) { run_case(128, 192, true, false, 2); }
+TEST(CudaWgmma, NMajorBN64) { run_case(64, 128, false, false, 3); }
+TEST(CudaWgmma, NMajorBN128TwoBlocks) { run_case(128, 256, false, false, 4); }
+// A from registers (how attention's P V and the GDN products would feed wgmma).
+TEST(CudaWgmma, RegisterAKMajorBN64) { run_case(64, 128, true, true, 5); }
+TEST(CudaWgmma, RegisterANMajorBN128) { run_case(128, 256, false, true, 6); }
 
 // Shapes the check does not support are refused before anything reaches the device.
 TEST(CudaWgmmaBadInput, ShapesNamed) {
   try {
-    qt::cuda::wgmma_gemm_check(nullptr, nullptr, nullptr, 96, 64, true, nullptr);
+    qt::cuda::wgmma_gemm_check(nullptr, nullptr, nullptr, 96, 64, true, false, nullptr);
     ADD_FAILURE() << "n = 96 accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("n = 96"), std::string::npos) << e.what();
   }
   try {
-    qt::cuda::wgmma_gemm_check(nullptr, nullptr, nullptr, 64, 80, true, nullptr);
+    qt::cuda::wgmma_gemm_check(nullptr, nullptr, nullptr, 64, 80, true, false, nullptr);
     ADD_FAILURE() << "k = 80 accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("k = 80"), std::string::npos) << e.what();

@@ -1,7 +1,8 @@
-// wgmma_gemm_check (kernels.h): one warpgroup computes C[64, N] = A[64, K] B with both operands
-// staged in 128-byte-swizzled shared memory (wgmma.cuh), B either K-major ([N, K]) or N-major
-// ([K, N]). It exists to pin the descriptor and fragment conventions of wgmma.cuh against a host
-// reference (tests/test_cuda_wgmma.cpp) before kernels build on them; it is not tuned.
+// wgmma_gemm_check (kernels.h): one warpgroup computes C[64, N] = A[64, K] B with B staged in
+// 128-byte-swizzled shared memory (wgmma.cuh), either K-major ([N, K]) or N-major ([K, N]), and A
+// either staged the same way (K-major) or held in registers as m64nNk16 A fragments. It exists to
+// pin the descriptor and fragment conventions of wgmma.cuh against a host reference
+// (tests/test_cuda_wgmma.cpp) before kernels build on them; it is not tuned.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,7 +18,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-template <int N, bool kBKMajor>
+template <int N, bool kBKMajor, bool kARegs>
 __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c, const bf16* __restrict__ a,
                                                           const bf16* __restrict__ b, int K) {
   extern __shared__ __align__(16) char wgc_sm[];
@@ -44,19 +45,45 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
   float d[N / 2];
 #pragma unroll
   for (int j = 0; j < N / 2; ++j) d[j] = 0.0f;
+  const int warp = tid / 32, lane = tid % 32, r0 = 16 * warp + lane / 4;
+  // A fragments of every k16 step, built before the fence (registers written between wgmma
+  // instructions would need another fence).
+  constexpr int kMaxSteps = 16;
+  uint32_t af[kMaxSteps][4];
+  if constexpr (kARegs) {
+    auto pair = [&](int r, int col) {
+      const uint16_t lo = __bfloat16_as_ushort(a[r * K + col]), hi = __bfloat16_as_ushort(a[r * K + col + 1]);
+      return uint32_t(lo) | (uint32_t(hi) << 16);
+    };
+#pragma unroll
+    for (int s = 0; s < kMaxSteps; ++s) {
+      if (s >= K / 16) break;
+      const int c0 = 16 * s + 2 * (lane % 4);
+      af[s][0] = pair(r0, c0);
+      af[s][1] = pair(r0 + 8, c0);
+      af[s][2] = pair(r0, c0 + 8);
+      af[s][3] = pair(r0 + 8, c0 + 8);
+    }
+  }
   wg::fence();
-  for (int s = 0; s < K / 16; ++s) {
-    const uint64_t da = wg::desc_sw128(as + (s / 4) * 8192 + (s % 4) * 32, 16, 1024);
+#pragma unroll
+  for (int s = 0; s < kMaxSteps; ++s) {
+    if (s >= K / 16) break;
     const uint64_t db = kBKMajor ? wg::desc_sw128(bs + (s / 4) * (N * 128) + (s % 4) * 32, 16, 1024)
                                  : wg::desc_sw128(bs + s * 2048, K * 128, 1024);
-    if constexpr (N == 64) wg::mma_m64n64k16<kBKMajor ? 0 : 1>(d, da, db, 1);
-    else wg::mma_m64n128k16<kBKMajor ? 0 : 1>(d, da, db, 1);
+    if constexpr (kARegs) {
+      if constexpr (N == 64) wg::mma_m64n64k16_rs<kBKMajor ? 0 : 1>(d, af[s], db, 1);
+      else wg::mma_m64n128k16_rs<kBKMajor ? 0 : 1>(d, af[s], db, 1);
+    } else {
+      const uint64_t da = wg::desc_sw128(as + (s / 4) * 8192 + (s % 4) * 32, 16, 1024);
+      if constexpr (N == 64) wg::mma_m64n64k16<kBKMajor ? 0 : 1>(d, da, db, 1);
+      else wg::mma_m64n128k16<kBKMajor ? 0 : 1>(d, da, db, 1);
+    }
   }
   wg::commit();
   wg::wait<0>();
 #pragma unroll
   for (int j = 0; j < N / 2; ++j) wg::fence_operand(d[j]);
-  const int warp = tid / 32, lane = tid % 32, r0 = 16 * warp + lane / 4;
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) {
     const int col = 8 * j + 2 * (lane % 4);
@@ -67,10 +94,10 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
   }
 }
 
-template <int N, bool kBKMajor>
+template <int N, bool kBKMajor, bool kARegs>
 void launch_wgmma_check(float* c, const void* a, const void* b, int k, cudaStream_t stream) {
   const int smem = 64 * k * 2 + N * k * 2 + 1024;
-  auto kernel = wgmma_check_kernel<N, kBKMajor>;
+  auto kernel = wgmma_check_kernel<N, kBKMajor, kARegs>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<1, 128, smem, stream>>>(c, static_cast<const bf16*>(a), static_cast<const bf16*>(b), k);
   QT_LAUNCH_CHECK("wgmma_check_kernel");
@@ -78,13 +105,21 @@ void launch_wgmma_check(float* c, const void* a, const void* b, int k, cudaStrea
 
 }  // namespace
 
-void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, cudaStream_t stream) {
+void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, bool a_in_registers,
+                      cudaStream_t stream) {
   QT_CHECK(n == 64 || n == 128, "wgmma_gemm_check: n = ", n, " (64 or 128)");
   QT_CHECK(k > 0 && k % 64 == 0 && k <= 256, "wgmma_gemm_check: k = ", k, " (a multiple of 64, at most 256)");
-  if (n == 64 && b_k_major) launch_wgmma_check<64, true>(c, a, b, k, stream);
-  else if (n == 64) launch_wgmma_check<64, false>(c, a, b, k, stream);
-  else if (b_k_major) launch_wgmma_check<128, true>(c, a, b, k, stream);
-  else launch_wgmma_check<128, false>(c, a, b, k, stream);
+  const int variant = (n == 128 ? 4 : 0) + (b_k_major ? 2 : 0) + (a_in_registers ? 1 : 0);
+  switch (variant) {
+    case 0: launch_wgmma_check<64, false, false>(c, a, b, k, stream); break;
+    case 1: launch_wgmma_check<64, false, true>(c, a, b, k, stream); break;
+    case 2: launch_wgmma_check<64, true, false>(c, a, b, k, stream); break;
+    case 3: launch_wgmma_check<64, true, true>(c, a, b, k, stream); break;
+    case 4: launch_wgmma_check<128, false, false>(c, a, b, k, stream); break;
+    case 5: launch_wgmma_check<128, false, true>(c, a, b, k, stream); break;
+    case 6: launch_wgmma_check<128, true, false>(c, a, b, k, stream); break;
+    default: launch_wgmma_check<128, true, true>(c, a, b, k, stream); break;
+  }
 }
 
 }  // namespace qt::cuda
