@@ -73,6 +73,9 @@ TEST(CudaWgmma, NMajorBN128TwoBlocks) { run_case(128, 256, false, false, 4); }
 // A from registers (how attention's P V and the GDN products would feed wgmma).
 TEST(CudaWgmma, RegisterAKMajorBN64) { run_case(64, 128, true, true, 5); }
 TEST(CudaWgmma, RegisterANMajorBN128) { run_case(128, 256, false, true, 6); }
+// N = 256: attention's O += P V at head_dim 256 (P in registers, V [keys, 256] N-major).
+TEST(CudaWgmma, RegisterANMajorBN256) { run_case(256, 64, false, true, 7); }
+TEST(CudaWgmma, KMajorBN256) { run_case(256, 128, true, false, 8); }
 
 // Shapes the check does not support are refused before anything reaches the device.
 TEST(CudaWgmmaBadInput, ShapesNamed) {

@@ -58,7 +58,7 @@ void attention_backward(void* dq, void* dk, void* dv, const void* d_o, const voi
 
 // ---- Hopper wgmma conventions check (wgmma_check.cu, wgmma.cuh) ----
 // c [64, n] f32 = a [64, k] (bf16, row-major) times b, given as [n, k] (b_k_major) or [k, n], bf16
-// row-major; n 64 or 128, k a multiple of 64 up to 256; one warpgroup, b in 128-byte-swizzled shared
+// row-major; n 64, 128 or 256, k a multiple of 64 up to 256; one warpgroup, b in 128-byte-swizzled shared
 // memory, a there too or in registers (a_in_registers). Pins the descriptor / fragment layouts of
 // wgmma.cuh (tests/test_cuda_wgmma.cpp).
 void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, bool a_in_registers,

@@ -46,7 +46,7 @@ __device__ __forceinline__ void wait() {
 // Keeps the compiler from moving accesses of an accumulator across the async MMA window.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// The accumulator operands (m64n64: 32 floats, m64n128: 64) as asm text and output lists.
+// The accumulator operands (m64n64: 32 floats, m64n128: 64, m64n256: 128) as asm text and output lists.
 #define QT_WG_R0_31 \
   "%0, %1, %2, %3, %4, %5, %6, %7," \
   "%8, %9, %10, %11, %12, %13, %14, %15," \
@@ -57,6 +57,15 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
   "%40, %41, %42, %43, %44, %45, %46, %47," \
   "%48, %49, %50, %51, %52, %53, %54, %55," \
   "%56, %57, %58, %59, %60, %61, %62, %63"
+#define QT_WG_R64_127 \
+  "%64, %65, %66, %67, %68, %69, %70, %71," \
+  "%72, %73, %74, %75, %76, %77, %78, %79," \
+  "%80, %81, %82, %83, %84, %85, %86, %87," \
+  "%88, %89, %90, %91, %92, %93, %94, %95," \
+  "%96, %97, %98, %99, %100, %101, %102, %103," \
+  "%104, %105, %106, %107, %108, %109, %110, %111," \
+  "%112, %113, %114, %115, %116, %117, %118, %119," \
+  "%120, %121, %122, %123, %124, %125, %126, %127"
 #define QT_WG_O0_31(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -67,10 +76,21 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define QT_WG_O64_127(d) \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define QT_WG_D32_REGS "{" QT_WG_R0_31 "}"
 #define QT_WG_D64_REGS "{" QT_WG_R0_31 ", " QT_WG_R32_63 "}"
 #define QT_WG_D32_OUT(d) QT_WG_O0_31(d)
 #define QT_WG_D64_OUT(d) QT_WG_O0_31(d), QT_WG_O32_63(d)
+#define QT_WG_D128_REGS "{" QT_WG_R0_31 ", " QT_WG_R32_63 ", " QT_WG_R64_127 "}"
+#define QT_WG_D128_OUT(d) QT_WG_O0_31(d), QT_WG_O32_63(d), QT_WG_O64_127(d)
 
 // d = A B + (scale_d != 0 ? d : 0). kTransB 0: B K-major, 1: N-major.
 template <int kTransB>
@@ -88,6 +108,15 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], uint64_t desc_a, 
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QT_WG_D64_REGS
                ", %64, %65, p, 1, 1, 0, %67;\n}\n"
                : QT_WG_D64_OUT(d)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+}
+
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " QT_WG_D128_REGS
+               ", %128, %129, p, 1, 1, 0, %131;\n}\n"
+               : QT_WG_D128_OUT(d)
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
@@ -114,6 +143,16 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                                 int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " QT_WG_D128_REGS
+               ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+               : QT_WG_D128_OUT(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+}
+
 #undef QT_WG_D32_REGS
 #undef QT_WG_D32_OUT
 #undef QT_WG_D64_REGS
@@ -122,5 +161,9 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t
 #undef QT_WG_R32_63
 #undef QT_WG_O0_31
 #undef QT_WG_O32_63
+#undef QT_WG_R64_127
+#undef QT_WG_O64_127
+#undef QT_WG_D128_REGS
+#undef QT_WG_D128_OUT
 
 }  // namespace qt::cuda::wg

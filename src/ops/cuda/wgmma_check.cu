@@ -71,13 +71,16 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
     if (s >= K / 16) break;
     const uint64_t db = kBKMajor ? wg::desc_sw128(bs + (s / 4) * (N * 128) + (s % 4) * 32, 16, 1024)
                                  : wg::desc_sw128(bs + s * 2048, K * 128, 1024);
+    constexpr int kT = kBKMajor ? 0 : 1;
     if constexpr (kARegs) {
-      if constexpr (N == 64) wg::mma_m64n64k16_rs<kBKMajor ? 0 : 1>(d, af[s], db, 1);
-      else wg::mma_m64n128k16_rs<kBKMajor ? 0 : 1>(d, af[s], db, 1);
+      if constexpr (N == 64) wg::mma_m64n64k16_rs<kT>(d, af[s], db, 1);
+      else if constexpr (N == 128) wg::mma_m64n128k16_rs<kT>(d, af[s], db, 1);
+      else wg::mma_m64n256k16_rs<kT>(d, af[s], db, 1);
     } else {
       const uint64_t da = wg::desc_sw128(as + (s / 4) * 8192 + (s % 4) * 32, 16, 1024);
-      if constexpr (N == 64) wg::mma_m64n64k16<kBKMajor ? 0 : 1>(d, da, db, 1);
-      else wg::mma_m64n128k16<kBKMajor ? 0 : 1>(d, da, db, 1);
+      if constexpr (N == 64) wg::mma_m64n64k16<kT>(d, da, db, 1);
+      else if constexpr (N == 128) wg::mma_m64n128k16<kT>(d, da, db, 1);
+      else wg::mma_m64n256k16<kT>(d, da, db, 1);
     }
   }
   wg::commit();
@@ -107,9 +110,9 @@ void launch_wgmma_check(float* c, const void* a, const void* b, int k, cudaStrea
 
 void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, bool a_in_registers,
                       cudaStream_t stream) {
-  QT_CHECK(n == 64 || n == 128, "wgmma_gemm_check: n = ", n, " (64 or 128)");
+  QT_CHECK(n == 64 || n == 128 || n == 256, "wgmma_gemm_check: n = ", n, " (64, 128 or 256)");
   QT_CHECK(k > 0 && k % 64 == 0 && k <= 256, "wgmma_gemm_check: k = ", k, " (a multiple of 64, at most 256)");
-  const int variant = (n == 128 ? 4 : 0) + (b_k_major ? 2 : 0) + (a_in_registers ? 1 : 0);
+  const int variant = (n == 64 ? 0 : n == 128 ? 4 : 8) + (b_k_major ? 2 : 0) + (a_in_registers ? 1 : 0);
   switch (variant) {
     case 0: launch_wgmma_check<64, false, false>(c, a, b, k, stream); break;
     case 1: launch_wgmma_check<64, false, true>(c, a, b, k, stream); break;
@@ -118,7 +121,11 @@ void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool
     case 4: launch_wgmma_check<128, false, false>(c, a, b, k, stream); break;
     case 5: launch_wgmma_check<128, false, true>(c, a, b, k, stream); break;
     case 6: launch_wgmma_check<128, true, false>(c, a, b, k, stream); break;
-    default: launch_wgmma_check<128, true, true>(c, a, b, k, stream); break;
+    case 7: launch_wgmma_check<128, true, true>(c, a, b, k, stream); break;
+    case 8: launch_wgmma_check<256, false, false>(c, a, b, k, stream); break;
+    case 9: launch_wgmma_check<256, false, true>(c, a, b, k, stream); break;
+    case 10: launch_wgmma_check<256, true, false>(c, a, b, k, stream); break;
+    default: launch_wgmma_check<256, true, true>(c, a, b, k, stream); break;
   }
 }
 
