@@ -30,11 +30,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/ops_device.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace qt::cuda {
 namespace {
@@ -408,6 +411,137 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
       p.lse[static_cast<int64_t>(h) * p.total + start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
   }
   store_warp_rows<D>(p.o + (start + wrow0) * ldq + h * D, ldq, sQ, acc_o, inv, L - wrow0, warp, lane);
+}
+
+// ---- forward on wgmma (D = 256; prepared, not yet run on a GPU; QT_ATTN_FWD_WGMMA=1 selects it) ----
+// Same tile (128 query rows x 64 keys), work list, pipeline (V_j loads under S_j, K_{j+1} under the
+// softmax and P V_j) and masking as attn_fwd_kernel, but the products run on wgmma: warpgroup w
+// (threads 128 w ..) owns query rows 64 w .. 64 w + 63; S = Q K^T is 16 m64n64k16 steps with Q and
+// K from smem (K-major), O += P V is 4 m64n256k16 steps with P from registers and V N-major.
+// Tiles are stored in wgmma's 128-byte-swizzle panels (wgmma.cuh): column block c / 64 of a
+// [ROWS][256] tile at c / 64 * ROWS * 128 bytes, row r at r * 128 inside it, 16-byte chunk x at
+// x ^ (r & 7). K and V use the same layout: K is K-major B of S (rows = keys), V the N-major B of
+// P V (rows = keys = the K dimension, 64-column blocks 64 * 128 bytes apart = LBO).
+constexpr int kWgD = 256, kWgBM = 128, kWgBN = 64;
+constexpr size_t kWgSmem = size_t(kWgBM + 2 * kWgBN) * kWgD * 2 + 1024;  // + alignment pad
+
+// Async copy of a [ROWS][256] bf16 tile into panel layout; rows >= valid are zero-filled.
+template <int ROWS>
+__device__ __forceinline__ void load_panels(char* s, const bf16* g, int64_t ld, int valid, int tid) {
+  constexpr int kChunks = ROWS * (kWgD / 8);  // 16-byte chunks
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int c = tid + i * kThreads, row = c / (kWgD / 8), ch = c % (kWgD / 8);
+    const uint32_t dst = smem_u32(s + (ch / 8) * (ROWS * 128) + row * 128 + (((ch % 8) ^ (row & 7)) << 4));
+    const bool ok = row < valid;
+    cp_async16(dst, ok ? g + row * ld + ch * 8 : g, ok);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = smem_u32(smem_raw);
+  char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sK = sQ + kWgBM * kWgD * 2;
+  char* sV = sK + kWgBN * kWgD * 2;
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const int seq = work.x, h = blockIdx.x;
+  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
+  const int m0 = work.y * kWgBM;
+  const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int kvh = h / (p.hq / p.hkv);
+  const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
+  const bf16* gQ = p.q + (start + m0) * ldq + h * kWgD;
+  const bf16* gK = p.k + start * ldk + kvh * kWgD;
+  const bf16* gV = p.v + start * ldk + kvh * kWgD;
+  const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
+
+  load_panels<kWgBM>(sQ, gQ, ldq, min(kWgBM, L - m0), tid);
+  load_panels<kWgBN>(sK, gK, ldk, min(kWgBN, L), tid);
+  cp_async_commit();
+
+  const int grow0 = m0 + 64 * wg_i;            // sample-local first row of this warpgroup
+  const int wrow0 = grow0 + 16 * wq;           // ... of this warp
+  const float scale_log2 = p.scale * kLog2e;
+  float acc_o[kWgD / 8][4];  // the m64n256 accumulator, as [8-column block][fragment element]
+#pragma unroll
+  for (int i = 0; i < kWgD / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc_o);
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * kWgBN;
+    load_panels<kWgBN>(sV, gV + n0 * ldk, ldk, min(kWgBN, L - n0), tid);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and K_j have landed
+    wg::fence_proxy_async();
+    __syncthreads();
+
+    const bool active = n0 <= grow0 + 63;  // warpgroup-uniform: some row of the group sees a key here
+    float s[kWgBN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kWgBN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
+    if (active) {
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kWgD / 16; ++kk) {
+        const uint64_t da = wg::desc_sw128(sQ + (kk / 4) * (kWgBM * 128) + grow0 % kWgBM * 128 + (kk % 4) * 32, 16,
+                                           1024);
+        const uint64_t db = wg::desc_sw128(sK + (kk / 4) * (kWgBN * 128) + (kk % 4) * 32, 16, 1024);
+        wg::mma_m64n64k16<0>(s_flat, da, db, 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
+    }
+    __syncthreads();  // both warpgroups are done with sK
+    if (j + 1 < n_tiles) load_panels<kWgBN>(sK, gK + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN), tid);
+    cp_async_commit();
+
+    if (active) {
+      if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
+      softmax_step<kWgBN, kWgD>(s, acc_o, row_max, row_sum, scale_log2);
+    }
+    uint32_t pa[kWgBN / 16][4];
+    pack_p<kWgBN>(pa, s);
+    cp_async_wait<1>();  // V_j has landed
+    wg::fence_proxy_async();
+    __syncthreads();
+    if (active) {
+      wg::fence();  // P and the rescaled O were written since the last wgmma
+#pragma unroll
+      for (int kk = 0; kk < kWgBN / 16; ++kk)
+        wg::mma_m64n256k16_rs<1>(acc_flat, pa[kk], wg::desc_sw128(sV + kk * 2048, kWgBN * 128, 1024), 1);
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
+    }
+    __syncthreads();  // both warpgroups are done with sV
+  }
+
+  // Epilogue: normalise, lse, bf16 pairs straight to global (rows past the sample end skipped).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = wrow0 + g + 8 * r;
+    if (row >= L) continue;
+    if (t4 == 0)
+      p.lse[static_cast<int64_t>(h) * p.total + start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
+    bf16* orow = p.o + (start + row) * ldq + h * kWgD;
+#pragma unroll
+    for (int db = 0; db < kWgD / 8; ++db)
+      *reinterpret_cast<uint32_t*>(orow + 8 * db + 2 * t4) =
+          pack_bf16(acc_o[db][2 * r] * inv, acc_o[db][2 * r + 1] * inv);
+  }
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -972,6 +1106,19 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
               a.scale};
   const dim3 grid(a.num_q_heads, tile_slots(a, Tr::kBlockM));
+  if constexpr (D == kWgD) {
+    static const bool wgmma = [] {  // TEMPORARY switch until the wgmma forward has run on a GPU
+      const char* e = std::getenv("QT_ATTN_FWD_WGMMA");
+      return e != nullptr && std::strcmp(e, "0") != 0;
+    }();
+    if (wgmma) {
+      static_assert(Tr::kBlockM == kWgBM, "the wgmma forward uses the same work list tile");
+      cudaFuncSetAttribute(attn_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
+      attn_fwd_wgmma_kernel<<<grid, kThreads, kWgSmem, stream>>>(p);
+      QT_LAUNCH_CHECK("attn_fwd_wgmma_kernel");
+      return;
+    }
+  }
   attn_fwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
   QT_LAUNCH_CHECK("attn_fwd_kernel");
 }

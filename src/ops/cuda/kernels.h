@@ -56,4 +56,12 @@ void attention_forward(void* o, float* lse, const void* q, const void* k, const 
 void attention_backward(void* dq, void* dk, void* dv, const void* d_o, const void* q, const void* k, const void* v,
                         const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream);
 
+// ---- Hopper wgmma conventions check (wgmma_check.cu, wgmma.cuh) ----
+// c [64, n] f32 = a [64, k] (bf16, row-major) times b, given as [n, k] (b_k_major) or [k, n], bf16
+// row-major; n 64, 128 or 256, k a multiple of 64 up to 256; one warpgroup, b in 128-byte-swizzled shared
+// memory, a there too or in registers (a_in_registers). Pins the descriptor / fragment layouts of
+// wgmma.cuh (tests/test_cuda_wgmma.cpp).
+void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, bool a_in_registers,
+                      cudaStream_t stream);
+
 }  // namespace qt::cuda
