@@ -265,13 +265,13 @@ __device__ __forceinline__ void softmax_step(float (&s)[BN / 8][4], float (&acc_
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-    const float alpha = exp2f(row_max[r] * scale_log2 - m_scaled);
+    const float alpha = dev::ex2_ftz(row_max[r] * scale_log2 - m_scaled);
     row_max[r] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int nb = 0; nb < BN / 8; ++nb) {
-      s[nb][2 * r] = exp2f(fmaf(s[nb][2 * r], scale_log2, -m_scaled));
-      s[nb][2 * r + 1] = exp2f(fmaf(s[nb][2 * r + 1], scale_log2, -m_scaled));
+      s[nb][2 * r] = dev::ex2_ftz(fmaf(s[nb][2 * r], scale_log2, -m_scaled));
+      s[nb][2 * r + 1] = dev::ex2_ftz(fmaf(s[nb][2 * r + 1], scale_log2, -m_scaled));
       sum += s[nb][2 * r] + s[nb][2 * r + 1];
     }
     row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial; reduced across the quad at the end
@@ -722,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
         float pv[2], dsv[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float pe = exp2f(fmaf(s[nb][2 * r + e], scale_log2, -lse2));
+          float pe = dev::ex2_ftz(fmaf(s[nb][2 * r + e], scale_log2, -lse2));
           if (need_mask && (n0 + cl + e > m0 + rl || m0 + rl >= L)) pe = 0.f;
           pv[e] = pe;
           dsv[e] = pe * (dp[nb][2 * r + e] - dsum);
@@ -946,7 +946,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, col = n0 + nb * 8 + 2 * t4 + (e & 1), row = wrow0 + g + 8 * r;
-          float pe = exp2f(fmaf(s[nb][e], scale_log2, -lse2[r]));
+          float pe = dev::ex2_ftz(fmaf(s[nb][e], scale_log2, -lse2[r]));
           if (col > row || col >= L) pe = 0.f;
           s[nb][e] = pe * (dp[nb][e] - dsum[r]);
         }
