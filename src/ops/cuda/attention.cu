@@ -252,11 +252,11 @@ __device__ __forceinline__ void mask_tile(float (&s)[BN / 8][4], int n0, int wro
     }
 }
 
-// Online softmax step (base 2, scale folded in): updates the running row max and the per-thread
-// partial row sum, turns s into P, and rescales the O accumulator rows.
-template <int BN, int D>
-__device__ __forceinline__ void softmax_step(float (&s)[BN / 8][4], float (&acc_o)[D / 8][4], float (&row_max)[2],
-                                             float (&row_sum)[2], float scale_log2) {
+// Online softmax over one score tile (base 2, scale folded in): updates the running row max and the
+// per-thread partial row sum, turns s into P, and returns each row's rescale factor for O.
+template <int BN>
+__device__ __forceinline__ void softmax_scores(float (&s)[BN / 8][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&alpha)[2], float scale_log2) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = row_max[r];
@@ -265,7 +265,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[BN / 8][4], float (&acc_
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-    const float alpha = dev::ex2_ftz(row_max[r] * scale_log2 - m_scaled);
+    alpha[r] = dev::ex2_ftz(row_max[r] * scale_log2 - m_scaled);
     row_max[r] = mx;
     float sum = 0.f;
 #pragma unroll
@@ -274,13 +274,28 @@ __device__ __forceinline__ void softmax_step(float (&s)[BN / 8][4], float (&acc_
       s[nb][2 * r + 1] = dev::ex2_ftz(fmaf(s[nb][2 * r + 1], scale_log2, -m_scaled));
       sum += s[nb][2 * r] + s[nb][2 * r + 1];
     }
-    row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial; reduced across the quad at the end
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      acc_o[i][2 * r] *= alpha;
-      acc_o[i][2 * r + 1] *= alpha;
-    }
+    row_sum[r] = row_sum[r] * alpha[r] + sum;  // per-thread partial; reduced across the quad at the end
   }
+}
+
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&acc_o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    acc_o[i][0] *= alpha[0];
+    acc_o[i][1] *= alpha[0];
+    acc_o[i][2] *= alpha[1];
+    acc_o[i][3] *= alpha[1];
+  }
+}
+
+// softmax_scores, then O's rows rescaled (the step of the mma.sync forward).
+template <int BN, int D>
+__device__ __forceinline__ void softmax_step(float (&s)[BN / 8][4], float (&acc_o)[D / 8][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float scale_log2) {
+  float alpha[2];
+  softmax_scores<BN>(s, row_max, row_sum, alpha, scale_log2);
+  rescale_rows<D>(acc_o, alpha);
 }
 
 // P as bf16 A fragments (the S accumulator layout of two n-blocks is the A layout of one k-step,
@@ -413,17 +428,21 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
   store_warp_rows<D>(p.o + (start + wrow0) * ldq + h * D, ldq, sQ, acc_o, inv, L - wrow0, warp, lane);
 }
 
-// ---- forward on wgmma (D = 256; prepared, not yet run on a GPU; QT_ATTN_FWD_WGMMA=1 selects it) ----
-// Same tile (128 query rows x 64 keys), work list, pipeline (V_j loads under S_j, K_{j+1} under the
-// softmax and P V_j) and masking as attn_fwd_kernel, but the products run on wgmma: warpgroup w
-// (threads 128 w ..) owns query rows 64 w .. 64 w + 63; S = Q K^T is 16 m64n64k16 steps with Q and
-// K from smem (K-major), O += P V is 4 m64n256k16 steps with P from registers and V N-major.
+// ---- forward on wgmma (D = 256, the Qwen3.5 head dim; the default there) -----------------------
+// Same tile (128 query rows x 64 keys), work list and masking as attn_fwd_kernel, but the products
+// run on wgmma: warpgroup w (threads 128 w ..) owns query rows 64 w .. 64 w + 63; S = Q K^T is 16
+// m64n64k16 steps with Q and K from smem (K-major), O += P V is 4 m64n256k16 steps with P from
+// registers and V N-major. Software pipeline (FA3's intra-warpgroup overlap): iteration j issues
+// S_j and then P_{j-1} V_{j-1} without waiting in between, so the tensor cores run P V while the
+// warpgroup does S_j's softmax; O is rescaled by S_j's alpha only once P_{j-1} V_{j-1} has landed.
+// K and V are double-buffered: tile j + 1's K and tile j's V load under iteration j's products.
 // Tiles are stored in wgmma's 128-byte-swizzle panels (wgmma.cuh): column block c / 64 of a
 // [ROWS][256] tile at c / 64 * ROWS * 128 bytes, row r at r * 128 inside it, 16-byte chunk x at
 // x ^ (r & 7). K and V use the same layout: K is K-major B of S (rows = keys), V the N-major B of
 // P V (rows = keys = the K dimension, 64-column blocks 64 * 128 bytes apart = LBO).
 constexpr int kWgD = 256, kWgBM = 128, kWgBN = 64;
-constexpr size_t kWgSmem = size_t(kWgBM + 2 * kWgBN) * kWgD * 2 + 1024;  // + alignment pad
+constexpr size_t kWgTileBytes = size_t(kWgBN) * kWgD * 2;
+constexpr size_t kWgSmem = size_t(kWgBM) * kWgD * 2 + 4 * kWgTileBytes + 1024;  // Q, 2 K, 2 V, alignment pad
 
 // Async copy of a [ROWS][256] bf16 tile into panel layout; rows >= valid are zero-filled.
 template <int ROWS>
@@ -438,12 +457,35 @@ __device__ __forceinline__ void load_panels(char* s, const bf16* g, int64_t ld, 
   }
 }
 
+// S (this warpgroup's 64 rows x 64 keys) = Q K^T, issued and committed, not waited for (the first
+// k-step overwrites s).
+__device__ __forceinline__ void wg_issue_s(float (&s_flat)[kWgBN / 2], const char* sQ, const char* sK, int row0) {
+  const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sQ + row0 * 128, 16, 1024));
+  const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(sK, 16, 1024));
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kWgD / 16; ++kk)
+    wg::mma_m64n64k16<0>(s_flat, wg::desc_advance(da0, (kk / 4) * (kWgBM * 128) + (kk % 4) * 32),
+                         wg::desc_advance(db0, (kk / 4) * (kWgBN * 128) + (kk % 4) * 32), kk > 0);
+  wg::commit();
+}
+
+// O += P V, issued and committed, not waited for.
+__device__ __forceinline__ void wg_issue_pv(float (&acc_flat)[kWgD / 2], const uint32_t (&pa)[kWgBN / 16][4],
+                                            const char* sV) {
+  const uint64_t dv0 = wg::desc_opaque(wg::desc_sw128(sV, kWgBN * 128, 1024));
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kWgBN / 16; ++kk) wg::mma_m64n256k16_rs<1>(acc_flat, pa[kk], wg::desc_advance(dv0, kk * 2048), 1);
+  wg::commit();
+}
+
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdParams p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t s0 = smem_u32(smem_raw);
   char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
-  char* sK = sQ + kWgBM * kWgD * 2;
-  char* sV = sK + kWgBN * kWgD * 2;
+  char* sK = sQ + kWgBM * kWgD * 2;  // two K buffers, then two V buffers
+  char* sV = sK + 2 * kWgTileBytes;
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
@@ -459,70 +501,85 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
   const bf16* gV = p.v + start * ldk + kvh * kWgD;
   const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
 
+  const int grow0 = m0 + 64 * wg_i;   // sample-local first row of this warpgroup
+  const int wrow0 = grow0 + 16 * wq;  // ... of this warp
+  // Tiles this warpgroup sees a key of (causal: its rows end at grow0 + 63); at least 1 for a live
+  // tile, since its first row is < L. Warpgroup-uniform, so the wgmma stay aligned.
+  const int wg_tiles = min(n_tiles, (grow0 + 63) / kWgBN + 1);
+  const float scale_log2 = p.scale * kLog2e;
+
+  // Prologue: group 0 = Q, K_0; group 1 = V_0 and K_1.
   load_panels<kWgBM>(sQ, gQ, ldq, min(kWgBM, L - m0), tid);
   load_panels<kWgBN>(sK, gK, ldk, min(kWgBN, L), tid);
   cp_async_commit();
+  load_panels<kWgBN>(sV, gV, ldk, min(kWgBN, L), tid);
+  if (n_tiles > 1) load_panels<kWgBN>(sK + kWgTileBytes, gK + kWgBN * ldk, ldk, min(kWgBN, L - kWgBN), tid);
+  cp_async_commit();
 
-  const int grow0 = m0 + 64 * wg_i;            // sample-local first row of this warpgroup
-  const int wrow0 = grow0 + 16 * wq;           // ... of this warp
-  const float scale_log2 = p.scale * kLog2e;
   float acc_o[kWgD / 8][4];  // the m64n256 accumulator, as [8-column block][fragment element]
 #pragma unroll
   for (int i = 0; i < kWgD / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
   float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc_o);
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
+  float s[kWgBN / 8][4];
+  float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
+  uint32_t pa[kWgBN / 16][4];
 
-  for (int j = 0; j < n_tiles; ++j) {
+  cp_async_wait<1>();
+  wg::fence_proxy_async();
+  __syncthreads();
+  wg_issue_s(s_flat, sQ, sK, grow0 % kWgBM);
+  wg::wait<0>();
+#pragma unroll
+  for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
+  if (kWgBN - 1 > wrow0 || kWgBN > L) mask_tile<kWgBN>(s, 0, wrow0, g, t4, L);
+  softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
+  pack_p<kWgBN>(pa, s);
+
+  for (int j = 1; j < n_tiles; ++j) {
     const int n0 = j * kWgBN;
-    load_panels<kWgBN>(sV, gV + n0 * ldk, ldk, min(kWgBN, L - n0), tid);
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and K_j have landed
+    // K_j and V_{j-1} have landed (the only group in flight), and every warpgroup is past
+    // iteration j - 1, so K_{j-1}'s and V_{j-2}'s buffers are free for K_{j+1} and V_j.
+    cp_async_wait<0>();
     wg::fence_proxy_async();
     __syncthreads();
-
-    const bool active = n0 <= grow0 + 63;  // warpgroup-uniform: some row of the group sees a key here
-    float s[kWgBN / 8][4];
-#pragma unroll
-    for (int i = 0; i < kWgBN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-    float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
-    if (active) {
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kWgD / 16; ++kk) {
-        const uint64_t da = wg::desc_sw128(sQ + (kk / 4) * (kWgBM * 128) + grow0 % kWgBM * 128 + (kk % 4) * 32, 16,
-                                           1024);
-        const uint64_t db = wg::desc_sw128(sK + (kk / 4) * (kWgBN * 128) + (kk % 4) * 32, 16, 1024);
-        wg::mma_m64n64k16<0>(s_flat, da, db, 1);
-      }
-      wg::commit();
-      wg::wait<0>();
+    const bool live = j < wg_tiles;
+    if (live) {
+      wg_issue_s(s_flat, sQ, sK + (j & 1) * kWgTileBytes, grow0 % kWgBM);
+      wg_issue_pv(acc_flat, pa, sV + ((j - 1) & 1) * kWgTileBytes);
+    }
+    // The loads go out behind the products (their buffers are not the ones being read).
+    load_panels<kWgBN>(sV + (j & 1) * kWgTileBytes, gV + n0 * ldk, ldk, min(kWgBN, L - n0), tid);
+    if (j + 1 < n_tiles)
+      load_panels<kWgBN>(sK + ((j + 1) & 1) * kWgTileBytes, gK + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN),
+                         tid);
+    cp_async_commit();
+    if (live) {
+      wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
 #pragma unroll
       for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
-    }
-    __syncthreads();  // both warpgroups are done with sK
-    if (j + 1 < n_tiles) load_panels<kWgBN>(sK, gK + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN), tid);
-    cp_async_commit();
-
-    if (active) {
       if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
-      softmax_step<kWgBN, kWgD>(s, acc_o, row_max, row_sum, scale_log2);
-    }
-    uint32_t pa[kWgBN / 16][4];
-    pack_p<kWgBN>(pa, s);
-    cp_async_wait<1>();  // V_j has landed
-    wg::fence_proxy_async();
-    __syncthreads();
-    if (active) {
-      wg::fence();  // P and the rescaled O were written since the last wgmma
+      softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
+      wg::wait<0>();
 #pragma unroll
-      for (int kk = 0; kk < kWgBN / 16; ++kk)
-        wg::mma_m64n256k16_rs<1>(acc_flat, pa[kk], wg::desc_sw128(sV + kk * 2048, kWgBN * 128, 1024), 1);
-      wg::commit();
+      for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
+      rescale_rows<kWgD>(acc_o, alpha);
+      pack_p<kWgBN>(pa, s);
+    } else if (j == wg_tiles) {  // this warpgroup's last P V; the other one still has tiles
+      wg_issue_pv(acc_flat, pa, sV + ((j - 1) & 1) * kWgTileBytes);
       wg::wait<0>();
 #pragma unroll
       for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
     }
-    __syncthreads();  // both warpgroups are done with sV
+  }
+  cp_async_wait<0>();
+  wg::fence_proxy_async();
+  __syncthreads();            // V_{n-1} from every thread's copies
+  if (wg_tiles == n_tiles) {  // the last tile's P V
+    wg_issue_pv(acc_flat, pa, sV + ((n_tiles - 1) & 1) * kWgTileBytes);
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
   }
 
   // Epilogue: normalise, lse, bf16 pairs straight to global (rows past the sample end skipped).
@@ -1107,11 +1164,7 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
               a.scale};
   const dim3 grid(a.num_q_heads, tile_slots(a, Tr::kBlockM));
   if constexpr (D == kWgD) {
-    static const bool wgmma = [] {  // TEMPORARY switch until the wgmma forward has run on a GPU
-      const char* e = std::getenv("QT_ATTN_FWD_WGMMA");
-      return e != nullptr && std::strcmp(e, "0") != 0;
-    }();
-    if (wgmma) {
+    if (!a.mma_sync_forward) {
       static_assert(Tr::kBlockM == kWgBM, "the wgmma forward uses the same work list tile");
       cudaFuncSetAttribute(attn_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
       attn_fwd_wgmma_kernel<<<grid, kThreads, kWgSmem, stream>>>(p);

@@ -91,6 +91,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* tune = std::getenv("QT_GEMM_TUNE");
   gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
   if (const char* d = std::getenv("QT_ATTN_DETERMINISTIC")) deterministic_attention_ = std::strcmp(d, "0") != 0;
+  if (const char* w = std::getenv("QT_ATTN_FWD_WGMMA")) mma_sync_attention_forward_ = std::strcmp(w, "0") == 0;
   if (const char* n = std::getenv("QT_GEMM_CANDIDATES")) {
     char* end = nullptr;
     const long v = std::strtol(n, &end, 10);
@@ -655,7 +656,8 @@ void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Te
   const int64_t T = ops::check_attention_forward(op, dims, o, lse, q, k, v, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
-  const cuda::AttnArgs args = attn_args(dims, seqs);
+  cuda::AttnArgs args = attn_args(dims, seqs);
+  args.mma_sync_forward = mma_sync_attention_forward_;
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_forward(o.data, lse.ptr<float>(), q.data, k.data, v.data, args, ws, stream_);
   QT_LAUNCH_CHECK("attention_forward");

@@ -47,6 +47,9 @@ struct AttnArgs {
   // Backward: dQ summed over the key tiles in a fixed order by its own kernel (bitwise
   // reproducible, ~1.4x the backward's MMA work) instead of fp32 atomics.
   bool deterministic = false;
+  // Forward at head_dim 256 on the mma.sync kernel instead of the wgmma one (for A/B benchmarks and
+  // as the fallback QT_ATTN_FWD_WGMMA=0 selects); other head dims always use mma.sync.
+  bool mma_sync_forward = false;
 };
 size_t attention_workspace_bytes(const AttnArgs& a);
 // o, q [T, Hq, D] bf16; k, v [T, Hkv, D] bf16; lse f32 [Hq, T].

@@ -35,6 +35,17 @@ __device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_by
          (uint64_t((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the operand `bytes` further on (a multiple of 16; the address field does not
+// carry into LBO for shared-memory addresses).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// Hides a descriptor's value from the optimizer, so that the descriptors derived from it by
+// desc_advance are formed next to their wgmma instead of hoisted into live registers.
+__device__ __forceinline__ uint64_t desc_opaque(uint64_t desc) {
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Orders the warpgroup's register accesses before the wgmma that follows.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
