@@ -7,9 +7,10 @@
 //   bwd = 2.5 * fwd.
 // Output: a table, then one `key value` line per BENCHMARKS.md key. Same shapes as
 // tools/bench_sdpa.py (cuDNN SDPA through PyTorch) for the speedup rows.
-// Usage: bench_attention [--iters N] [--deterministic] [--mma-sync-forward]   (--deterministic: the
-// backward's dQ by the atomic-free kernel, AttnArgs::deterministic; keys then end in _det;
-// --mma-sync-forward: the forward on the mma.sync kernel instead of wgmma, keys then end in _mma)
+// Usage: bench_attention [--iters N] [--deterministic] [--mma-sync]   (--deterministic: the
+// backward's dQ by the atomic-free kernel, AttnArgs::deterministic, whose dK / dV run on wgmma;
+// keys then end in _det; --mma-sync: AttnArgs::mma_sync, the mma.sync kernels instead of wgmma,
+// keys then end in _mma)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops/cuda/kernels.h"
@@ -79,7 +81,7 @@ struct Result {
   double fwd_ms, bwd_ms, fwd_tflops, bwd_tflops;
 };
 
-Result run(int hq, int hkv, int iters, bool deterministic, bool mma_sync_forward) {
+Result run(int hq, int hkv, int iters, bool deterministic, bool mma_sync) {
   std::vector<int32_t> cu = {0};
   int max_len = 0;
   double fwd_flops = 0;
@@ -107,7 +109,7 @@ Result run(int hq, int hkv, int iters, bool deterministic, bool mma_sync_forward
   qt::cuda::AttnArgs a{static_cast<const int32_t*>(dcu), static_cast<int>(kLens.size()), max_len, T, hq, hkv,
                        kHeadDim, 1.f / 16.f};
   a.deterministic = deterministic;
-  a.mma_sync_forward = mma_sync_forward;
+  a.mma_sync = mma_sync;
   BENCH_CUDA(cudaMalloc(&ws, qt::cuda::attention_workspace_bytes(a)));
 
   auto fwd = [&] { qt::cuda::attention_forward(o, lse, q, k, v, a, ws, nullptr); };
@@ -135,32 +137,32 @@ int main(int argc, char** argv) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--deterministic") == 0) {
       det = true;
-    } else if (std::strcmp(argv[i], "--mma-sync-forward") == 0) {
+    } else if (std::strcmp(argv[i], "--mma-sync") == 0) {
       mma = true;
     } else {
       std::fprintf(stderr,
-                   "bench_attention: unknown argument '%s' (usage: [--iters N] [--deterministic] [--mma-sync-forward])\n",
+                   "bench_attention: unknown argument '%s' (usage: [--iters N] [--deterministic] [--mma-sync])\n",
                    argv[i]);
       return 2;
     }
   }
-  const char* sfx = det ? "_det" : "";
+  const std::string sfx = std::string(det ? "_det" : "") + (mma ? "_mma" : "");
   const char* fsfx = mma ? "_mma" : "";
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (%d SMs); T = 8192 packed as", prop.name, prop.multiProcessorCount);
   for (int l : kLens) std::printf(" %d", l);
   std::printf("; D = %d; median of %d%s%s\n\n", kHeadDim, iters, det ? "; deterministic backward" : "",
-              mma ? "; mma.sync forward" : "; wgmma forward");
+              mma ? "; mma.sync kernels" : "; wgmma kernels");
   const Result r2 = run(8, 2, iters, det, mma);
   const Result r27 = run(24, 4, iters, det, mma);
   std::printf("| heads (q/kv) | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|\n");
   std::printf("| 2B (8/2) | %.3f | %.1f | %.3f | %.1f |\n", r2.fwd_ms, r2.fwd_tflops, r2.bwd_ms, r2.bwd_tflops);
   std::printf("| 27B (24/4) | %.3f | %.1f | %.3f | %.1f |\n\n", r27.fwd_ms, r27.fwd_tflops, r27.bwd_ms,
               r27.bwd_tflops);
-  std::printf("attn_fwd_ms_2b%s %.4f\nattn_bwd_ms_2b%s %.4f\n", fsfx, r2.fwd_ms, sfx, r2.bwd_ms);
-  std::printf("attn_fwd_tflops_2b%s %.1f\nattn_bwd_tflops_2b%s %.1f\n", fsfx, r2.fwd_tflops, sfx, r2.bwd_tflops);
-  std::printf("attn_fwd_ms_27b%s %.4f\nattn_bwd_ms_27b%s %.4f\n", fsfx, r27.fwd_ms, sfx, r27.bwd_ms);
-  std::printf("attn_fwd_tflops_27b%s %.1f\nattn_bwd_tflops_27b%s %.1f\n", fsfx, r27.fwd_tflops, sfx, r27.bwd_tflops);
+  std::printf("attn_fwd_ms_2b%s %.4f\nattn_bwd_ms_2b%s %.4f\n", fsfx, r2.fwd_ms, sfx.c_str(), r2.bwd_ms);
+  std::printf("attn_fwd_tflops_2b%s %.1f\nattn_bwd_tflops_2b%s %.1f\n", fsfx, r2.fwd_tflops, sfx.c_str(), r2.bwd_tflops);
+  std::printf("attn_fwd_ms_27b%s %.4f\nattn_bwd_ms_27b%s %.4f\n", fsfx, r27.fwd_ms, sfx.c_str(), r27.bwd_ms);
+  std::printf("attn_fwd_tflops_27b%s %.1f\nattn_bwd_tflops_27b%s %.1f\n", fsfx, r27.fwd_tflops, sfx.c_str(), r27.bwd_tflops);
   return 0;
 }

@@ -358,13 +358,12 @@ std::vector<uint16_t> to_bf16_vec(const Vec& x) {
 }
 
 // deterministic: the backward's dQ from attn_bwd_dq_kernel; it also runs the backward twice and
-// requires the same bits for dq, dk and dv. mma_sync_forward: head_dim 256's forward on the
-// mma.sync kernel instead of the default wgmma one.
-void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false,
-              bool mma_sync_forward = false) {
+// requires the same bits for dq, dk and dv. mma_sync: head_dim 256 on the mma.sync kernels instead
+// of the default wgmma ones (the forward, and the deterministic backward's dK / dV).
+void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false, bool mma_sync = false) {
   SCOPED_TRACE("D " + std::to_string(p.d) + ", Hq " + std::to_string(p.hq) + ", Hkv " + std::to_string(p.hkv) +
                ", T " + std::to_string(p.total()) + ", samples " + std::to_string(p.num_seqs()) +
-               (deterministic ? ", deterministic" : "") + (mma_sync_forward ? ", mma.sync forward" : ""));
+               (deterministic ? ", deterministic" : "") + (mma_sync ? ", mma.sync kernels" : ""));
   const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
   std::mt19937_64 rng(seed);
   const Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
@@ -383,7 +382,7 @@ void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic
   cuda::AttnArgs a{static_cast<const int32_t*>(dcu.ptr), p.num_seqs(), p.max_seqlen(), p.total(), p.hq, p.hkv,
                    p.d, 1.f / std::sqrt(static_cast<float>(p.d))};
   a.deterministic = deterministic;
-  a.mma_sync_forward = mma_sync_forward;
+  a.mma_sync = mma_sync;
   dev_alloc(ws, std::max<size_t>(cuda::attention_workspace_bytes(a), 16), nullptr);
   if (::testing::Test::HasFatalFailure()) return;
 
@@ -475,18 +474,20 @@ TEST(CudaAttention, DeterministicBackward) {
   run_case(make_problem({700, 1, 1300, 47}, 8, 2, 256), true, seed++, true);
 }
 
-// Head dim 256's forward has two kernels (wgmma by default, mma.sync on request): the other tests
-// cover the wgmma one, this the mma.sync one, on the same awkward lengths and on many short samples.
-TEST(CudaAttention, MmaSyncForwardHeadDim256) {
+// Head dim 256 has two sets of kernels (wgmma by default, mma.sync on request: the forward and the
+// deterministic backward's dK / dV): the other tests cover the wgmma ones, this the mma.sync ones,
+// on the awkward lengths and on many short samples, with both backward modes.
+TEST(CudaAttention, MmaSyncKernelsHeadDim256) {
   SKIP_WITHOUT_CUDA();
   uint64_t seed = 71;
   for (const auto& hh : kHeads)
-    run_case(make_problem({1, 2, 3, 63, 64, 65, 127, 129}, hh[0], hh[1], 256), false, seed++, false, true);
+    for (bool det : {false, true})
+      run_case(make_problem({1, 2, 3, 63, 64, 65, 127, 129}, hh[0], hh[1], 256), true, seed++, det, true);
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<int> len(1, 48);
   std::vector<int> short_lens(60);
   for (auto& l : short_lens) l = len(rng);
-  run_case(make_problem(short_lens, 8, 2, 256), false, seed++, false, true);
+  run_case(make_problem(short_lens, 8, 2, 256), true, seed++, true, true);
 }
 
 // 8192-token sample, forward only: o and lse of a subset of rows (the first, some in the middle,

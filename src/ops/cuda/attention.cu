@@ -457,17 +457,23 @@ __device__ __forceinline__ void load_panels(char* s, const bf16* g, int64_t ld, 
   }
 }
 
-// S (this warpgroup's 64 rows x 64 keys) = Q K^T, issued and committed, not waited for (the first
-// k-step overwrites s).
-__device__ __forceinline__ void wg_issue_s(float (&s_flat)[kWgBN / 2], const char* sQ, const char* sK, int row0) {
-  const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sQ + row0 * 128, 16, 1024));
-  const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(sK, 16, 1024));
+// acc[64 rows x 64 keys] = A B^T over the head dim: A's 64 rows start at `a` in panels a_panel
+// bytes apart, B is a 64-row panel tile (K or V). Issued and committed, not waited for; the first
+// k-step overwrites acc.
+__device__ __forceinline__ void wg_issue_abt(float (&acc)[kWgBN / 2], const char* a, uint32_t a_panel, const char* b) {
+  const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(a, 16, 1024));
+  const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(b, 16, 1024));
   wg::fence();
 #pragma unroll
   for (int kk = 0; kk < kWgD / 16; ++kk)
-    wg::mma_m64n64k16<0>(s_flat, wg::desc_advance(da0, (kk / 4) * (kWgBM * 128) + (kk % 4) * 32),
+    wg::mma_m64n64k16<0>(acc, wg::desc_advance(da0, (kk / 4) * a_panel + (kk % 4) * 32),
                          wg::desc_advance(db0, (kk / 4) * (kWgBN * 128) + (kk % 4) * 32), kk > 0);
   wg::commit();
+}
+
+// S (this warpgroup's 64 rows x 64 keys) = Q K^T.
+__device__ __forceinline__ void wg_issue_s(float (&s_flat)[kWgBN / 2], const char* sQ, const char* sK, int row0) {
+  wg_issue_abt(s_flat, sQ + row0 * 128, kWgBM * 128, sK);
 }
 
 // O += P V, issued and committed, not waited for.
@@ -503,9 +509,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
 
   const int grow0 = m0 + 64 * wg_i;   // sample-local first row of this warpgroup
   const int wrow0 = grow0 + 16 * wq;  // ... of this warp
-  // Tiles this warpgroup sees a key of (causal: its rows end at grow0 + 63); at least 1 for a live
-  // tile, since its first row is < L. Warpgroup-uniform, so the wgmma stay aligned.
-  const int wg_tiles = min(n_tiles, (grow0 + 63) / kWgBN + 1);
   const float scale_log2 = p.scale * kLog2e;
 
   // Prologue: group 0 = Q, K_0; group 1 = V_0 and K_1.
@@ -543,44 +546,35 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
     cp_async_wait<0>();
     wg::fence_proxy_async();
     __syncthreads();
-    const bool live = j < wg_tiles;
-    if (live) {
-      wg_issue_s(s_flat, sQ, sK + (j & 1) * kWgTileBytes, grow0 % kWgBM);
-      wg_issue_pv(acc_flat, pa, sV + ((j - 1) & 1) * kWgTileBytes);
-    }
+    // Both warpgroups run every tile, even warpgroup 0 on a last tile that is all above its
+    // diagonal (masked to P = 0): a wgmma under a warpgroup-dependent branch makes ptxas serialize
+    // every wgmma of the kernel (C7518).
+    wg_issue_s(s_flat, sQ, sK + (j & 1) * kWgTileBytes, grow0 % kWgBM);
+    wg_issue_pv(acc_flat, pa, sV + ((j - 1) & 1) * kWgTileBytes);
     // The loads go out behind the products (their buffers are not the ones being read).
     load_panels<kWgBN>(sV + (j & 1) * kWgTileBytes, gV + n0 * ldk, ldk, min(kWgBN, L - n0), tid);
     if (j + 1 < n_tiles)
       load_panels<kWgBN>(sK + ((j + 1) & 1) * kWgTileBytes, gK + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN),
                          tid);
     cp_async_commit();
-    if (live) {
-      wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
 #pragma unroll
-      for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
-      if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
-      softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
-      wg::wait<0>();
-#pragma unroll
-      for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
-      rescale_rows<kWgD>(acc_o, alpha);
-      pack_p<kWgBN>(pa, s);
-    } else if (j == wg_tiles) {  // this warpgroup's last P V; the other one still has tiles
-      wg_issue_pv(acc_flat, pa, sV + ((j - 1) & 1) * kWgTileBytes);
-      wg::wait<0>();
-#pragma unroll
-      for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
-    }
-  }
-  cp_async_wait<0>();
-  wg::fence_proxy_async();
-  __syncthreads();            // V_{n-1} from every thread's copies
-  if (wg_tiles == n_tiles) {  // the last tile's P V
-    wg_issue_pv(acc_flat, pa, sV + ((n_tiles - 1) & 1) * kWgTileBytes);
+    for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
+    if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
+    softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
     wg::wait<0>();
 #pragma unroll
     for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
+    rescale_rows<kWgD>(acc_o, alpha);
+    pack_p<kWgBN>(pa, s);
   }
+  cp_async_wait<0>();
+  wg::fence_proxy_async();
+  __syncthreads();  // V_{n-1} from every thread's copies
+  wg_issue_pv(acc_flat, pa, sV + ((n_tiles - 1) & 1) * kWgTileBytes);
+  wg::wait<0>();
+#pragma unroll
+  for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
 
   // Epilogue: normalise, lse, bf16 pairs straight to global (rows past the sample end skipped).
 #pragma unroll
@@ -882,6 +876,180 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
     }
 }
 
+// ---- dK / dV on wgmma (D = 256, the deterministic backward: dQ comes from attn_bwd_dq_kernel) ----
+// Same CTA (kv head [x split], key tile of 64) and work list as attn_bwd_kernel. Per query tile
+// (64 rows) of each query head of the CTA: warpgroup 0 computes S = Q K^T and P = exp(S scale -
+// lse) (masked), warpgroup 1 dP = dO V^T (16 m64n64k16 each, both operands K-major from smem). P
+// goes to smem twice: f32 in accumulator order (warpgroup 1 reads it in the same order for dS = P
+// (dP - Dsum)) and bf16 [query][key]; dS follows as bf16. Each warpgroup then accumulates its half
+// of the head dim: dV += P^T dO and dK += dS^T Q, 4 m64n128k16 each with A M-major (P, dS as
+// stored) and B N-major (dO, Q tiles), 64 + 64 accumulator floats per thread. Q, dO, lse and Dsum
+// are double-buffered: the next query tile loads under this one's products.
+constexpr uint32_t kWgPBytes = 64 * 64 * 2;  // a bf16 [64][64] panel (P or dS)
+constexpr size_t kWgBwdSmem = 6 * kWgTileBytes + 2 * kWgPBytes + 64 * 64 * 4 + 4 * 64 * 4 + 1024;
+static_assert(kWgBwdSmem <= 227 * 1024, "wgmma dK / dV kernel smem over the sm_90 per-block limit");
+
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const BwdParams p) {
+  constexpr int BM = 64, BN = 64;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = smem_u32(smem_raw);
+  char* sK = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sV = sK + kWgTileBytes;
+  char* sQ = sV + kWgTileBytes;        // 2 buffers
+  char* sdO = sQ + 2 * kWgTileBytes;   // 2 buffers
+  char* sP = sdO + 2 * kWgTileBytes;   // bf16 [query][key]
+  char* sdS = sP + kWgPBytes;          // bf16 [query][key]
+  float* sPf = reinterpret_cast<float*>(sdS + kWgPBytes);  // P, f32, [fragment element][thread]
+  float* sLse = sPf + BM * BN;         // 2 buffers of BM
+  float* sDs = sLse + 2 * BM;          // 2 buffers of BM
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const int seq = work.x, kvh = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
+  const int n0 = work.y * BN;
+  const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int heads = p.hq / p.hkv / p.splits;  // query heads of this CTA
+  const int h_first = kvh * (p.hq / p.hkv) + split * heads;
+  const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
+  const int m_begin = (n0 / BM) * BM;
+  const int n_m = (L - m_begin + BM - 1) / BM;
+  const int n_iter = heads * n_m;
+
+  load_panels<BN>(sK, p.k + (start + n0) * ldk + kvh * kWgD, ldk, min(BN, L - n0), tid);
+  load_panels<BN>(sV, p.v + (start + n0) * ldk + kvh * kWgD, ldk, min(BN, L - n0), tid);
+  // Issues the loads of iteration it (query head, query tile) into buffer it & 1.
+  auto load_q = [&](int it) {
+    const int h = h_first + it / n_m, m0 = m_begin + (it % n_m) * BM, valid = min(BM, L - m0), b = it & 1;
+    load_panels<BM>(sQ + b * kWgTileBytes, p.q + (start + m0) * ldq + h * kWgD, ldq, valid, tid);
+    load_panels<BM>(sdO + b * kWgTileBytes, p.d_o + (start + m0) * ldq + h * kWgD, ldq, valid, tid);
+    if (tid < 2 * BM) {
+      const int r = tid % BM;
+      const float* src = (tid < BM ? p.lse2 : p.dsum) + static_cast<int64_t>(h) * p.total + start + m0 + min(r, valid - 1);
+      cp_async4(smem_u32((tid < BM ? sLse : sDs) + b * BM + r), src, r < valid);
+    }
+  };
+  load_q(0);
+  cp_async_commit();
+
+  float acc_dv[64], acc_dk[64];  // m64n128: keys 16 wq + g (+ 8), head-dim columns 128 wg_i + 8 j + 2 t4
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  const float scale_log2 = p.scale * kLog2e;
+  const int rl0 = 16 * wq + g;  // tile-local query row of fragment elements 0, 1 (+ 8 for 2, 3)
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int m0 = m_begin + (it % n_m) * BM, b = it & 1;
+    // Tile it has landed; every warpgroup has finished iteration it - 1's products, so P, dS and
+    // buffer b ^ 1 are free.
+    cp_async_wait<0>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    if (it + 1 < n_iter) load_q(it + 1);
+    cp_async_commit();
+    const char* qb = sQ + b * kWgTileBytes;
+    const char* dob = sdO + b * kWgTileBytes;
+
+    float s[BN / 8][4];  // warpgroup 0: S, then P; warpgroup 1: dP
+    float(&s_flat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s);
+    wg_issue_abt(s_flat, wg_i == 0 ? qb : dob, BM * 128, wg_i == 0 ? sK : sV);
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) wg::fence_operand(s_flat[i]);
+
+    if (wg_i == 0) {  // P = exp2(S scale log2 e - lse2), 0 for keys after the query and queries past the sample
+      const bool need_mask = m0 < n0 + BN - 1 || m0 + BM > L;
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int rl = rl0 + 8 * r, cl = 8 * nb + 2 * t4;
+          const float lse2 = sLse[b * BM + rl];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float pe = dev::ex2_ftz(fmaf(s[nb][2 * r + e], scale_log2, -lse2));
+            if (need_mask && (n0 + cl + e > m0 + rl || m0 + rl >= L)) pe = 0.f;
+            s[nb][2 * r + e] = pe;
+            sPf[(4 * nb + 2 * r + e) * 128 + wt] = pe;
+          }
+          *reinterpret_cast<uint32_t*>(sP + wg::sw128(rl, cl)) = pack_bf16(s[nb][2 * r], s[nb][2 * r + 1]);
+        }
+      wg::fence_proxy_async();
+    }
+    __syncthreads();  // P in smem (f32 for warpgroup 1, bf16 for the products)
+
+    // dV[:, half] += P^T dO[:, half]: A = P [query][key] M-major, B = dO N-major (64-column blocks
+    // BM * 128 bytes apart); k16 steps of 16 queries.
+    {
+      const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sP, kWgPBytes, 1024));
+      const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(dob + 2 * wg_i * (BM * 128), BM * 128, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        wg::mma_m64n128k16<1, 1>(acc_dv, wg::desc_advance(da0, kk * 2048), wg::desc_advance(db0, kk * 2048), 1);
+      wg::commit();
+    }
+    if (wg_i == 1) {  // dS = P (dP - Dsum), under the dV product
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int rl = rl0 + 8 * r, cl = 8 * nb + 2 * t4;
+          const float dsum = sDs[b * BM + rl];
+          float ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) ds[e] = sPf[(4 * nb + 2 * r + e) * 128 + wt] * (s[nb][2 * r + e] - dsum);
+          *reinterpret_cast<uint32_t*>(sdS + wg::sw128(rl, cl)) = pack_bf16(ds[0], ds[1]);
+        }
+      wg::fence_proxy_async();
+    }
+    __syncthreads();  // dS in smem
+
+    // dK[:, half] += dS^T Q[:, half] (scale applied at the end).
+    {
+      const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sdS, kWgPBytes, 1024));
+      const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(qb + 2 * wg_i * (BM * 128), BM * 128, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        wg::mma_m64n128k16<1, 1>(acc_dk, wg::desc_advance(da0, kk * 2048), wg::desc_advance(db0, kk * 2048), 1);
+      wg::commit();
+    }
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      wg::fence_operand(acc_dv[i]);
+      wg::fence_operand(acc_dk[i]);
+    }
+  }
+
+  // dK (scaled) and dV, keys < L - n0: bf16 into dk / dv, or with several splits this CTA's f32
+  // share into its slices (attn_bwd_dkv_sum_kernel adds the splits in order).
+  const int64_t slice = static_cast<int64_t>(p.total) * ldk;
+  const int64_t row0 = (start + n0) * ldk + kvh * kWgD;
+  float* pdk = p.splits > 1 ? p.dkv_part + 2 * split * slice + row0 : nullptr;
+  float* pdv = p.splits > 1 ? pdk + slice : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int rl = rl0 + 8 * r;
+    if (n0 + rl >= L) continue;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int64_t o = rl * ldk + 128 * wg_i + 8 * j + 2 * t4;
+      const float k0 = acc_dk[4 * j + 2 * r] * p.scale, k1 = acc_dk[4 * j + 2 * r + 1] * p.scale;
+      const float v0 = acc_dv[4 * j + 2 * r], v1 = acc_dv[4 * j + 2 * r + 1];
+      if (p.splits == 1) {
+        *reinterpret_cast<uint32_t*>(p.dk + row0 + o) = pack_bf16(k0, k1);
+        *reinterpret_cast<uint32_t*>(p.dv + row0 + o) = pack_bf16(v0, v1);
+      } else {
+        *reinterpret_cast<float2*>(pdk + o) = make_float2(k0, k1);
+        *reinterpret_cast<float2*>(pdv + o) = make_float2(v0, v1);
+      }
+    }
+  }
+}
+
 // ---- deterministic dQ ---------------------------------------------------------------------------
 // AttnArgs::deterministic: dQ without atomics. One CTA per (query tile of 128 rows, q head) on the
 // forward's work list walks the key tiles up to the diagonal as the forward does, recomputing
@@ -1164,7 +1332,7 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
               a.scale};
   const dim3 grid(a.num_q_heads, tile_slots(a, Tr::kBlockM));
   if constexpr (D == kWgD) {
-    if (!a.mma_sync_forward) {
+    if (!a.mma_sync) {
       static_assert(Tr::kBlockM == kWgBM, "the wgmma forward uses the same work list tile");
       cudaFuncSetAttribute(attn_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
       attn_fwd_wgmma_kernel<<<grid, kThreads, kWgSmem, stream>>>(p);
@@ -1180,8 +1348,6 @@ template <int D>
 void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* q, const void* k, const void* v,
                      const void* o, const float* lse, const AttnArgs& a, void* workspace, cudaStream_t stream) {
   using Tr = BwdTraits<D>;
-  auto bwd_kernel = a.deterministic ? attn_bwd_kernel<D, false> : attn_bwd_kernel<D, true>;
-  cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
   char* ws = static_cast<char*>(workspace) + ws_table_bytes(a);
   float* dsum = reinterpret_cast<float*>(ws);
   float* lse2 = reinterpret_cast<float*>(ws + ws_rows_bytes(a));
@@ -1201,8 +1367,19 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
               splits, a.scale};
   const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
-  bwd_kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
-  QT_LAUNCH_CHECK("attn_bwd_kernel");
+  bool dkv_on_wgmma = false;
+  if constexpr (D == kWgD) dkv_on_wgmma = a.deterministic && !a.mma_sync;
+  if (dkv_on_wgmma) {
+    static_assert(Tr::kBlockN == 64, "the wgmma dK / dV kernel uses the same key tiles");
+    cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgBwdSmem));
+    attn_bwd_dkv_wgmma_kernel<<<grid, kThreads, kWgBwdSmem, stream>>>(p);
+    QT_LAUNCH_CHECK("attn_bwd_dkv_wgmma_kernel");
+  } else {
+    auto bwd_kernel = a.deterministic ? attn_bwd_kernel<D, false> : attn_bwd_kernel<D, true>;
+    cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+    bwd_kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
+    QT_LAUNCH_CHECK("attn_bwd_kernel");
+  }
   if (splits > 1) {
     const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
     attn_bwd_dkv_sum_kernel<<<static_cast<unsigned>((2 * n4 + 255) / 256), 256, 0, stream>>>(

@@ -91,7 +91,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* tune = std::getenv("QT_GEMM_TUNE");
   gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
   if (const char* d = std::getenv("QT_ATTN_DETERMINISTIC")) deterministic_attention_ = std::strcmp(d, "0") != 0;
-  if (const char* w = std::getenv("QT_ATTN_FWD_WGMMA")) mma_sync_attention_forward_ = std::strcmp(w, "0") == 0;
+  if (const char* w = std::getenv("QT_ATTN_WGMMA")) mma_sync_attention_ = std::strcmp(w, "0") == 0;
   if (const char* n = std::getenv("QT_GEMM_CANDIDATES")) {
     char* end = nullptr;
     const long v = std::strtol(n, &end, 10);
@@ -657,7 +657,7 @@ void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Te
   check_seqs(op, seqs, T);
   if (T == 0) return;
   cuda::AttnArgs args = attn_args(dims, seqs);
-  args.mma_sync_forward = mma_sync_attention_forward_;
+  args.mma_sync = mma_sync_attention_;
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_forward(o.data, lse.ptr<float>(), q.data, k.data, v.data, args, ws, stream_);
   QT_LAUNCH_CHECK("attention_forward");
@@ -673,6 +673,7 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
   if (T == 0) return;
   cuda::AttnArgs args = attn_args(dims, seqs);
   args.deterministic = deterministic_attention_;
+  args.mma_sync = mma_sync_attention_;
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_backward(dq.data, dk.data, dv.data, d_o.data, q.data, k.data, v.data, o.data, lse.ptr<float>(),
                            args, ws, stream_);

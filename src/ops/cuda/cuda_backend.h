@@ -179,7 +179,7 @@ class CudaBackend final : public Backend {
   unsigned long long* d_hash_ = nullptr;  // tune_gemm's output hash
   bool gemm_tune_ = true;
   bool deterministic_attention_ = true;
-  bool mma_sync_attention_forward_ = false;  // QT_ATTN_FWD_WGMMA=0: head_dim 256 forward on mma.sync
+  bool mma_sync_attention_ = false;  // QT_ATTN_WGMMA=0: head_dim 256 attention on the mma.sync kernels
   int64_t ce_chunk_rows_ = 0;
   int64_t ce_budget_bytes_ = 0;
 };

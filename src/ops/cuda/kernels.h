@@ -47,9 +47,10 @@ struct AttnArgs {
   // Backward: dQ summed over the key tiles in a fixed order by its own kernel (bitwise
   // reproducible, ~1.4x the backward's MMA work) instead of fp32 atomics.
   bool deterministic = false;
-  // Forward at head_dim 256 on the mma.sync kernel instead of the wgmma one (for A/B benchmarks and
-  // as the fallback QT_ATTN_FWD_WGMMA=0 selects); other head dims always use mma.sync.
-  bool mma_sync_forward = false;
+  // Head dim 256 on the mma.sync kernels instead of the wgmma ones (the forward, and the
+  // deterministic backward's dK / dV), for A/B benchmarks and as the fallback QT_ATTN_WGMMA=0
+  // selects; other head dims, and the atomic backward, always run on mma.sync.
+  bool mma_sync = false;
 };
 size_t attention_workspace_bytes(const AttnArgs& a);
 // o, q [T, Hq, D] bf16; k, v [T, Hkv, D] bf16; lse f32 [Hq, T].
@@ -62,9 +63,10 @@ void attention_backward(void* dq, void* dk, void* dv, const void* d_o, const voi
 // ---- Hopper wgmma conventions check (wgmma_check.cu, wgmma.cuh) ----
 // c [64, n] f32 = a [64, k] (bf16, row-major) times b, given as [n, k] (b_k_major) or [k, n], bf16
 // row-major; n 64, 128 or 256, k a multiple of 64 up to 256; one warpgroup, b in 128-byte-swizzled shared
-// memory, a there too or in registers (a_in_registers). Pins the descriptor / fragment layouts of
-// wgmma.cuh (tests/test_cuda_wgmma.cpp).
-void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, bool a_in_registers,
+// memory, a there too (K-major, or M-major: wgmma's transposed A) or in registers. Pins the
+// descriptor / fragment layouts of wgmma.cuh (tests/test_cuda_wgmma.cpp).
+enum WgmmaA : int { kWgmmaASmemKMajor = 0, kWgmmaASmemMMajor = 1, kWgmmaARegisters = 2 };
+void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, WgmmaA a_form,
                       cudaStream_t stream);
 
 }  // namespace qt::cuda

@@ -103,32 +103,33 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 #define QT_WG_D128_REGS "{" QT_WG_R0_31 ", " QT_WG_R32_63 ", " QT_WG_R64_127 "}"
 #define QT_WG_D128_OUT(d) QT_WG_O0_31(d), QT_WG_O32_63(d), QT_WG_O64_127(d)
 
-// d = A B + (scale_d != 0 ? d : 0). kTransB 0: B K-major, 1: N-major.
-template <int kTransB>
+// d = A B + (scale_d != 0 ? d : 0). kTransB 0: B K-major, 1: N-major; kTransA 0: A K-major, 1:
+// M-major (A given as [K, M]: the N-major layout with M for N, the same descriptor fields).
+template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QT_WG_D32_REGS
-               ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+               ", %32, %33, p, 1, 1, %36, %35;\n}\n"
                : QT_WG_D32_OUT(d)
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
 }
 
-template <int kTransB>
+template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QT_WG_D64_REGS
-               ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+               ", %64, %65, p, 1, 1, %68, %67;\n}\n"
                : QT_WG_D64_OUT(d)
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
 }
 
-template <int kTransB>
+template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " QT_WG_D128_REGS
-               ", %128, %129, p, 1, 1, 0, %131;\n}\n"
+               ", %128, %129, p, 1, 1, %132, %131;\n}\n"
                : QT_WG_D128_OUT(d)
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
 }
 
 // The same with A from registers (the m64nNk16 A fragment: warp w of the warpgroup holds rows

@@ -18,7 +18,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-template <int N, bool kBKMajor, bool kARegs>
+template <int N, bool kBKMajor, int kAMode>
 __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c, const bf16* __restrict__ a,
                                                           const bf16* __restrict__ b, int K) {
   extern __shared__ __align__(16) char wgc_sm[];
@@ -27,9 +27,13 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
   char* as = wgc_sm + ((1024u - (s0 & 1023u)) & 1023u);
   char* bs = as + 64 * K * 2;
   const int tid = threadIdx.x;
-  for (int i = tid; i < 64 * K; i += 128) {  // A [64, K]: panel (col / 64) of 64 rows x 128 bytes
+  constexpr bool kARegs = kAMode == kWgmmaARegisters, kAMMajor = kAMode == kWgmmaASmemMMajor;
+  for (int i = tid; i < 64 * K; i += 128) {
     const int r = i / K, col = i % K;
-    *reinterpret_cast<bf16*>(as + (col / 64) * 8192 + wg::sw128(r, col % 64)) = a[i];
+    if constexpr (kAMMajor)  // A as [K, 64]: one 64-column block of K rows
+      *reinterpret_cast<bf16*>(as + wg::sw128(col, r)) = a[i];
+    else  // A [64, K]: panel (col / 64) of 64 rows x 128 bytes
+      *reinterpret_cast<bf16*>(as + (col / 64) * 8192 + wg::sw128(r, col % 64)) = a[i];
   }
   for (int i = tid; i < N * K; i += 128) {
     if constexpr (kBKMajor) {  // B as [N, K]: panel (k / 64) of N rows
@@ -77,10 +81,12 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
       else if constexpr (N == 128) wg::mma_m64n128k16_rs<kT>(d, af[s], db, 1);
       else wg::mma_m64n256k16_rs<kT>(d, af[s], db, 1);
     } else {
-      const uint64_t da = wg::desc_sw128(as + (s / 4) * 8192 + (s % 4) * 32, 16, 1024);
-      if constexpr (N == 64) wg::mma_m64n64k16<kT>(d, da, db, 1);
-      else if constexpr (N == 128) wg::mma_m64n128k16<kT>(d, da, db, 1);
-      else wg::mma_m64n256k16<kT>(d, da, db, 1);
+      const uint64_t da = kAMMajor ? wg::desc_sw128(as + s * 2048, K * 128, 1024)
+                                   : wg::desc_sw128(as + (s / 4) * 8192 + (s % 4) * 32, 16, 1024);
+      constexpr int kTA = kAMMajor ? 1 : 0;
+      if constexpr (N == 64) wg::mma_m64n64k16<kT, kTA>(d, da, db, 1);
+      else if constexpr (N == 128) wg::mma_m64n128k16<kT, kTA>(d, da, db, 1);
+      else wg::mma_m64n256k16<kT, kTA>(d, da, db, 1);
     }
   }
   wg::commit();
@@ -97,10 +103,10 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
   }
 }
 
-template <int N, bool kBKMajor, bool kARegs>
+template <int N, bool kBKMajor, int kAMode>
 void launch_wgmma_check(float* c, const void* a, const void* b, int k, cudaStream_t stream) {
   const int smem = 64 * k * 2 + N * k * 2 + 1024;
-  auto kernel = wgmma_check_kernel<N, kBKMajor, kARegs>;
+  auto kernel = wgmma_check_kernel<N, kBKMajor, kAMode>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<1, 128, smem, stream>>>(c, static_cast<const bf16*>(a), static_cast<const bf16*>(b), k);
   QT_LAUNCH_CHECK("wgmma_check_kernel");
@@ -108,25 +114,22 @@ void launch_wgmma_check(float* c, const void* a, const void* b, int k, cudaStrea
 
 }  // namespace
 
-void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, bool a_in_registers,
+void wgmma_gemm_check(float* c, const void* a, const void* b, int n, int k, bool b_k_major, WgmmaA a_form,
                       cudaStream_t stream) {
   QT_CHECK(n == 64 || n == 128 || n == 256, "wgmma_gemm_check: n = ", n, " (64, 128 or 256)");
   QT_CHECK(k > 0 && k % 64 == 0 && k <= 256, "wgmma_gemm_check: k = ", k, " (a multiple of 64, at most 256)");
-  const int variant = (n == 64 ? 0 : n == 128 ? 4 : 8) + (b_k_major ? 2 : 0) + (a_in_registers ? 1 : 0);
-  switch (variant) {
-    case 0: launch_wgmma_check<64, false, false>(c, a, b, k, stream); break;
-    case 1: launch_wgmma_check<64, false, true>(c, a, b, k, stream); break;
-    case 2: launch_wgmma_check<64, true, false>(c, a, b, k, stream); break;
-    case 3: launch_wgmma_check<64, true, true>(c, a, b, k, stream); break;
-    case 4: launch_wgmma_check<128, false, false>(c, a, b, k, stream); break;
-    case 5: launch_wgmma_check<128, false, true>(c, a, b, k, stream); break;
-    case 6: launch_wgmma_check<128, true, false>(c, a, b, k, stream); break;
-    case 7: launch_wgmma_check<128, true, true>(c, a, b, k, stream); break;
-    case 8: launch_wgmma_check<256, false, false>(c, a, b, k, stream); break;
-    case 9: launch_wgmma_check<256, false, true>(c, a, b, k, stream); break;
-    case 10: launch_wgmma_check<256, true, false>(c, a, b, k, stream); break;
-    default: launch_wgmma_check<256, true, true>(c, a, b, k, stream); break;
-  }
+  QT_CHECK(a_form == kWgmmaASmemKMajor || a_form == kWgmmaASmemMMajor || a_form == kWgmmaARegisters,
+           "wgmma_gemm_check: a_form = ", int(a_form), " (0, 1 or 2)");
+  // One instantiation per (n, b layout, a form).
+  using Launch = void (*)(float*, const void*, const void*, int, cudaStream_t);
+  static constexpr Launch kTable[3][2][3] = {
+      {{launch_wgmma_check<64, false, 0>, launch_wgmma_check<64, false, 1>, launch_wgmma_check<64, false, 2>},
+       {launch_wgmma_check<64, true, 0>, launch_wgmma_check<64, true, 1>, launch_wgmma_check<64, true, 2>}},
+      {{launch_wgmma_check<128, false, 0>, launch_wgmma_check<128, false, 1>, launch_wgmma_check<128, false, 2>},
+       {launch_wgmma_check<128, true, 0>, launch_wgmma_check<128, true, 1>, launch_wgmma_check<128, true, 2>}},
+      {{launch_wgmma_check<256, false, 0>, launch_wgmma_check<256, false, 1>, launch_wgmma_check<256, false, 2>},
+       {launch_wgmma_check<256, true, 0>, launch_wgmma_check<256, true, 1>, launch_wgmma_check<256, true, 2>}}};
+  kTable[n == 64 ? 0 : n == 128 ? 1 : 2][b_k_major ? 1 : 0][a_form](c, a, b, k, stream);
 }
 
 }  // namespace qt::cuda
