@@ -1197,6 +1197,136 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
   store_warp_rows<D>(p.dq + (start + wrow0) * ldq + h * D, ldq, sQ, acc, scale2, L - wrow0, warp, lane);
 }
 
+// ---- deterministic dQ on wgmma (D = 256) ---------------------------------------------------------
+// One CTA per (query tile of 64 rows, q head) on a work list of 64-row query tiles, walking the key
+// tiles (64) up to the diagonal in order, so dQ is the same on every run. Per key tile: warpgroup 0
+// S = Q K^T and P = exp(S scale - lse) (masked, to smem as f32 in accumulator order), warpgroup 1
+// dP = dO V^T and then dS = P (dP - Dsum) (bf16 [query][key] panel); then each warpgroup
+// accumulates dQ for half the head dim: dQ += dS K, 4 m64n128k16 with dS K-major and K N-major.
+// K and V double-buffered.
+constexpr size_t kWgDqSmem = 6 * kWgTileBytes + kWgPBytes + 64 * 64 * 4 + 1024;
+static_assert(kWgDqSmem <= 227 * 1024, "wgmma dQ kernel smem over the sm_90 per-block limit");
+
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const DqParams p) {
+  constexpr int BM = 64, BN = 64;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = smem_u32(smem_raw);
+  char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sdO = sQ + kWgTileBytes;
+  char* sK = sdO + kWgTileBytes;  // 2 buffers
+  char* sV = sK + 2 * kWgTileBytes;  // 2 buffers
+  char* sdS = sV + 2 * kWgTileBytes;  // bf16 [query][key]
+  float* sPf = reinterpret_cast<float*>(sdS + kWgPBytes);  // P, f32, [fragment element][thread]
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const int seq = work.x, h = blockIdx.x;
+  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
+  const int m0 = work.y * BM;
+  const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int kvh = h / (p.hq / p.hkv);
+  const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
+  const bf16* gK = p.k + start * ldk + kvh * kWgD;
+  const bf16* gV = p.v + start * ldk + kvh * kWgD;
+  const int n_tiles = (min(m0 + BM, L) + BN - 1) / BN;
+
+  load_panels<BM>(sQ, p.q + (start + m0) * ldq + h * kWgD, ldq, min(BM, L - m0), tid);
+  load_panels<BM>(sdO, p.d_o + (start + m0) * ldq + h * kWgD, ldq, min(BM, L - m0), tid);
+  load_panels<BN>(sK, gK, ldk, min(BN, L), tid);
+  load_panels<BN>(sV, gV, ldk, min(BN, L), tid);
+  cp_async_commit();
+
+  const int rl0 = 16 * wq + g;  // tile-local query row of fragment elements 0, 1 (+ 8 for 2, 3)
+  float lse2[2], dsum[2];       // of rows rl0 and rl0 + 8 (0 past the sample: P is masked there)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = m0 + rl0 + 8 * r;
+    const int64_t i = static_cast<int64_t>(h) * p.total + start + row;
+    lse2[r] = row < L ? p.lse2[i] : 0.f;
+    dsum[r] = row < L ? p.dsum[i] : 0.f;
+  }
+  const float scale_log2 = p.scale * kLog2e;
+  float acc[64];  // m64n128: query rows rl0 (+ 8), head-dim columns 128 wg_i + 8 j + 2 t4
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * BN;
+    const char* kb = sK + (j & 1) * kWgTileBytes;
+    const char* vb = sV + (j & 1) * kWgTileBytes;
+    // Tile j has landed; every warpgroup is past iteration j - 1, so the other buffers, sdS and
+    // sPf are free.
+    cp_async_wait<0>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int nb0 = n0 + BN, nbuf = ((j + 1) & 1) * kWgTileBytes;
+      load_panels<BN>(sK + nbuf, gK + nb0 * ldk, ldk, min(BN, L - nb0), tid);
+      load_panels<BN>(sV + nbuf, gV + nb0 * ldk, ldk, min(BN, L - nb0), tid);
+    }
+    cp_async_commit();
+
+    float s[BN / 8][4];  // warpgroup 0: S, then P; warpgroup 1: dP, then dS
+    float(&s_flat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s);
+    wg_issue_abt(s_flat, wg_i == 0 ? sQ : sdO, BM * 128, wg_i == 0 ? kb : vb);
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) wg::fence_operand(s_flat[i]);
+    if (wg_i == 0) {  // P, 0 for keys after the query and queries past the sample
+      const bool need_mask = n0 + BN - 1 > m0 || m0 + BM > L;
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rl = rl0 + 8 * (e >> 1), col = n0 + 8 * nb + 2 * t4 + (e & 1);
+          float pe = dev::ex2_ftz(fmaf(s[nb][e], scale_log2, -lse2[e >> 1]));
+          if (need_mask && (col > m0 + rl || m0 + rl >= L)) pe = 0.f;
+          sPf[(4 * nb + e) * 128 + wt] = pe;
+        }
+    }
+    __syncthreads();  // P (f32) for warpgroup 1
+    if (wg_i == 1) {  // dS = P (dP - Dsum) as a bf16 [query][key] panel
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) ds[e] = sPf[(4 * nb + 2 * r + e) * 128 + wt] * (s[nb][2 * r + e] - dsum[r]);
+          *reinterpret_cast<uint32_t*>(sdS + wg::sw128(rl0 + 8 * r, 8 * nb + 2 * t4)) = pack_bf16(ds[0], ds[1]);
+        }
+      wg::fence_proxy_async();
+    }
+    __syncthreads();  // dS in smem
+
+    // dQ[:, half] += dS K_j[:, half]: A = dS K-major (one 64-key panel, +32 bytes per k16 step),
+    // B = K_j N-major (64-column blocks BN * 128 bytes apart, +16 keys = 2048 bytes per step).
+    const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sdS, 16, 1024));
+    const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(kb + 2 * wg_i * (BN * 128), BN * 128, 1024));
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wg::mma_m64n128k16<1>(acc, wg::desc_advance(da0, kk * 32), wg::desc_advance(db0, kk * 2048), 1);
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wg::fence_operand(acc[i]);
+  }
+
+  // Epilogue: dq = bf16(scale dQ), rows past the sample end skipped.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = m0 + rl0 + 8 * r;
+    if (row >= L) continue;
+    bf16* qrow = p.dq + (start + row) * ldq + h * kWgD + 128 * wg_i;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<uint32_t*>(qrow + 8 * j + 2 * t4) =
+          pack_bf16(acc[4 * j + 2 * r] * p.scale, acc[4 * j + 2 * r + 1] * p.scale);
+  }
+}
+
 // dk, dv = bf16(sum over the splits' f32 slices, in split order), 4 elements per thread.
 __global__ void __launch_bounds__(256) attn_bwd_dkv_sum_kernel(bf16* dk, bf16* dv, const float* parts, int64_t n4,
                                                                 int splits) {
@@ -1367,9 +1497,9 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
               splits, a.scale};
   const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
-  bool dkv_on_wgmma = false;
-  if constexpr (D == kWgD) dkv_on_wgmma = a.deterministic && !a.mma_sync;
-  if (dkv_on_wgmma) {
+  bool wgmma_bwd = false;
+  if constexpr (D == kWgD) wgmma_bwd = a.deterministic && !a.mma_sync;
+  if (wgmma_bwd) {
     static_assert(Tr::kBlockN == 64, "the wgmma dK / dV kernel uses the same key tiles");
     cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgBwdSmem));
     attn_bwd_dkv_wgmma_kernel<<<grid, kThreads, kWgBwdSmem, stream>>>(p);
@@ -1390,14 +1520,22 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
     // The forward's work list (query tiles of DqTraits::kBlockM), built over the backward's table
     // once attn_bwd_kernel has read it (same stream).
     using Dq = DqTraits<D>;
-    cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(Dq::kSmemBytes));
-    const int2* qtiles = build_tile_table(workspace, a, Dq::kBlockM, false, stream);
+    const int dq_tile = wgmma_bwd ? 64 : Dq::kBlockM;
+    const int2* qtiles = build_tile_table(workspace, a, dq_tile, false, stream);
     const DqParams dp{static_cast<bf16*>(dq), lse2, dsum, static_cast<const bf16*>(d_o), static_cast<const bf16*>(q),
                       static_cast<const bf16*>(k), static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens,
                       a.num_q_heads, a.num_kv_heads, a.scale};
-    attn_bwd_dq_kernel<D><<<dim3(a.num_q_heads, tile_slots(a, Dq::kBlockM)), kThreads, Dq::kSmemBytes, stream>>>(dp);
-    QT_LAUNCH_CHECK("attn_bwd_dq_kernel");
+    const dim3 dq_grid(a.num_q_heads, tile_slots(a, dq_tile));
+    if (wgmma_bwd) {
+      cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgDqSmem));
+      attn_bwd_dq_wgmma_kernel<<<dq_grid, kThreads, kWgDqSmem, stream>>>(dp);
+      QT_LAUNCH_CHECK("attn_bwd_dq_wgmma_kernel");
+    } else {
+      cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Dq::kSmemBytes));
+      attn_bwd_dq_kernel<D><<<dq_grid, kThreads, Dq::kSmemBytes, stream>>>(dp);
+      QT_LAUNCH_CHECK("attn_bwd_dq_kernel");
+    }
     return;
   }
   const int64_t n8 = rows * D / 8;
