@@ -1198,132 +1198,120 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
 }
 
 // ---- deterministic dQ on wgmma (D = 256) ---------------------------------------------------------
-// One CTA per (query tile of 64 rows, q head) on a work list of 64-row query tiles, walking the key
-// tiles (64) up to the diagonal in order, so dQ is the same on every run. Per key tile: warpgroup 0
-// S = Q K^T and P = exp(S scale - lse) (masked, to smem as f32 in accumulator order), warpgroup 1
-// dP = dO V^T and then dS = P (dP - Dsum) (bf16 [query][key] panel); then each warpgroup
-// accumulates dQ for half the head dim: dQ += dS K, 4 m64n128k16 with dS K-major and K N-major.
-// K and V double-buffered.
-constexpr size_t kWgDqSmem = 6 * kWgTileBytes + kWgPBytes + 64 * 64 * 4 + 1024;
+// The forward's structure with S, dP and dQ for P V: one CTA per (query tile of 128 rows, q head)
+// on the forward's work list walks the key tiles (64) up to the diagonal in order, so dQ is the
+// same on every run. Warpgroup w owns query rows 64 w .. 64 w + 63 and, per key tile, runs S = Q K^T
+// and dP = dO V^T (16 m64n64k16 each, operands K-major from smem), forms dS = P (dP - Dsum) in
+// registers (P from the saved lse) and accumulates dQ += dS K as 4 m64n256k16 with dS as the
+// register A operand and K N-major, like the forward's P V. No warpgroup-dependent branch around a
+// wgmma (C7518), so warpgroup 0 also runs the last key tile of a diagonal CTA, fully masked. K is
+// double-buffered; V has one buffer (the smem limit), refilled once both warpgroups' dP is done.
+constexpr size_t kWgDqSmem = 2 * size_t(kWgBM) * kWgD * 2 + 3 * kWgTileBytes + 1024;
 static_assert(kWgDqSmem <= 227 * 1024, "wgmma dQ kernel smem over the sm_90 per-block limit");
 
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const DqParams p) {
-  constexpr int BM = 64, BN = 64;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t s0 = smem_u32(smem_raw);
   char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
-  char* sdO = sQ + kWgTileBytes;
-  char* sK = sdO + kWgTileBytes;  // 2 buffers
-  char* sV = sK + 2 * kWgTileBytes;  // 2 buffers
-  char* sdS = sV + 2 * kWgTileBytes;  // bf16 [query][key]
-  float* sPf = reinterpret_cast<float*>(sdS + kWgPBytes);  // P, f32, [fragment element][thread]
+  char* sdO = sQ + kWgBM * kWgD * 2;
+  char* sK = sdO + kWgBM * kWgD * 2;  // 2 buffers
+  char* sV = sK + 2 * kWgTileBytes;
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
   const int seq = work.x, h = blockIdx.x;
   const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int m0 = work.y * BM;
+  const int m0 = work.y * kWgBM;
   const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int kvh = h / (p.hq / p.hkv);
   const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
   const bf16* gK = p.k + start * ldk + kvh * kWgD;
   const bf16* gV = p.v + start * ldk + kvh * kWgD;
-  const int n_tiles = (min(m0 + BM, L) + BN - 1) / BN;
+  const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
 
-  load_panels<BM>(sQ, p.q + (start + m0) * ldq + h * kWgD, ldq, min(BM, L - m0), tid);
-  load_panels<BM>(sdO, p.d_o + (start + m0) * ldq + h * kWgD, ldq, min(BM, L - m0), tid);
-  load_panels<BN>(sK, gK, ldk, min(BN, L), tid);
-  load_panels<BN>(sV, gV, ldk, min(BN, L), tid);
+  load_panels<kWgBM>(sQ, p.q + (start + m0) * ldq + h * kWgD, ldq, min(kWgBM, L - m0), tid);
+  load_panels<kWgBM>(sdO, p.d_o + (start + m0) * ldq + h * kWgD, ldq, min(kWgBM, L - m0), tid);
+  load_panels<kWgBN>(sK, gK, ldk, min(kWgBN, L), tid);
+  load_panels<kWgBN>(sV, gV, ldk, min(kWgBN, L), tid);
   cp_async_commit();
 
-  const int rl0 = 16 * wq + g;  // tile-local query row of fragment elements 0, 1 (+ 8 for 2, 3)
-  float lse2[2], dsum[2];       // of rows rl0 and rl0 + 8 (0 past the sample: P is masked there)
+  const int wrow0 = m0 + 64 * wg_i + 16 * wq;  // sample-local first row of this warp
+  float lse2[2], dsum[2];                      // of rows wrow0 + g and + 8 (0 past the sample: masked)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = m0 + rl0 + 8 * r;
+    const int row = wrow0 + g + 8 * r;
     const int64_t i = static_cast<int64_t>(h) * p.total + start + row;
     lse2[r] = row < L ? p.lse2[i] : 0.f;
     dsum[r] = row < L ? p.dsum[i] : 0.f;
   }
   const float scale_log2 = p.scale * kLog2e;
-  float acc[64];  // m64n128: query rows rl0 (+ 8), head-dim columns 128 wg_i + 8 j + 2 t4
+  float acc[kWgD / 8][4];  // the m64n256 dQ accumulator, as [8-column block][fragment element]
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int i = 0; i < kWgD / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc);
 
   for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = j * BN;
+    const int n0 = j * kWgBN;
     const char* kb = sK + (j & 1) * kWgTileBytes;
-    const char* vb = sV + (j & 1) * kWgTileBytes;
-    // Tile j has landed; every warpgroup is past iteration j - 1, so the other buffers, sdS and
-    // sPf are free.
+    // K_j and V_j have landed; every warpgroup is past iteration j - 1, so K's other buffer is free.
     cp_async_wait<0>();
     wg::fence_proxy_async();
     __syncthreads();
-    if (j + 1 < n_tiles) {
-      const int nb0 = n0 + BN, nbuf = ((j + 1) & 1) * kWgTileBytes;
-      load_panels<BN>(sK + nbuf, gK + nb0 * ldk, ldk, min(BN, L - nb0), tid);
-      load_panels<BN>(sV + nbuf, gV + nb0 * ldk, ldk, min(BN, L - nb0), tid);
-    }
+    if (j + 1 < n_tiles)
+      load_panels<kWgBN>(sK + ((j + 1) & 1) * kWgTileBytes, gK + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN),
+                         tid);
     cp_async_commit();
 
-    float s[BN / 8][4];  // warpgroup 0: S, then P; warpgroup 1: dP, then dS
-    float(&s_flat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s);
-    wg_issue_abt(s_flat, wg_i == 0 ? sQ : sdO, BM * 128, wg_i == 0 ? kb : vb);
+    float s[kWgBN / 8][4], dp[kWgBN / 8][4];
+    float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
+    float(&dp_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(dp);
+    wg_issue_abt(s_flat, sQ + 64 * wg_i * 128, kWgBM * 128, kb);
+    wg_issue_abt(dp_flat, sdO + 64 * wg_i * 128, kWgBM * 128, sV);
     wg::wait<0>();
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) wg::fence_operand(s_flat[i]);
-    if (wg_i == 0) {  // P, 0 for keys after the query and queries past the sample
-      const bool need_mask = n0 + BN - 1 > m0 || m0 + BM > L;
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int rl = rl0 + 8 * (e >> 1), col = n0 + 8 * nb + 2 * t4 + (e & 1);
-          float pe = dev::ex2_ftz(fmaf(s[nb][e], scale_log2, -lse2[e >> 1]));
-          if (need_mask && (col > m0 + rl || m0 + rl >= L)) pe = 0.f;
-          sPf[(4 * nb + e) * 128 + wt] = pe;
-        }
+    for (int i = 0; i < kWgBN / 2; ++i) {
+      wg::fence_operand(s_flat[i]);
+      wg::fence_operand(dp_flat[i]);
     }
-    __syncthreads();  // P (f32) for warpgroup 1
-    if (wg_i == 1) {  // dS = P (dP - Dsum) as a bf16 [query][key] panel
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) ds[e] = sPf[(4 * nb + 2 * r + e) * 128 + wt] * (s[nb][2 * r + e] - dsum[r]);
-          *reinterpret_cast<uint32_t*>(sdS + wg::sw128(rl0 + 8 * r, 8 * nb + 2 * t4)) = pack_bf16(ds[0], ds[1]);
-        }
-      wg::fence_proxy_async();
-    }
-    __syncthreads();  // dS in smem
+    __syncthreads();  // both warpgroups are done with V_j
+    if (j + 1 < n_tiles) load_panels<kWgBN>(sV, gV + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN), tid);
+    cp_async_commit();
 
-    // dQ[:, half] += dS K_j[:, half]: A = dS K-major (one 64-key panel, +32 bytes per k16 step),
-    // B = K_j N-major (64-column blocks BN * 128 bytes apart, +16 keys = 2048 bytes per step).
-    const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sdS, 16, 1024));
-    const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(kb + 2 * wg_i * (BN * 128), BN * 128, 1024));
+    // dS = P (dP - Dsum) in place of S; P = 0 above the diagonal and past the sample.
+    const bool need_mask = n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L;
+#pragma unroll
+    for (int nb = 0; nb < kWgBN / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, col = n0 + nb * 8 + 2 * t4 + (e & 1), row = wrow0 + g + 8 * r;
+        float pe = dev::ex2_ftz(fmaf(s[nb][e], scale_log2, -lse2[r]));
+        if (need_mask && (col > row || row >= L)) pe = 0.f;
+        s[nb][e] = pe * (dp[nb][e] - dsum[r]);
+      }
+    uint32_t da[kWgBN / 16][4];
+    pack_p<kWgBN>(da, s);
+    // dQ += dS K_j: K_j [key][d] is the N-major B (64-column blocks 64 keys x 128 bytes apart).
+    const uint64_t dk0 = wg::desc_opaque(wg::desc_sw128(kb, kWgBN * 128, 1024));
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wg::mma_m64n128k16<1>(acc, wg::desc_advance(da0, kk * 32), wg::desc_advance(db0, kk * 2048), 1);
+    for (int kk = 0; kk < kWgBN / 16; ++kk) wg::mma_m64n256k16_rs<1>(acc_flat, da[kk], wg::desc_advance(dk0, kk * 2048), 1);
     wg::commit();
     wg::wait<0>();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wg::fence_operand(acc[i]);
+    for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
   }
 
   // Epilogue: dq = bf16(scale dQ), rows past the sample end skipped.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = m0 + rl0 + 8 * r;
+    const int row = wrow0 + g + 8 * r;
     if (row >= L) continue;
-    bf16* qrow = p.dq + (start + row) * ldq + h * kWgD + 128 * wg_i;
+    bf16* qrow = p.dq + (start + row) * ldq + h * kWgD;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<uint32_t*>(qrow + 8 * j + 2 * t4) =
-          pack_bf16(acc[4 * j + 2 * r] * p.scale, acc[4 * j + 2 * r + 1] * p.scale);
+    for (int db = 0; db < kWgD / 8; ++db)
+      *reinterpret_cast<uint32_t*>(qrow + 8 * db + 2 * t4) =
+          pack_bf16(acc[db][2 * r] * p.scale, acc[db][2 * r + 1] * p.scale);
   }
 }
 
@@ -1520,12 +1508,12 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
     // The forward's work list (query tiles of DqTraits::kBlockM), built over the backward's table
     // once attn_bwd_kernel has read it (same stream).
     using Dq = DqTraits<D>;
-    const int dq_tile = wgmma_bwd ? 64 : Dq::kBlockM;
-    const int2* qtiles = build_tile_table(workspace, a, dq_tile, false, stream);
+    static_assert(Dq::kBlockM == kWgBM, "both dQ kernels use the forward's work list");
+    const int2* qtiles = build_tile_table(workspace, a, Dq::kBlockM, false, stream);
     const DqParams dp{static_cast<bf16*>(dq), lse2, dsum, static_cast<const bf16*>(d_o), static_cast<const bf16*>(q),
                       static_cast<const bf16*>(k), static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens,
                       a.num_q_heads, a.num_kv_heads, a.scale};
-    const dim3 dq_grid(a.num_q_heads, tile_slots(a, dq_tile));
+    const dim3 dq_grid(a.num_q_heads, tile_slots(a, Dq::kBlockM));
     if (wgmma_bwd) {
       cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgDqSmem));
       attn_bwd_dq_wgmma_kernel<<<dq_grid, kThreads, kWgDqSmem, stream>>>(dp);
