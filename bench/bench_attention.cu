@@ -7,10 +7,11 @@
 //   bwd = 2.5 * fwd.
 // Output: a table, then one `key value` line per BENCHMARKS.md key. Same shapes as
 // tools/bench_sdpa.py (cuDNN SDPA through PyTorch) for the speedup rows.
-// Usage: bench_attention [--iters N] [--deterministic] [--mma-sync]   (--deterministic: the
-// backward's dQ by the atomic-free kernel, AttnArgs::deterministic, whose dK / dV run on wgmma;
-// keys then end in _det; --mma-sync: AttnArgs::mma_sync, the mma.sync kernels instead of wgmma,
-// keys then end in _mma)
+// Usage: bench_attention [--iters N] [--atomic] [--mma-sync]
+//   default: the training configuration, the deterministic backward (dQ by its own kernel, no
+//   atomics; at D = 256 dQ and dK / dV on wgmma); --atomic: AttnArgs::deterministic off (dQ by fp32
+//   atomics inside the mma.sync dK / dV kernel), backward keys end in _atomic; --mma-sync:
+//   AttnArgs::mma_sync, the mma.sync kernels instead of wgmma, keys end in _mma.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -131,28 +132,28 @@ Result run(int hq, int hkv, int iters, bool deterministic, bool mma_sync) {
 
 int main(int argc, char** argv) {
   int iters = 20;
-  bool det = false, mma = false;
+  bool det = true, mma = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
-    } else if (std::strcmp(argv[i], "--deterministic") == 0) {
-      det = true;
+    } else if (std::strcmp(argv[i], "--atomic") == 0) {
+      det = false;
     } else if (std::strcmp(argv[i], "--mma-sync") == 0) {
       mma = true;
     } else {
       std::fprintf(stderr,
-                   "bench_attention: unknown argument '%s' (usage: [--iters N] [--deterministic] [--mma-sync])\n",
+                   "bench_attention: unknown argument '%s' (usage: [--iters N] [--atomic] [--mma-sync])\n",
                    argv[i]);
       return 2;
     }
   }
-  const std::string sfx = std::string(det ? "_det" : "") + (mma ? "_mma" : "");
+  const std::string sfx = std::string(det ? "" : "_atomic") + (mma ? "_mma" : "");
   const char* fsfx = mma ? "_mma" : "";
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (%d SMs); T = 8192 packed as", prop.name, prop.multiProcessorCount);
   for (int l : kLens) std::printf(" %d", l);
-  std::printf("; D = %d; median of %d%s%s\n\n", kHeadDim, iters, det ? "; deterministic backward" : "",
+  std::printf("; D = %d; median of %d%s%s\n\n", kHeadDim, iters, det ? "; deterministic backward" : "; atomic dQ backward",
               mma ? "; mma.sync kernels" : "; wgmma kernels");
   const Result r2 = run(8, 2, iters, det, mma);
   const Result r27 = run(24, 4, iters, det, mma);

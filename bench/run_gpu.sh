@@ -26,7 +26,7 @@ if [ "$phase" = kernels ]; then
   timeout 100 "$BIN/bench_cuda_ops" >"$OUT/bench_ops.log" 2>&1; echo "rc $?"; tail -12 "$OUT/bench_ops.log"
   timeout 60 "$BIN/bench_gdn" 10 >"$OUT/bench_gdn.log" 2>&1; echo "rc $?"; tail -9 "$OUT/bench_gdn.log"
   timeout 60 "$BIN/bench_attention" --iters 10 >"$OUT/bench_attn.log" 2>&1; echo "rc $?"; tail -8 "$OUT/bench_attn.log"
-  timeout 60 "$BIN/bench_attention" --iters 10 --deterministic >"$OUT/bench_attn_det.log" 2>&1; echo "rc $?"; grep _det "$OUT/bench_attn_det.log"
+  timeout 60 "$BIN/bench_attention" --iters 10 --atomic >"$OUT/bench_attn_atomic.log" 2>&1; echo "rc $?"; grep _atomic "$OUT/bench_attn_atomic.log"
 else
   log "end to end"
   timeout 240 "$BIN/qwentune" bench --preset 2b --steps 5 --warmup 2 >"$OUT/bench_2b.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_2b.log"
