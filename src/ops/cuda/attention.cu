@@ -34,8 +34,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"

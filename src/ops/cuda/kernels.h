@@ -48,8 +48,8 @@ struct AttnArgs {
   // reproducible, ~1.4x the backward's MMA work) instead of fp32 atomics.
   bool deterministic = false;
   // Head dim 256 on the mma.sync kernels instead of the wgmma ones (the forward, and the
-  // deterministic backward's dK / dV), for A/B benchmarks and as the fallback QT_ATTN_WGMMA=0
-  // selects; other head dims, and the atomic backward, always run on mma.sync.
+  // deterministic backward's dK / dV and dQ), for A/B benchmarks and as the fallback
+  // QT_ATTN_WGMMA=0 selects; other head dims, and the atomic backward, always run on mma.sync.
   bool mma_sync = false;
 };
 size_t attention_workspace_bytes(const AttnArgs& a);
