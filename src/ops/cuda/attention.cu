@@ -313,6 +313,90 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BN / 16][4], const float (
   }
 }
 
+// ---- work-list decode (every kernel but the preprocess / sums) ------------------------------------
+// The CTA's query tile on the forward's work list (forward and dQ kernels): blockIdx.x is the query
+// head, `work` the slot's entry (p.tiles[blockIdx.y], checked live by the caller).
+struct QueryTile {
+  int start, L, m0, h, kvh;  // sample start / length, tile's first row (sample-local), heads
+  int64_t ldq, ldk;          // row strides of q / o / dO and of k / v
+};
+template <class Params>
+__device__ __forceinline__ QueryTile query_tile(const Params& p, int2 work, int bm, int d) {
+  QueryTile t;
+  t.start = p.cu[work.x];
+  t.L = p.cu[work.x + 1] - t.start;
+  t.m0 = work.y * bm;
+  t.h = blockIdx.x;
+  t.kvh = t.h / (p.hq / p.hkv);
+  t.ldq = static_cast<int64_t>(p.hq) * d;
+  t.ldk = static_cast<int64_t>(p.hkv) * d;
+  return t;
+}
+
+// The CTA's key tile on the backward's work list (dK / dV kernels): blockIdx.x is (kv head, split),
+// `work` the slot's entry (checked live by the caller). The CTA runs query heads h_first .. of its split over the query tiles
+// m_begin + BM i (i < n_m), n_iter (head, tile) iterations in all.
+struct KeyTile {
+  int start, L, n0, kvh, split, h_first, m_begin, n_m, n_iter;
+  int64_t ldq, ldk;
+};
+template <class Params>
+__device__ __forceinline__ KeyTile key_tile(const Params& p, int2 work, int bm, int bn, int d) {
+  KeyTile t;
+  t.kvh = blockIdx.x / p.splits;
+  t.split = blockIdx.x % p.splits;
+  t.start = p.cu[work.x];
+  t.L = p.cu[work.x + 1] - t.start;
+  t.n0 = work.y * bn;
+  const int heads = p.hq / p.hkv / p.splits;  // query heads of this CTA
+  t.h_first = t.kvh * (p.hq / p.hkv) + t.split * heads;
+  t.ldq = static_cast<int64_t>(p.hq) * d;
+  t.ldk = static_cast<int64_t>(p.hkv) * d;
+  t.m_begin = (t.n0 / bm) * bm;
+  t.n_m = (t.L - t.m_begin + bm - 1) / bm;
+  t.n_iter = heads * t.n_m;
+  return t;
+}
+
+// Where a dK / dV CTA's results go: bf16 pairs into dk / dv, or with several splits its f32 share
+// into its slices of dkv_part (dK scaled, then dV; attn_bwd_dkv_sum_kernel adds them in order).
+struct DkvOut {
+  bf16 *dk, *dv;
+  float *pdk, *pdv;  // with splits
+  bool split;
+  // Elements o, o + 1 (offsets from the tile's first key row) of dK (already scaled) and dV.
+  __device__ __forceinline__ void store(int64_t o, float k0, float k1, float v0, float v1) const {
+    if (!split) {
+      *reinterpret_cast<uint32_t*>(dk + o) = pack_bf16(k0, k1);
+      *reinterpret_cast<uint32_t*>(dv + o) = pack_bf16(v0, v1);
+    } else {
+      *reinterpret_cast<float2*>(pdk + o) = make_float2(k0, k1);
+      *reinterpret_cast<float2*>(pdv + o) = make_float2(v0, v1);
+    }
+  }
+};
+template <class Params>
+__device__ __forceinline__ DkvOut dkv_out(const Params& p, const KeyTile& t, int d) {
+  const int64_t slice = static_cast<int64_t>(p.total) * t.ldk;
+  const int64_t row0 = (t.start + t.n0) * t.ldk + t.kvh * d;
+  float* pdk = p.splits > 1 ? p.dkv_part + 2 * t.split * slice + row0 : nullptr;
+  return DkvOut{p.dk + row0, p.dv + row0, pdk, p.splits > 1 ? pdk + slice : nullptr, p.splits > 1};
+}
+
+// lse (log2 units) and Dsum of a warp's fragment rows row0 and row0 + 8 of query head h for the
+// dQ kernels; 0 past the sample, where P is masked anyway.
+template <class Params>
+__device__ __forceinline__ void load_row_stats(const Params& p, const QueryTile& t, int row0, float (&lse2)[2],
+                                               float (&dsum)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    const int64_t i = static_cast<int64_t>(t.h) * p.total + t.start + row;
+    lse2[r] = row < t.L ? p.lse2[i] : 0.f;
+    dsum[r] = row < t.L ? p.dsum[i] : 0.f;
+  }
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 struct FwdParams {
@@ -336,12 +420,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, h = blockIdx.x;
-  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int m0 = work.y * BM;
+  const QueryTile t = query_tile(p, work, BM, D);
+  const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
+  const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int kvh = h / (p.hq / p.hkv);
-  const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
   const bf16* gQ = p.q + (start + m0) * ldq + h * D;
   const bf16* gK = p.k + start * ldk + kvh * D;
   const bf16* gV = p.v + start * ldk + kvh * D;
@@ -446,6 +528,15 @@ constexpr int kWgD = 256, kWgBM = 128, kWgBN = 64;
 constexpr size_t kWgTileBytes = size_t(kWgBN) * kWgD * 2;
 constexpr size_t kWgSmem = size_t(kWgBM) * kWgD * 2 + 4 * kWgTileBytes + 1024;  // Q, 2 K, 2 V, alignment pad
 
+// One fragment row (r = 0: row g, 1: row g + 8) of a m64n256 accumulator times mul, as bf16 pairs
+// straight to global: thread t4 of the quad writes columns 8 j + 2 t4, + 1.
+__device__ __forceinline__ void store_row_pairs(bf16* row, const float (&acc)[kWgD / 8][4], int r, float mul,
+                                                int t4) {
+#pragma unroll
+  for (int j = 0; j < kWgD / 8; ++j)
+    *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * t4) = pack_bf16(acc[j][2 * r] * mul, acc[j][2 * r + 1] * mul);
+}
+
 // Async copy of a [ROWS][256] bf16 tile into panel layout; rows >= valid are zero-filled.
 template <int ROWS>
 __device__ __forceinline__ void load_panels(char* s, const bf16* g, int64_t ld, int valid, int tid) {
@@ -497,13 +588,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, h = blockIdx.x;
-  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int m0 = work.y * kWgBM;
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
+  const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int kvh = h / (p.hq / p.hkv);
-  const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
   const bf16* gQ = p.q + (start + m0) * ldq + h * kWgD;
   const bf16* gK = p.k + start * ldk + kvh * kWgD;
   const bf16* gV = p.v + start * ldk + kvh * kWgD;
@@ -589,11 +678,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
     if (row >= L) continue;
     if (t4 == 0)
       p.lse[static_cast<int64_t>(h) * p.total + start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
-    bf16* orow = p.o + (start + row) * ldq + h * kWgD;
-#pragma unroll
-    for (int db = 0; db < kWgD / 8; ++db)
-      *reinterpret_cast<uint32_t*>(orow + 8 * db + 2 * t4) =
-          pack_bf16(acc_o[db][2 * r] * inv, acc_o[db][2 * r + 1] * inv);
+    store_row_pairs(p.o + (start + row) * ldq + h * kWgD, acc_o, r, inv, t4);
   }
 }
 
@@ -663,16 +748,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, kvh = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
-  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int n0 = work.y * BN;
+  const KeyTile t = key_tile(p, work, BM, BN, D);
+  const int start = t.start, L = t.L, n0 = t.n0, kvh = t.kvh, h_first = t.h_first;
+  const int m_begin = t.m_begin, n_m = t.n_m, n_iter = t.n_iter;
+  const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int heads = p.hq / p.hkv / p.splits;               // query heads of this CTA
-  const int h_first = kvh * (p.hq / p.hkv) + split * heads;
-  const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
-  const int m_begin = (n0 / BM) * BM;
-  const int n_m = (L - m_begin + BM - 1) / BM;
-  const int n_iter = heads * n_m;
 
   load_tile<BN, D>(sK, p.k + (start + n0) * ldk + kvh * D, ldk, min(BN, L - n0), tid);
   load_tile<BN, D>(sV, p.v + (start + n0) * ldk + kvh * D, ldk, min(BN, L - n0), tid);
@@ -850,12 +930,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
     }
   }
 
-  // dK (scaled) and dV, rows < L - n0: bf16 into dk / dv, or with several splits this CTA's f32
-  // share into its slices (attn_bwd_dkv_sum_kernel adds the splits in order).
-  const int64_t slice = static_cast<int64_t>(p.total) * ldk;
-  const int64_t row0 = (start + n0) * ldk + kvh * D;
-  float* pdk = p.splits > 1 ? p.dkv_part + 2 * split * slice + row0 : nullptr;
-  float* pdv = p.splits > 1 ? pdk + slice : nullptr;
+  // dK (scaled) and dV, rows < L - n0 (DkvOut: bf16, or this split's f32 share).
+  const DkvOut out = dkv_out(p, t, D);
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -866,14 +942,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_kernel(const BwdParams p
       for (int i = 0; i < kDW / 8; ++i) {
         const int64_t o = rl * ldk + wkv_d * kDW + i * 8 + 2 * t4;
         const float k0 = acc_dk[mt][i][2 * r] * p.scale, k1 = acc_dk[mt][i][2 * r + 1] * p.scale;
-        const float v0 = acc_dv[mt][i][2 * r], v1 = acc_dv[mt][i][2 * r + 1];
-        if (p.splits == 1) {
-          *reinterpret_cast<uint32_t*>(p.dk + row0 + o) = pack_bf16(k0, k1);
-          *reinterpret_cast<uint32_t*>(p.dv + row0 + o) = pack_bf16(v0, v1);
-        } else {
-          *reinterpret_cast<float2*>(pdk + o) = make_float2(k0, k1);
-          *reinterpret_cast<float2*>(pdv + o) = make_float2(v0, v1);
-        }
+        out.store(o, k0, k1, acc_dv[mt][i][2 * r], acc_dv[mt][i][2 * r + 1]);
       }
     }
 }
@@ -907,17 +976,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, kvh = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
-  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int n0 = work.y * BN;
+  const KeyTile t = key_tile(p, work, BM, BN, kWgD);
+  const int start = t.start, L = t.L, n0 = t.n0, kvh = t.kvh, h_first = t.h_first;
+  const int m_begin = t.m_begin, n_m = t.n_m, n_iter = t.n_iter;
+  const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int heads = p.hq / p.hkv / p.splits;  // query heads of this CTA
-  const int h_first = kvh * (p.hq / p.hkv) + split * heads;
-  const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
-  const int m_begin = (n0 / BM) * BM;
-  const int n_m = (L - m_begin + BM - 1) / BM;
-  const int n_iter = heads * n_m;
 
   load_panels<BN>(sK, p.k + (start + n0) * ldk + kvh * kWgD, ldk, min(BN, L - n0), tid);
   load_panels<BN>(sV, p.v + (start + n0) * ldk + kvh * kWgD, ldk, min(BN, L - n0), tid);
@@ -1026,12 +1090,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
     }
   }
 
-  // dK (scaled) and dV, keys < L - n0: bf16 into dk / dv, or with several splits this CTA's f32
-  // share into its slices (attn_bwd_dkv_sum_kernel adds the splits in order).
-  const int64_t slice = static_cast<int64_t>(p.total) * ldk;
-  const int64_t row0 = (start + n0) * ldk + kvh * kWgD;
-  float* pdk = p.splits > 1 ? p.dkv_part + 2 * split * slice + row0 : nullptr;
-  float* pdv = p.splits > 1 ? pdk + slice : nullptr;
+  // dK (scaled) and dV, keys < L - n0 (DkvOut: bf16, or this split's f32 share).
+  const DkvOut out = dkv_out(p, t, kWgD);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int rl = rl0 + 8 * r;
@@ -1040,14 +1100,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
     for (int j = 0; j < 16; ++j) {
       const int64_t o = rl * ldk + 128 * wg_i + 8 * j + 2 * t4;
       const float k0 = acc_dk[4 * j + 2 * r] * p.scale, k1 = acc_dk[4 * j + 2 * r + 1] * p.scale;
-      const float v0 = acc_dv[4 * j + 2 * r], v1 = acc_dv[4 * j + 2 * r + 1];
-      if (p.splits == 1) {
-        *reinterpret_cast<uint32_t*>(p.dk + row0 + o) = pack_bf16(k0, k1);
-        *reinterpret_cast<uint32_t*>(p.dv + row0 + o) = pack_bf16(v0, v1);
-      } else {
-        *reinterpret_cast<float2*>(pdk + o) = make_float2(k0, k1);
-        *reinterpret_cast<float2*>(pdv + o) = make_float2(v0, v1);
-      }
+      out.store(o, k0, k1, acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
     }
   }
 }
@@ -1094,12 +1147,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, h = blockIdx.x;
-  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int m0 = work.y * BM;
+  const QueryTile t = query_tile(p, work, BM, D);
+  const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
+  const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int kvh = h / (p.hq / p.hkv);
-  const int64_t ldq = static_cast<int64_t>(p.hq) * D, ldk = static_cast<int64_t>(p.hkv) * D;
   const bf16* gK = p.k + start * ldk + kvh * D;
   const bf16* gV = p.v + start * ldk + kvh * D;
   const int n_tiles = (min(m0 + BM, L) + BN - 1) / BN;
@@ -1111,14 +1162,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
   cp_async_commit();
 
   const int wrow0 = m0 + warp * 16;  // sample-local index of this warp's first row
-  float lse2[2], dsum[2];            // of rows wrow0 + g and + 8 (0 past the sample: P, dS vanish)
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = wrow0 + g + 8 * r;
-    const int64_t i = static_cast<int64_t>(h) * p.total + start + row;
-    lse2[r] = row < L ? p.lse2[i] : 0.f;
-    dsum[r] = row < L ? p.dsum[i] : 0.f;
-  }
+  float lse2[2], dsum[2];            // of rows wrow0 + g and + 8
+  load_row_stats(p, t, wrow0 + g, lse2, dsum);
   const float scale_log2 = p.scale * kLog2e;
   float acc[D / 8][4];
 #pragma unroll
@@ -1221,13 +1266,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const int seq = work.x, h = blockIdx.x;
-  const int start = p.cu[seq], L = p.cu[seq + 1] - start;
-  const int m0 = work.y * kWgBM;
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
+  const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int kvh = h / (p.hq / p.hkv);
-  const int64_t ldq = static_cast<int64_t>(p.hq) * kWgD, ldk = static_cast<int64_t>(p.hkv) * kWgD;
   const bf16* gK = p.k + start * ldk + kvh * kWgD;
   const bf16* gV = p.v + start * ldk + kvh * kWgD;
   const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
@@ -1239,14 +1282,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
   cp_async_commit();
 
   const int wrow0 = m0 + 64 * wg_i + 16 * wq;  // sample-local first row of this warp
-  float lse2[2], dsum[2];                      // of rows wrow0 + g and + 8 (0 past the sample: masked)
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = wrow0 + g + 8 * r;
-    const int64_t i = static_cast<int64_t>(h) * p.total + start + row;
-    lse2[r] = row < L ? p.lse2[i] : 0.f;
-    dsum[r] = row < L ? p.dsum[i] : 0.f;
-  }
+  float lse2[2], dsum[2];                      // of rows wrow0 + g and + 8
+  load_row_stats(p, t, wrow0 + g, lse2, dsum);
   const float scale_log2 = p.scale * kLog2e;
   float acc[kWgD / 8][4];  // the m64n256 dQ accumulator, as [8-column block][fragment element]
 #pragma unroll
@@ -1309,11 +1346,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
   for (int r = 0; r < 2; ++r) {
     const int row = wrow0 + g + 8 * r;
     if (row >= L) continue;
-    bf16* qrow = p.dq + (start + row) * ldq + h * kWgD;
-#pragma unroll
-    for (int db = 0; db < kWgD / 8; ++db)
-      *reinterpret_cast<uint32_t*>(qrow + 8 * db + 2 * t4) =
-          pack_bf16(acc[db][2 * r] * p.scale, acc[db][2 * r + 1] * p.scale);
+    store_row_pairs(p.dq + (start + row) * ldq + h * kWgD, acc, r, p.scale, t4);
   }
 }
 
