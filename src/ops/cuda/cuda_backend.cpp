@@ -528,7 +528,8 @@ cuda::GdnArgs gdn_args(const GdnDims& d, const SeqInfo& s) {
   a.v_head_dim = int(d.v_head_dim);
   return a;
 }
-cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s) {
+// The kernels' arguments, with the backend's kernel choices (QT_ATTN_WGMMA, deterministic dQ).
+cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s, bool mma_sync, bool deterministic) {
   cuda::AttnArgs a{};
   a.cu_seqlens = s.cu_seqlens.ptr<int32_t>();
   a.num_seqs = s.num_seqs;
@@ -538,6 +539,8 @@ cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s) {
   a.num_kv_heads = int(d.num_kv_heads);
   a.head_dim = int(d.head_dim);
   a.scale = float(1.0 / std::sqrt(double(d.head_dim)));
+  a.mma_sync = mma_sync;
+  a.deterministic = deterministic;
   return a;
 }
 }  // namespace
@@ -656,8 +659,7 @@ void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Te
   const int64_t T = ops::check_attention_forward(op, dims, o, lse, q, k, v, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
-  cuda::AttnArgs args = attn_args(dims, seqs);
-  args.mma_sync = mma_sync_attention_;
+  const cuda::AttnArgs args = attn_args(dims, seqs, mma_sync_attention_, deterministic_attention_);
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_forward(o.data, lse.ptr<float>(), q.data, k.data, v.data, args, ws, stream_);
   QT_LAUNCH_CHECK("attention_forward");
@@ -671,9 +673,7 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
   const int64_t T = ops::check_attention_backward(op, dims, dq, dk, dv, d_o, q, k, v, o, lse, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
-  cuda::AttnArgs args = attn_args(dims, seqs);
-  args.deterministic = deterministic_attention_;
-  args.mma_sync = mma_sync_attention_;
+  const cuda::AttnArgs args = attn_args(dims, seqs, mma_sync_attention_, deterministic_attention_);
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_backward(dq.data, dk.data, dv.data, d_o.data, q.data, k.data, v.data, o.data, lse.ptr<float>(),
                            args, ws, stream_);
