@@ -1509,8 +1509,13 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   const int splits = bwd_splits(a);
   const int64_t rows = static_cast<int64_t>(a.total_tokens) * a.num_q_heads;
   if (rows == 0) return;
+  // At head dim 256 the wgmma kernels serve both modes: their dQ has no atomics and is faster than
+  // the atomic mma.sync path, so `deterministic` only matters with mma_sync or other head dims.
+  bool wgmma_bwd = false;
+  if constexpr (D == kWgD) wgmma_bwd = !a.mma_sync;
+  const bool dq_kernel = a.deterministic || wgmma_bwd;
   attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
-      dsum, lse2, a.deterministic ? nullptr : dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse,
+      dsum, lse2, dq_kernel ? nullptr : dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse,
       a.total_tokens, a.num_q_heads);
   QT_LAUNCH_CHECK("attn_bwd_pre_kernel");
   static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
@@ -1520,8 +1525,6 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
               static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
               splits, a.scale};
   const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
-  bool wgmma_bwd = false;
-  if constexpr (D == kWgD) wgmma_bwd = a.deterministic && !a.mma_sync;
   if (wgmma_bwd) {
     static_assert(Tr::kBlockN == 64, "the wgmma dK / dV kernel uses the same key tiles");
     cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgBwdSmem));
@@ -1539,7 +1542,7 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
         static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, n4, splits);
     QT_LAUNCH_CHECK("attn_bwd_dkv_sum_kernel");
   }
-  if (a.deterministic) {
+  if (dq_kernel) {
     // The forward's work list (query tiles of DqTraits::kBlockM), built over the backward's table
     // once attn_bwd_kernel has read it (same stream).
     using Dq = DqTraits<D>;

@@ -45,7 +45,8 @@ struct AttnArgs {
   int num_q_heads, num_kv_heads, head_dim;  // head_dim 64, 128 or 256
   float scale;                              // 1/sqrt(head_dim)
   // Backward: dQ summed over the key tiles in a fixed order by its own kernel (bitwise
-  // reproducible, ~1.4x the backward's MMA work) instead of fp32 atomics.
+  // reproducible, ~1.4x the backward's MMA work) instead of fp32 atomics. At head dim 256 on the
+  // wgmma kernels (mma_sync off) dQ always comes from its own kernel, which is faster there.
   bool deterministic = false;
   // Head dim 256 on the mma.sync kernels instead of the wgmma ones (the forward, and the
   // deterministic backward's dK / dV and dQ), for A/B benchmarks and as the fallback
