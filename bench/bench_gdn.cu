@@ -2,7 +2,8 @@
 // packed as 8 chat-like samples, dk = dv = 128, Hk = 16, Hv = 16 (2B), 32 (4B/9B), 48 (27B).
 // TFLOP/s by KERNELS.md 1.8 (executed FLOPs per token per value head, C = 64):
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
-// Usage: bench_gdn [iters]   (prints one `key value unit` row per figure)
+// Usage: bench_gdn [iters] [shape]   (prints one `key value unit` row per figure; shape 2b, 4b or
+// 27b runs that one only, e.g. under a profiler)
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 #include <cuda_bf16.h>
@@ -57,6 +58,7 @@ __global__ void fill_f32(float* x, size_t n, uint32_t seed, float lo, float hi) 
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  const std::string only = argc > 2 ? argv[2] : "";
   // A fixed chat-like mix of 8 samples summing to 8192.
   const std::vector<int> lens = {1187, 412, 1603, 256, 977, 1420, 731, 1606};
   std::vector<int32_t> cu(1, 0);
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
   std::printf("# T %d, %d samples, Hk %d, dk = dv = %d, %d iterations\n", T, N, Hk, K, iters);
   std::printf("| key | value | unit |\n|---|---|---|\n");
   for (const Shape& s : shapes) {
+    if (!only.empty() && only != s.name) continue;
     const int Hv = s.Hv, CD = 2 * Hk * K + Hv * V;
     qt::cuda::GdnArgs a{cu_d, N, max_len, T, Hk, Hv, K, V};
     __nv_bfloat16 *qkv, *o, *d_o, *dqkv;

@@ -52,7 +52,8 @@ using gdn_mma::mma_acc;
 using gdn_mma::mma_acc_m;
 
 constexpr int kC = 64;         // chunk rows
-constexpr int kLdC = kC + 2;   // padded stride of C x C tiles (2-way bank conflicts at worst)
+constexpr int kLdC = kC + 8;   // padded stride of C x C tiles: 8 mod 32 words, so the mma gathers' 64-bit
+                               // pair loads (rows g, column pairs t) are conflict-free; scalar ones 2-way at worst
 constexpr int kThreads = 256;  // per block, every kernel but the chunk table
 constexpr float kL2Eps = 1e-6f;
 
@@ -312,7 +313,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // per (chunk, value head), from the raw bf16 k and v rows (cp.async, 16-byte pieces) and the row
 // scales rs of gdn_l2norm_kernel: A's k k^T products are exact (1 mma per k step), W's and U's B
 // operands too (the k-index scales b e^G rs_k and b go into T's columns), so the split costs 2 mma
-// there; W is stored as its hi / lo planes for the scans. 69.6 KB of smem at K = V = 128 (3 CTAs per SM).
+// there; W is stored as its hi / lo planes for the scans. 71.0 KB of smem at K = V = 128 (3 CTAs per SM).
 int prep_smem_floats(int K, int V) { return kC * raw_ld(K) / 2 + kC * raw_ld(V) / 2 + 2 * kC * kLdC + 4 * kC; }
 
 __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, const int4* table,
@@ -545,7 +546,7 @@ __global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf1
 }
 
 // ---- forward output ----------------------------------------------------------------------------
-// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D as its planes: 87 KB at K = V = 128 (2 CTAs per SM).
+// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D as its planes: 87.0 KB at K = V = 128 (2 CTAs per SM).
 int out_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * raw_ld(V) + kC * kLdC + 4 * kC; }
 
 // O = diag(e^G rq) (q S0) + P D, per (chunk, value head).
@@ -583,15 +584,22 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   __syncthreads();
   build_p(Ps, Qb, Kb, ldr, K, gs, rq, rk);
   __syncthreads();
+  // 2 row tiles per warp tile share each S0 fragment (read from global and split once for both:
+  // -8 % against 1 in the eighth round).
+  constexpr int kMT = 2;
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
-  for_tiles_m2<1, 2>(
+  for_tiles_m2<kMT, 2>(
       kC, V,
       [&](auto& a1, auto& a2, int m0, int n0) {
         if (m0 >= len) return;
-        mma_acc_m<1, 2>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
-                        [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; });
-        mma_acc(a2[0], m0, n0, 0, m0 + 16, Gk{[&](int i, int j) { return ld_f2(Ps + i * kLdC + j); }},
-                Ld2<true>{Dh, Dl, ldd});
+        mma_acc_m<kMT, 2>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
+                          [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; });
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int m = m0 + 16 * mt;
+          mma_acc(a2[mt], m, n0, 0, m + 16, Gk{[&](int i, int j) { return ld_f2(Ps + i * kLdC + j); }},
+                  Ld2<true>{Dh, Dl, ldd});
+        }
       },
       Pair{[&](int i, int e, float qs0, float qs1, float pd0, float pd1) {
         if (i < len)
@@ -600,7 +608,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
 }
 
 // ---- backward: dD_local = P^T dO ---------------------------------------------------------------
-// Raw bf16 q, k, dO tiles: 69 KB at K = V = 128 (3 CTAs per SM).
+// Raw bf16 q, k, dO tiles: 69.8 KB at K = V = 128 (3 CTAs per SM).
 int dlocal_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * raw_ld(V) / 2 + kC * kLdC + 3 * kC; }
 
 __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const int4* table, const int* nchunks,
@@ -779,20 +787,20 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 // P10's T^T dW part per piece); the row dot products (dG, dbeta, xi) and the dP . P / F row and
 // column sums are reduced in registers (for_tiles / for_tiles_m2 with a float-returning epilogue,
 // for_tiles_rc) into per-tile partials, summed in a fixed order, so the result stays deterministic.
-// 113 KB at K = V = 128.
+// 112.3 KB at K = V = 128.
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int bwd_piece(int K) { return (K / 2 + 15) / 16 * 16; }  // dW columns per piece
 __host__ __device__ constexpr int bwd_r1(int K) { return imax(kC * raw_ld(K) / 2, kC * kLdC); }   // q; A, dT, Mx
 __host__ __device__ constexpr int bwd_r2(int K) { return kC * raw_ld(K) / 2; }                    // k
 __host__ __device__ constexpr int bwd_r3(int K, int V) {                                         // dO; v; dW piece
-  return imax(kC * raw_ld(V) / 2, kC * (bwd_piece(K) + 2));
+  return imax(kC * raw_ld(V) / 2, kC * (bwd_piece(K) + 4));
 }
 __host__ __device__ constexpr int bwd_r4(int V) { return imax(kC * raw_ld(V), kC * kLdC); }  // D, dD planes; X1
 int bwd_chunk_smem_floats(int K, int V) {
   const int slots = imax(K, V) / 16;
   return bwd_r1(K) + bwd_r2(K) + bwd_r3(K, V) + bwd_r4(V) + kC * kLdC + 6 * kC + 8 * kC + 2 * slots * kC + 3 * kC +
-         kThreads;
+         kThreads / 32;
 }
 
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
@@ -810,7 +818,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
-  const int ldr = raw_ld(K), ldo = raw_ld(V), ldx = raw_ld(V), kw = bwd_piece(K), ldw = kw + 2;
+  // dW piece stride 4 mod 32 words: P10's scalar B gathers are conflict-free, P5's pair loads 2-way.
+  const int ldr = raw_ld(K), ldo = raw_ld(V), ldx = raw_ld(V), kw = bwd_piece(K), ldw = kw + 4;
   float* R1 = cv.take(bwd_r1(K));
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(bwd_r2(K)));
   float* R3 = cv.take(bwd_r3(K, V));
@@ -838,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   float* dGa = cv.take(kC);
   float* xia = cv.take(kC);
   float* sva = cv.take(kC);
-  float* red = cv.take(kThreads);
+  float* red = cv.take(kThreads / 32);
   const int tid = threadIdx.x;
   const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * V;
   const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
@@ -982,7 +991,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc += x[u].x * y[u].x + x[u].y * y[u].y + x[u].z * y[u].z + x[u].w * y[u].w;
     }
-    red[tid] = acc;
+    acc = warp_sum(acc);
+    if ((tid & 31) == 0) red[tid >> 5] = acc;  // one partial per warp, summed in order at the end
   }
   __syncthreads();
   solve_unit_lower(Ts, Cs);  // clobbers Cs's strict upper blocks (A is dead after it)
@@ -1134,9 +1144,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   __syncthreads();
   if (tid < 32) {  // warp 0: the G_L sums, then the reverse cumsum (lane l: rows 63-2l, 62-2l)
     float xs = xia[tid] + xia[tid + 32], sd = 0.f;
-    for (int q = 0; q < kThreads / 32; ++q) sd += red[q * 32 + tid];
+    for (int q = 0; q < kThreads / 32; ++q) sd += red[q];
     xs = warp_sum(xs);
-    sd = warp_sum(sd);
     const int r0 = kC - 1 - 2 * tid, r1 = r0 - 1;
     const float a = dGa[r0] + (tid == 0 ? xs + egl * sd : 0.f), b = dGa[r1];
     float incl = a + b;
