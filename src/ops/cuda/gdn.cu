@@ -3,7 +3,8 @@
 // staged as their raw bf16 rows (exact operands, L2 scales applied per row), every fp32 operand is
 // split into bf16 hi + lo (~fp32 products, relative error <= ~3 2^-18). The state, gates, cumsums
 // and the triangular solve stay fp32; W, D, dD and the scans' smem states are kept as hi / lo planes
-// (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32.
+// (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32 in the
+// mma fragment order (gdn_mma::frag_index), so their writers and readers move whole 512-byte runs.
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -50,6 +51,7 @@ using gdn_mma::for_tiles_m2;
 using gdn_mma::for_tiles_rc;
 using gdn_mma::mma_acc;
 using gdn_mma::mma_acc_m;
+using gdn_mma::Nt;
 
 constexpr int kC = 64;         // chunk rows
 constexpr int kLdC = kC + 8;   // padded stride of C x C tiles: 8 mod 32 words, so the mma gathers' 64-bit
@@ -409,16 +411,15 @@ __device__ __forceinline__ void state_tiles(int K, int bv, F f) {
     if (tile < tiles) f(u, (tile / tn) * 16, (tile % tn) * 16);
   }
 }
-// dst[d * ld + e] = the state (fp32, float2 stores).
-__device__ __forceinline__ void store_state(float* dst, size_t ld, const ScanState& st, int K, int bv) {
+// The state's columns e0.. into the fragment-native K x V matrix at dst (gdn_mma::frag_index): one
+// 16-byte store per tile row (columns 2t, 2t + 1 of both 8-column halves).
+__device__ __forceinline__ void store_state(float* dst, int V, int e0, const ScanState& st, int K, int bv) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   state_tiles(K, bv, [&](int u, int m0, int n0) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        *reinterpret_cast<float2*>(dst + static_cast<size_t>(m0 + g + 8 * hh) * ld + n0 + nt * 8 + 2 * t) =
-            make_float2(st.v[u][nt][2 * hh], st.v[u][nt][2 * hh + 1]);
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<float4*>(dst + gdn_mma::frag_index(m0 + g + 8 * hh, e0 + n0 + 2 * t, V)) =
+          make_float4(st.v[u][0][2 * hh], st.v[u][0][2 * hh + 1], st.v[u][1][2 * hh], st.v[u][1][2 * hh + 1]);
   });
 }
 // state = decay state + acc (tile u at m0, n0), and its hi / lo planes (stride lds).
@@ -437,7 +438,7 @@ __device__ __forceinline__ void update_state(ScanState& st, int u, int m0, int n
     }
 }
 
-// h[chunk, Hv, K, V] = state entering each chunk (fp32); D = U - W S out as its planes Dgh, Dgl
+// h[chunk, Hv, K x V] = state entering each chunk (fp32, fragment-native); D = U - W S out as its planes Dgh, Dgl
 // [T, Hv, V]; W as its
 // planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from gdn_l2norm_kernel): the update takes the raw k
 // rows as its A operand and folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf1
     cp_async_wait<0>();  // W, U, k of this chunk
     __syncthreads();     // (A) tiles, ks and the S planes visible; the previous update finished (D planes free)
     const bf16* Kc = Kb + (ci & 1) * (kC * ldr);
-    store_state(h + (chunk * Hv + head) * static_cast<size_t>(K) * V + e0, V, S, K, bv);
+    store_state(h + (chunk * Hv + head) * static_cast<size_t>(K) * V, V, e0, S, K, bv);
     // D = U - W S (rows >= L: D = 0, so they drop out of the update below); its planes hold ks D.
     auto dbody = [&](auto& acc, int m0, int n0) {
       if (m0 >= L) return;
@@ -593,7 +594,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
       [&](auto& a1, auto& a2, int m0, int n0) {
         if (m0 >= len) return;
         mma_acc_m<kMT, 2>(a1, m0, n0, 0, K, Ld<false>{Qb, ldr},
-                          [&](int d, int e) { return S0[static_cast<size_t>(d) * V + e]; });
+                          [&](int d, int e) { return S0[gdn_mma::frag_index(d, e, V)]; });
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
@@ -741,7 +742,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     async_rows(Qb, ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L, K);
     async_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv);
     cp_async_commit();
-    store_state(dh + (chunk * Hv + head) * static_cast<size_t>(K) * V + e0, V, dS, K, bv);
+    store_state(dh + (chunk * Hv + head) * static_cast<size_t>(K) * V, V, e0, dS, K, bv);
     // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0); the planes get -dD.
     auto ddbody = [&](auto& acc, int m0, int n0) {
       if (m0 >= L) return;
@@ -906,7 +907,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
         mma_acc_m<kMT, 2, kBU, true>(a1, m0, n0, 0, V, Ld<false>{Ob, ldo},
-                                     Gk{[&](int e, int d) { return ld_f2(S0 + static_cast<size_t>(d) * V + e); }});
+                                     Nt{S0, V});
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
@@ -936,7 +937,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, K,
       [&](auto& a1, auto& a2, int m0, int n0) {
         mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
-                               Gk{[&](int e, int d) { return ld_f2(dSe + static_cast<size_t>(d) * V + e); }});
+                               Nt{dSe, V});
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const int m = m0 + 16 * mt;
@@ -1044,7 +1045,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         kC, w,
         [&](auto& a1, auto&, int m0, int n0) {
           mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
-                                 Gk{[&](int e, int d) { return ld_f2(S0 + static_cast<size_t>(d0 + d) * V + e); }});
+                                 Nt{S0 + static_cast<size_t>(d0) * V, V});
         },
         [&](int i, int d, float v, float) { dWp[i * ldw + d] = -v; });
     __syncthreads();

@@ -69,6 +69,24 @@ struct is_tag<Tag<F>, Tag> : std::true_type {};
 // The float2 at p (8-byte aligned: an even float offset from an aligned base).
 __device__ __forceinline__ float2 ld_f2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
+// Fragment-native fp32 storage of an R x N matrix X (R % 8 == 0, N % 16 == 0): the 8-row x 16-column
+// blocks in row-major block order, 128 floats each; in a block, lane l = 4 (r % 8) + (c % 8) / 2 of
+// a warp owns the float4 at 4 l holding X[r][c0 + 2t], X[r][c0 + 2t + 1], X[r][c0 + 2t + 8],
+// X[r][c0 + 2t + 9] (c0 the block's first column, t = l % 4). That is what an mma C fragment of a
+// 16 x 16 tile holds per row, so a producer stores it with one 16-byte store per row half, and what
+// the B fragments of B(k, n) = X[n][k] need, so a consumer loads them with one 16-byte load per n
+// tile: a warp reads or writes 512 contiguous bytes per instruction instead of 8 scattered rows.
+// Rows 8 j.. start at float 8 j N, as in row-major order, so row offsets carry over unchanged.
+__host__ __device__ __forceinline__ int frag_index(int r, int c, int ncols) {
+  return ((r >> 3) * (ncols >> 4) + (c >> 4)) * 128 + ((r & 7) * 4 + ((c & 7) >> 1)) * 4 + (c & 1) + ((c & 8) >> 2);
+}
+// A B operand read from a fragment-native matrix X with ncols columns: B(k, n) = X[n][k] (k
+// multiples of 16, n of 8 at every call, as the mma loops make them).
+struct Nt {
+  const float* p;
+  int ncols;
+};
+
 template <class F>
 struct is_ld : std::false_type {};
 template <bool kT>
@@ -159,6 +177,19 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
   } else if constexpr (is_ld2<FB>::value) {
     ld_b2<FB::trans>(h, fb.hi, fb.ld, k, n);
     if (want_lo) ld_b2<FB::trans>(l, fb.lo, fb.ld, k, n);
+  } else if constexpr (std::is_same_v<FB, Nt>) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {  // n tile u: X[n + 8u + g][k + 2t, +1, +8, +9], the slot of this lane
+      const float4 x = *reinterpret_cast<const float4*>(fb.p + frag_index(n + 8 * u, k, fb.ncols) + 4 * lane);
+      if (want_lo) {
+        split_bf16(x.x, x.y, h[2 * u], l[2 * u]);
+        split_bf16(x.z, x.w, h[2 * u + 1], l[2 * u + 1]);
+      } else {
+        h[2 * u] = pack_bf16(x.x, x.y);
+        h[2 * u + 1] = pack_bf16(x.z, x.w);
+      }
+    }
   } else {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
