@@ -296,8 +296,13 @@ template <typename T>
 __device__ __forceinline__ void async_rows(T* dst, int ld, const T* src, size_t src_ld, int len, int ncols) {
   constexpr int n = 16 / static_cast<int>(sizeof(T));
   const int per_row = ncols / n, total = kC * per_row;
+  // Rows of a power-of-two piece count (every tile at dk = dv = 128 and bv = 16..128) by a shift:
+  // an integer division per piece costs ~20 instructions, and the scans issue ~10 pieces per thread
+  // per chunk step (-2.5 % on the 4B training path, eighth round).
+  const bool pow2 = (per_row & (per_row - 1)) == 0;
+  const int lg = __ffs(per_row) - 1;
   for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-    const int i = idx / per_row, c = (idx - i * per_row) * n;
+    const int i = pow2 ? idx >> lg : idx / per_row, c = (idx - i * per_row) * n;
     const T* gp = src + static_cast<size_t>(i < len ? i : 0) * src_ld + c;
     const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(dst + i * ld + c));
     const int bytes = i < len ? 16 : 0;
@@ -1000,15 +1005,35 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   cp_async_wait<0>();
   __syncthreads();
 
-  // (T^T X) for the kC x N tile X (B operand fx), epi with row dots into rowp (P11, P10's first term).
-  auto tt_product = [&](int N, auto fx, auto epi, float* rowp) {
+  // (T^T X) for the kC x N tile X (B operand fx), epi with row dots into rowp (P11, P10's first term);
+  // pre(m0, n0) runs before each warp tile's product.
+  auto tt_product = [&](int N, auto fx, auto epi, float* rowp, auto pre) {
     for_tiles<2>(
         kC, N,
         [&](auto& acc, int m0, int n0) {
+          pre(m0, n0);
           mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return Ts[l * kLdC + i]; }, fx);
         },
         epi, rowp);
   };
+  // The dk^ read-modify-writes of P10 load the values a warp tile's epilogue will add to before its
+  // product runs (dk_pre), so the global latency overlaps the mma instead of stalling the epilogue
+  // (the largest stall in the eighth round's source-level profile). The epilogue finds element
+  // (i, d) of its 16 x 16 tile in slot 2 ((d / 8) % 2) + (i / 8) % 2.
+  float2 dk_pre[4];
+  auto load_dk = [&](int m0, int n0, int col0) {
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = m0 + g + 8 * hh;
+        dk_pre[2 * nt + hh] = i < len ? *reinterpret_cast<const float2*>(dkrow + static_cast<size_t>(i) * dk_ld + col0 +
+                                                                          n0 + 8 * nt + 2 * t)
+                                      : make_float2(0.f, 0.f);
+      }
+  };
+  auto dk_slot = [&](int i, int d) -> float2& { return dk_pre[2 * ((d >> 3) & 1) + ((i >> 3) & 1)]; };
   // P11: dv_i = b_i (T^T dD)_i; dbeta_i += v_i . (T^T dD)_i (rowB).
   // P5 (v part): dT_ml = b_l dD_m . v_l, strictly lower only (all that dA needs), into R1 (A is dead).
   {
@@ -1019,7 +1044,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
           if (i < len) store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + e, bs[i] * r0, bs[i] * r1);
           return make_float2(to_f(Ob[i * ldo + e]) * r0, to_f(Ob[i * ldo + e + 1]) * r1);
         }},
-        rowB);
+        rowB, [](int, int) {});
   }
   for_tiles<2>(
       kC, kC,
@@ -1063,13 +1088,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         w, [&](int l, int d) { return dWp[l * ldw + d]; },
         Pair{[&](int i, int d, float r0, float r1) {
           if (i < len) {
-            float2* p = reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d0 + d);
-            const float2 x = *p;
-            *p = make_float2(x.x + bs[i] * eg[i] * r0, x.y + bs[i] * eg[i] * r1);
+            const float2 x = dk_slot(i, d);
+            *reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d0 + d) =
+                make_float2(x.x + bs[i] * eg[i] * r0, x.y + bs[i] * eg[i] * r1);
           }
           return make_float2(to_f(Kb[i * ldr + d0 + d]) * r0, to_f(Kb[i * ldr + d0 + d + 1]) * r1);
         }},
-        rowC + (d0 / 16) * kC);
+        rowC + (d0 / 16) * kC, [&](int m0, int n0) { load_dk(m0, n0, d0); });
     __syncthreads();  // dWp free for the next piece; dT complete after the last
   }
 
@@ -1112,6 +1137,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   for_tiles<2>(
       kC, K,
       [&](auto& acc, int m0, int n0) {
+        load_dk(m0, n0, 0);
         mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
                                    Gk{[&](int i, int j) {
                                      const float2 c = ld_f2(Cs + i * kLdC + j), r = ld_f2(rk + j);
@@ -1123,9 +1149,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       },
       Pair{[&](int i, int d, float m0, float m1) {
         if (i < len) {
-          float2* p = reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d);
-          const float2 x = *p;
-          *p = make_float2(x.x + m0, x.y + m1);
+          const float2 x = dk_slot(i, d);
+          *reinterpret_cast<float2*>(dkrow + static_cast<size_t>(i) * dk_ld + d) = make_float2(x.x + m0, x.y + m1);
         }
       }});
   __syncthreads();
