@@ -443,12 +443,12 @@ __device__ __forceinline__ void update_state(ScanState& st, int u, int m0, int n
     }
 }
 
-// h[chunk, Hv, K x V] = state entering each chunk (fp32, fragment-native); D = U - W S out as its planes Dgh, Dgl
-// [T, Hv, V]; W as its
-// planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from gdn_l2norm_kernel): the update takes the raw k
-// rows as its A operand and folds e^{G_L - G_i} rs_i into D's rows. Two barriers per chunk: W, U and
-// k of chunk c+1 load (cp.async, one group) during chunk c's update and are waited on at the top of
-// chunk c+1; the gates and row scales of chunk c+1 are read into registers during chunk c.
+// h[chunk, Hv, K x V] = state entering each chunk (fp32, fragment-native); D = U - W S out as its
+// planes Dgh, Dgl [T, Hv, V]; W as its planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from
+// gdn_l2norm_kernel): the update takes the raw k rows as its A operand and folds e^{G_L - G_i} rs_i
+// into D's rows. Two barriers per chunk: W, U and k of chunk c+1 load (cp.async, one group) during
+// chunk c's update and are waited on at the top of chunk c+1; the gates and row scales of chunk c+1
+// are read into registers during chunk c.
 // kMaxThreads: 256, or 512 for bv = 128 (16 warps, kScanTiles state tiles each; see scan_threads).
 template <int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf16* Dgh, bf16* Dgl, const float* U,
