@@ -1,8 +1,9 @@
 // Warp-level tensor-core helpers for gdn.cu: mma.sync m16n8k16 bf16 with fp32 accumulation. Operands
 // come either from raw bf16 smem tiles by ldmatrix (Ld<..>, exact: q, k, v, dO as staged), or are
 // gathered elementwise (or pairwise along k: Gk) through functors from fp32 shared (or global)
-// memory, so one helper serves every product of the chunked gated delta rule (transposes, masks and
-// row scales live in the functors). A gathered operand is split, a = hi + lo (two bf16,
+// memory, or read from a fragment-native fp32 matrix in global memory (Nt: the chunk states), so
+// one helper serves every product of the chunked gated delta rule (transposes, masks and row scales
+// live in the functors). A gathered operand is split, a = hi + lo (two bf16,
 // |a - hi - lo| <= 2^-18 |a|), and a b ~ hi hi + hi lo + lo hi (relative error <= ~3 2^-18 per
 // product, i.e. ~fp32 products: 3 mma per k step; an exact operand needs no lo: 2; two exact: 1).
 #pragma once
@@ -131,6 +132,15 @@ __device__ __forceinline__ void ld_b2(uint32_t (&r)[4], const __nv_bfloat16* p, 
   }
 }
 
+// One fragment register from the k-adjacent fp32 pair (x0, x1): its bf16 pair, or its hi / lo
+// split when want_lo.
+__device__ __forceinline__ void frag_pair(float x0, float x1, uint32_t& h, uint32_t& l, bool want_lo) {
+  if (want_lo) {
+    split_bf16(x0, x1, h, l);
+  } else {
+    h = pack_bf16(x0, x1);
+  }
+}
 // One fragment register of a gathered operand: the k-adjacent pair (k, k + 1) at row / column i
 // of A (kA: A(i, k), A(i, k + 1)) or B (B(k, i), B(k + 1, i)), as bf16 (hi / lo when want_lo).
 template <bool kA, class F>
@@ -144,11 +154,7 @@ __device__ __forceinline__ void gather_pair(const F& f, int i, int k, uint32_t& 
     x0 = kA ? f(i, k) : f(k, i);
     x1 = kA ? f(i, k + 1) : f(k + 1, i);
   }
-  if (want_lo) {
-    split_bf16(x0, x1, h, l);
-  } else {
-    h = pack_bf16(x0, x1);
-  }
+  frag_pair(x0, x1, h, l, want_lo);
 }
 
 // A fragment (PTX m16n8k16 .bf16; g = lane / 4, t = lane % 4) of rows m.., k columns k..k+15:
@@ -182,13 +188,8 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
 #pragma unroll
     for (int u = 0; u < 2; ++u) {  // n tile u: X[n + 8u + g][k + 2t, +1, +8, +9], the slot of this lane
       const float4 x = *reinterpret_cast<const float4*>(fb.p + frag_index(n + 8 * u, k, fb.ncols) + 4 * lane);
-      if (want_lo) {
-        split_bf16(x.x, x.y, h[2 * u], l[2 * u]);
-        split_bf16(x.z, x.w, h[2 * u + 1], l[2 * u + 1]);
-      } else {
-        h[2 * u] = pack_bf16(x.x, x.y);
-        h[2 * u + 1] = pack_bf16(x.z, x.w);
-      }
+      frag_pair(x.x, x.y, h[2 * u], l[2 * u], want_lo);
+      frag_pair(x.z, x.w, h[2 * u + 1], l[2 * u + 1], want_lo);
     }
   } else {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
