@@ -36,6 +36,7 @@
 #include "ops/cuda/ops_device.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/gdn_mma.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace qt::cuda {
 namespace {
@@ -657,6 +658,121 @@ __global__ void __launch_bounds__(kThreads) gdn_dlocal_kernel(float* dD, const i
         if (j < len)
           *reinterpret_cast<float2*>(dD + (static_cast<size_t>(bos + j) * Hv + head) * V + e) = make_float2(v0, v1);
       }});
+}
+
+// ---- backward: dD_local = P^T dO on wgmma (dk = dv = 128) ------------------------------------------
+// One warpgroup per (chunk, value head): S^T = k q^T (A = k, B = q, both K-major 128-byte-swizzled
+// panels of 64 columns; 8 m64n64k16), P^T = S^T . (rk_j rq_i e^{G_i - G_j}) for i >= j in the
+// accumulator, which is the m64nNk16 A fragment layout with k = i (as P in the attention forward),
+// split into bf16 hi / lo fragments, then dD = P^T dO (B = dO N-major, 2 x 4 m64n128k16 from
+// registers; dO is exact, so hi dO + lo dO is the same split as gdn_dlocal_kernel's). The operands
+// never pass through registers as fragments, so the LSU-bound gathers of the mma.sync kernel go.
+// 49 KB of smem: 4 CTAs per SM.
+constexpr int kDlD = 128;                      // dk = dv this kernel serves
+constexpr uint32_t kDlPanel = kC * 128;        // one 64-row x 64-column bf16 panel
+constexpr uint32_t kDlTile = 2 * kDlPanel;     // a 64 x 128 tile
+constexpr size_t kDlSmem = 3 * kDlTile + 3 * kC * sizeof(float) + 1024;
+
+// Rows [0, kC) of a 64 x 128 bf16 tile (row r at src + r * ld) into two 128-byte-swizzled panels
+// (columns 0-63, 64-127); rows >= valid are zero-filled. 128 threads, 8 chunks of 16 bytes each.
+__device__ __forceinline__ void async_panels(char* dst, const bf16* src, size_t ld, int valid) {
+#pragma unroll
+  for (int u = 0; u < kC * (kDlD / 8) / 128; ++u) {
+    const int c = threadIdx.x + u * 128, row = c / (kDlD / 8), ch = c % (kDlD / 8);
+    const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(
+        dst + (ch / 8) * kDlPanel + row * 128 + (((ch % 8) ^ (row & 7)) << 4)));
+    const bool ok = row < valid;
+    const bf16* gp = src + static_cast<size_t>(ok ? row : 0) * ld + ch * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sp), "l"(gp), "r"(ok ? 16 : 0) : "memory");
+  }
+}
+
+__global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const int4* table, const int* nchunks,
+                                                               const float* rs, const bf16* qkv, const float* Gc,
+                                                               const bf16* d_o, int Hk, int Hv, int conv_dim) {
+  const int c = blockIdx.x, head = blockIdx.y;
+  if (c >= *nchunks) return;
+  const int4 ch = table[c];
+  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  char* sK = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sQ = sK + kDlTile;
+  char* sO = sQ + kDlTile;
+  float* gs = reinterpret_cast<float*>(sO + kDlTile);
+  float* rq = gs + kC;
+  float* rk = rq + kC;
+  const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * kDlD;
+  const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
+  async_panels(sK, xrow + static_cast<size_t>(Hk + kh) * kDlD, x_ld, len);
+  async_panels(sQ, xrow + static_cast<size_t>(kh) * kDlD, x_ld, len);
+  async_panels(sO, d_o + (static_cast<size_t>(bos) * Hv + head) * kDlD, vh_ld, len);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  load_rows_gq(gs, rq, rk, Gc, rs, bos, len, Hk, Hv, head, kh);
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  wg::fence_proxy_async();
+  __syncthreads();
+
+  // S^T[j][i] = k_j . q_i (exact bf16 products, fp32 sums).
+  float st[kC / 2];
+  {
+    const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sK, 16, 1024));
+    const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(sQ, 16, 1024));
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kDlD / 16; ++kk)
+      wg::mma_m64n64k16<0>(st, wg::desc_advance(da0, (kk / 4) * kDlPanel + (kk % 4) * 32),
+                           wg::desc_advance(db0, (kk / 4) * kDlPanel + (kk % 4) * 32), kk > 0);
+    wg::commit();
+    wg::wait<0>();
+  }
+#pragma unroll
+  for (int i = 0; i < kC / 2; ++i) wg::fence_operand(st[i]);
+
+  // P^T in the accumulator: thread (warp w, lane g, t) holds rows j = 16 w + g (+ 8), columns
+  // i = 8 nb + 2 t (+ 1) at st[4 nb + 2 hh + e]; its A fragment for k step kk is nb = 2 kk, 2 kk + 1.
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+  uint32_t ah[kC / 16][4], al[kC / 16][4];
+#pragma unroll
+  for (int nb = 0; nb < kC / 8; ++nb)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int j = 16 * w + g + 8 * hh;
+      float pv[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 8 * nb + 2 * t + e;
+        pv[e] = i >= j ? rq[i] * rk[j] * st[4 * nb + 2 * hh + e] * expf(gs[i] - gs[j]) : 0.f;
+      }
+      // register q of fragment kk: 0 (row g, cols 0-7 of the k step), 1 (row g + 8), 2 (cols 8-15), 3
+      const int kk = nb >> 1, q = hh + 2 * (nb & 1);
+      gdn_mma::split_bf16(pv[0], pv[1], ah[kk][q], al[kk][q]);
+    }
+
+  // dD[j][e] = sum_i P^T[j][i] dO[i][e]: B = dO N-major (64-column blocks kDlPanel apart).
+  float acc[kDlD / 2];
+  {
+    const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(sO, kDlPanel, 1024));
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk)
+      wg::mma_m64n128k16_rs<1>(acc, ah[kk], wg::desc_advance(db0, kk * 2048), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) wg::mma_m64n128k16_rs<1>(acc, al[kk], wg::desc_advance(db0, kk * 2048), 1);
+    wg::commit();
+    wg::wait<0>();
+  }
+#pragma unroll
+  for (int i = 0; i < kDlD / 2; ++i) wg::fence_operand(acc[i]);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int j = 16 * w + g + 8 * hh;
+    if (j >= len) continue;
+    float* row = dD + (static_cast<size_t>(bos + j) * Hv + head) * kDlD;
+#pragma unroll
+    for (int nb = 0; nb < kDlD / 8; ++nb)
+      *reinterpret_cast<float2*>(row + 8 * nb + 2 * t) = make_float2(acc[4 * nb + 2 * hh], acc[4 * nb + 2 * hh + 1]);
+  }
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
@@ -1484,12 +1600,21 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
 
-  const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
-  set_smem(gdn_dlocal_kernel, dl_bytes);
-  stage_begin(stream);
-  gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
-                                                                        dO, Hk, Hv, K, V, conv_dim);
-  QT_LAUNCH_CHECK("gdn_dlocal_kernel");
+  // dk = dv = 128 (Qwen3.5's): the wgmma kernel; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
+  if (K == kDlD && V == kDlD && env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) == 0) {
+    set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
+    stage_begin(stream);
+    gdn_dlocal_wgmma_kernel<<<dim3(w.nc_max, Hv), 128, kDlSmem, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
+                                                                           dO, Hk, Hv, conv_dim);
+    QT_LAUNCH_CHECK("gdn_dlocal_wgmma_kernel");
+  } else {
+    const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
+    set_smem(gdn_dlocal_kernel, dl_bytes);
+    stage_begin(stream);
+    gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
+                                                                          dO, Hk, Hv, K, V, conv_dim);
+    QT_LAUNCH_CHECK("gdn_dlocal_kernel");
+  }
   stage_end("gdn_dlocal_kernel", stream);
 
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
