@@ -47,6 +47,7 @@ using gdn_mma::Gk;
 using gdn_mma::ld_f2;
 using gdn_mma::Ld;
 using gdn_mma::Ld2;
+using gdn_mma::LdKs;
 using gdn_mma::Pair;
 using gdn_mma::for_tiles_m2;
 using gdn_mma::for_tiles_rc;
@@ -890,8 +891,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     const float decay = expf(gl);
     state_tiles(K, bv, [&](int u, int m0, int n0) {
       float acc[2][4] = {};
-      mma_acc<2, 4, true>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr},
-                          [&](int i, int e) { return eq[i] * to_f(dOs[i * lds + e]); });
+      mma_acc<2, 4, true>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq});
       mma_acc(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds});
       update_state(dS, u, m0, n0, decay, acc, Sh, Sl, lds);
     });

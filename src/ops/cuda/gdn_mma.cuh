@@ -52,6 +52,15 @@ struct Ld2 {
   const __nv_bfloat16* lo;
   int ld;
 };
+// A B operand B(k, j) = s[k] p[k ld + j]: a raw bf16 tile (k rows, layout as Ld<true>) with an fp32
+// scale per k row, read by ldmatrix and scaled and split in the registers: the same products and
+// split as gathering s[k] p[k ld + j] elementwise, from 1 ldmatrix and 2 64-bit loads per k step
+// and n tile pair instead of 8 16-bit and 4 32-bit ones.
+struct LdKs {
+  const __nv_bfloat16* p;
+  int ld;
+  const float* s;  // 8-byte aligned
+};
 // A gathered fp32 operand whose functor returns two elements adjacent along k at once (k even):
 // as an A operand f(i, k) = (A(i, k), A(i, k + 1)), as a B operand f(k, j) = (B(k, j), B(k + 1, j)),
 // so a pair stored contiguously comes from one 64-bit load instead of two 32-bit ones. Same values,
@@ -183,6 +192,15 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
   } else if constexpr (is_ld2<FB>::value) {
     ld_b2<FB::trans>(h, fb.hi, fb.ld, k, n);
     if (want_lo) ld_b2<FB::trans>(l, fb.lo, fb.ld, k, n);
+  } else if constexpr (std::is_same_v<FB, LdKs>) {
+    ld_b2<true>(h, fb.p, fb.ld, k, n);
+    const int t = threadIdx.x & 3;
+    const float2 s0 = ld_f2(fb.s + k + 2 * t), s1 = ld_f2(fb.s + k + 8 + 2 * t);  // rows of regs 0, 2 / 1, 3
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 sc = (q & 1) ? s1 : s0;
+      frag_pair(__uint_as_float(h[q] << 16) * sc.x, __uint_as_float(h[q] & 0xffff0000u) * sc.y, h[q], l[q], want_lo);
+    }
   } else if constexpr (std::is_same_v<FB, Nt>) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
