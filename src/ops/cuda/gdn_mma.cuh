@@ -96,6 +96,20 @@ struct Nt {
   const float* p;
   int ncols;
 };
+// A B operand read from a fragment-native matrix X with ncols columns without transposing it:
+// B(k, n) = X[k][n] (k multiples of 16, n of 16). The 16-byte loads of Nt give 8 x 8 blocks of X
+// in the row-major fragment layout; movmatrix transposes each into the B fragment (after the
+// split, as it moves 16-bit values): 2 16-byte loads and 8 movmatrix per k step and n tile pair
+// instead of 16 scalar loads touching twice the sectors.
+struct NtT {
+  const float* p;
+  int ncols;
+};
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
 
 template <class F>
 struct is_ld : std::false_type {};
@@ -192,6 +206,21 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
   } else if constexpr (is_ld2<FB>::value) {
     ld_b2<FB::trans>(h, fb.hi, fb.ld, k, n);
     if (want_lo) ld_b2<FB::trans>(l, fb.lo, fb.ld, k, n);
+  } else if constexpr (std::is_same_v<FB, NtT>) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // rows k + 8r.. of X: register r of both n tiles
+      const float4 x = *reinterpret_cast<const float4*>(fb.p + frag_index(k + 8 * r, n, fb.ncols) + 4 * lane);
+      uint32_t h0, l0, h1, l1;  // the 8 x 8 blocks at columns n.. and n + 8..
+      frag_pair(x.x, x.y, h0, l0, want_lo);
+      frag_pair(x.z, x.w, h1, l1, want_lo);
+      h[r] = movmatrix_trans(h0);
+      h[2 + r] = movmatrix_trans(h1);
+      if (want_lo) {
+        l[r] = movmatrix_trans(l0);
+        l[2 + r] = movmatrix_trans(l1);
+      }
+    }
   } else if constexpr (std::is_same_v<FB, LdKs>) {
     ld_b2<true>(h, fb.p, fb.ld, k, n);
     const int t = threadIdx.x & 3;
