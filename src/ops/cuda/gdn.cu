@@ -323,8 +323,13 @@ __device__ __forceinline__ void cp_async_wait() {
 // per (chunk, value head), from the raw bf16 k and v rows (cp.async, 16-byte pieces) and the row
 // scales rs of gdn_l2norm_kernel: A's k k^T products are exact (1 mma per k step), W's and U's B
 // operands too (the k-index scales b e^G rs_k and b go into T's columns), so the split costs 2 mma
-// there; W is stored as its hi / lo planes for the scans. 71.0 KB of smem at K = V = 128 (3 CTAs per SM).
-int prep_smem_floats(int K, int V) { return kC * raw_ld(K) / 2 + kC * raw_ld(V) / 2 + 2 * kC * kLdC + 4 * kC; }
+// there; W is stored as its hi / lo planes for the scans. The raw v rows load into A's region once
+// the solve has consumed A (under the W product): 54.0 KB of smem at K = V = 128, 4 CTAs per SM
+// (the kernel is barrier-bound: more CTAs cover the solve's idle warps; 3 with v in its own region).
+__host__ __device__ constexpr int prep_v_floats(int V) { return kC * raw_ld(V) / 2; }
+int prep_smem_floats(int K, int V) {
+  return kC * raw_ld(K) / 2 + 2 * kC * kLdC + (prep_v_floats(V) > kC * kLdC ? prep_v_floats(V) : 0) + 4 * kC;
+}
 
 __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, const int4* table,
                                                             const int* nchunks, const float* rs, const bf16* qkv,
@@ -338,8 +343,9 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   Carve cv{smem};
   const int ldk = raw_ld(K), ldv = raw_ld(V);
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldk / 2));
-  bf16* Vb = reinterpret_cast<bf16*>(cv.take(kC * ldv / 2));
   float* As = cv.take(kC * kLdC);
+  // v over A (dead after the solve) when it fits (V <= 2 kLdC - 8), else a region of its own.
+  bf16* Vb = prep_v_floats(V) <= kC * kLdC ? reinterpret_cast<bf16*>(As) : reinterpret_cast<bf16*>(cv.take(prep_v_floats(V)));
   float* Ts = cv.take(kC * kLdC);
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
@@ -347,8 +353,6 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   float* rk = cv.take(kC);
   const size_t x_ld = static_cast<size_t>(conv_dim);
   async_rows(Kb, ldk, qkv + static_cast<size_t>(bos) * x_ld + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
-  async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
-             V);
   cp_async_commit();
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
   if (threadIdx.x < kC) {
@@ -373,7 +377,10 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
         As[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
       });
   __syncthreads();
-  solve_unit_lower(Ts, As);  // ends with a barrier
+  solve_unit_lower(Ts, As);  // ends with a barrier: A is dead
+  async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
+             V);
+  cp_async_commit();
   auto wbody = [&](auto& acc, int m0, int n0) {
     mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
                                Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(kbs + j)); }},
@@ -387,6 +394,8 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   for_tiles<2>(kC, K, wbody, Pair{[&](int i, int d, float v0, float v1) {
                  if (i < len) store_split(Wh, Wl, (static_cast<size_t>(bos + i) * Hv + head) * K + d, v0, v1);
                }});
+  cp_async_wait<0>();
+  __syncthreads();  // v landed
   for_tiles<2>(kC, V, ubody, Pair{[&](int i, int e, float v0, float v1) {
                  if (i < len)
                    *reinterpret_cast<float2*>(U + (static_cast<size_t>(bos + i) * Hv + head) * V + e) =
