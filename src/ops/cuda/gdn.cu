@@ -166,6 +166,32 @@ __device__ void build_p(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int 
       },
       [&](int i, int j, float v) { Ps[i * kLdC + j] = j <= i ? rq[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f; });
 }
+// As build_p with Ps over the k tile (Ps may start at Kb): each warp keeps its two 16 x 16 tiles in
+// registers until every warp has read Kb (a barrier), then writes them. kThreads threads.
+__device__ void build_p_over_k(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int K, const float* gs,
+                               const float* rq, const float* rk) {
+  constexpr int kPerWarp = (kC / 16) * (kC / 16) / (kThreads / 32);
+  static_assert(kPerWarp == 2, "two 16 x 16 tiles of P per warp");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float acc[kPerWarp][2][4] = {};
+#pragma unroll
+  for (int u = 0; u < kPerWarp; ++u) {
+    const int tile = warp + (kThreads / 32) * u, m0 = (tile / (kC / 16)) * 16, n0 = (tile % (kC / 16)) * 16;
+    if (n0 <= m0 + 15) mma_acc(acc[u], m0, n0, 0, K, Ld<false>{Qb, ldr}, Ld<false>{Kb, ldr});
+  }
+  __syncthreads();  // Kb read by every warp
+#pragma unroll
+  for (int u = 0; u < kPerWarp; ++u) {
+    const int tile = warp + (kThreads / 32) * u, m0 = (tile / (kC / 16)) * 16, n0 = (tile % (kC / 16)) * 16;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = m0 + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
+        Ps[i * kLdC + j] = j <= i ? rq[i] * rk[j] * acc[u][nt][r] * expf(gs[i] - gs[j]) : 0.f;
+      }
+  }
+}
 
 // Per-chunk row data of the output / dlocal kernels: gs = G (padded rows: G at the last valid row,
 // their q, k, dO, D are zero anyway), rq, rk the L2 scales (0 past len). Threads < kC.
@@ -286,6 +312,8 @@ __global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int
 // Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
 // orientations ([row on the group index][d], [row on the thread-in-group index][d]) hit distinct banks.
 __host__ __device__ constexpr int raw_ld(int K) { return K + 8; }
+__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
 
 // ---- cp.async tile loads ----------------------------------------------------------------------
 // Row stride of the bv-wide tiles (S, D, dO): bv + 8 keeps the B-fragment reads ([k][n], k on the
@@ -564,8 +592,11 @@ __global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf1
 }
 
 // ---- forward output ----------------------------------------------------------------------------
-// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D as its planes: 87.0 KB at K = V = 128 (2 CTAs per SM).
-int out_smem_floats(int K, int V) { return kC * raw_ld(K) + kC * raw_ld(V) + kC * kLdC + 4 * kC; }
+// Raw bf16 q, k tiles (cp.async) with the L2 scales rs, D as its planes, P (fp32) over k once q k^T is
+// taken: 70.0 KB at K = V = 128, 3 CTAs per SM (87.0 KB and 2 with P in its own region).
+int out_smem_floats(int K, int V) {
+  return kC * raw_ld(K) / 2 + imax(kC * raw_ld(K) / 2, kC * kLdC) + kC * raw_ld(V) + 4 * kC;
+}
 
 // O = diag(e^G rq) (q S0) + P D, per (chunk, value head).
 __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* table, const int* nchunks,
@@ -581,10 +612,10 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   Carve cv{smem};
   const int ldr = raw_ld(K), ldd = raw_ld(V);
   bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
-  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
   bf16* Dh = reinterpret_cast<bf16*>(cv.take(kC * ldd / 2));
   bf16* Dl = reinterpret_cast<bf16*>(cv.take(kC * ldd / 2));
-  float* Ps = cv.take(kC * kLdC);
+  float* Ps = cv.take(imax(kC * ldr / 2, kC * kLdC));  // P over the raw k rows, once they are read
+  bf16* Kb = reinterpret_cast<bf16*>(Ps);
   float* gs = cv.take(kC);
   float* eq = cv.take(kC);
   float* rq = cv.take(kC);
@@ -600,7 +631,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   if (threadIdx.x < kC) eq[threadIdx.x] = expf(gs[threadIdx.x]) * rq[threadIdx.x];
   cp_async_wait<0>();
   __syncthreads();
-  build_p(Ps, Qb, Kb, ldr, K, gs, rq, rk);
+  build_p_over_k(Ps, Qb, Kb, ldr, K, gs, rq, rk);
   __syncthreads();
   // 2 row tiles per warp tile share each S0 fragment (read from global and split once for both:
   // -8 % against 1 in the eighth round); S0's fragments by 16-byte loads and movmatrix (NtT: output
@@ -920,8 +951,6 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 // column sums are reduced in registers (for_tiles / for_tiles_m2 with a float-returning epilogue,
 // for_tiles_rc) into per-tile partials, summed in a fixed order, so the result stays deterministic.
 // 112.3 KB at K = V = 128.
-__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
-__host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int bwd_piece(int K) { return (K / 2 + 15) / 16 * 16; }  // dW columns per piece
 __host__ __device__ constexpr int bwd_r1(int K) { return imax(kC * raw_ld(K) / 2, kC * kLdC); }   // q; A, dT, Mx
 __host__ __device__ constexpr int bwd_r2(int K) { return kC * raw_ld(K) / 2; }                    // k
