@@ -244,6 +244,9 @@ TEST(CudaGdn, SegmentEdgesEqualHeadsKWide) {
   run_case({2, 2, 32, 16, {129, 1, 64, 3, 65, 2, 127, 63}, Gate::Normal, Beta::Normal, 12});
 }
 TEST(CudaGdn, GroupOfThree) { run_case({1, 3, 16, 32, {70, 1, 130}, Gate::Normal, Beta::Normal, 13}); }
+// dk = 48, dv = 80: head dims whose rows are not a power-of-two count of 16-byte pieces (the L2
+// norm's one-warp-per-row path, non-power-of-two cp.async row pieces).
+TEST(CudaGdn, HeadDimsNotPowersOfTwo) { run_case({1, 2, 48, 80, {70, 1, 130}, Gate::Normal, Beta::Normal, 23}); }
 TEST(CudaGdn, RealHeadDims) { run_case({1, 2, 128, 128, {65, 200, 1}, Gate::Normal, Beta::Normal, 14}); }
 // dk = dv = 128 with the segment edges and strong gates: the shape where QT_GDN_BV_FWD / _BWD = 128
 // (one 512-thread scan CTA per head) can run, so a run with those set covers that path too.

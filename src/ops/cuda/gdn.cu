@@ -300,13 +300,38 @@ __device__ __forceinline__ float l2_row(int warp, const bf16* qkv, int Hk, int K
 
 // rs [T, Hk, 2]: the L2 scales of q (times K^-1/2) and k (q^ = q rs[., 0], k^ = k rs[., 1]), part
 // of the kept state: every kernel stages the raw bf16 rows (exact bf16 mma operands) and applies
-// the scale per row. One warp per (token, key head, q or k).
-__global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim) {
-  const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
-  if (warp >= T * Hk * 2) return;
-  float v[4];
-  const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
-  if ((threadIdx.x & 31) == 0) rs[warp] = scale;
+// the scale per row. Rows are (token, key head, q or k) in that order. lpr > 0 (K / 8, a power of
+// two, 16-byte aligned rows; every head dim in use): lpr lanes per row, one 16-byte load each, 32 /
+// lpr rows per warp (a warp per 256-byte row with 2-byte loads took 48 us at 4B); lpr == 0: one warp
+// per row (l2_row).
+__global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim, int lpr) {
+  const int64_t gt = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int rows = T * Hk * 2;
+  if (lpr == 0) {
+    const int warp = static_cast<int>(gt >> 5);
+    if (warp >= rows) return;
+    float v[4];
+    const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
+    if ((threadIdx.x & 31) == 0) rs[warp] = scale;
+    return;
+  }
+  const int row = static_cast<int>(gt / lpr), sub = static_cast<int>(gt % lpr);
+  const int which = row & 1;
+  float ss = 0.f;
+  if (row < rows) {
+    const int th = row >> 1, t = th / Hk, kh = th - t * Hk;
+    const uint4 u = *reinterpret_cast<const uint4*>(qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K +
+                                                    8 * sub);
+    const bf16* e = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float f = to_f(e[j]);
+      ss += f * f;
+    }
+  }
+  for (int o = lpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // every lane takes part
+  if (row < rows && sub == 0)
+    rs[row] = (1.f / sqrtf(ss + kL2Eps)) * (which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
 }
 
 // Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
@@ -1565,9 +1590,13 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                           a.num_seqs);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
-  const int warps = T * Hk * 2;
+  const int rows = T * Hk * 2, lpr8 = K / 8;
+  const bool vec = K % 8 == 0 && (lpr8 & (lpr8 - 1)) == 0 && lpr8 <= 32 && conv_dim % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
+  const int64_t threads = static_cast<int64_t>(rows) * (vec ? lpr8 : 32);
   stage_begin(stream);
-  gdn_l2norm_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(w.rs, qkv, T, Hk, K, conv_dim);
+  gdn_l2norm_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      w.rs, qkv, T, Hk, K, conv_dim, vec ? lpr8 : 0);
   QT_LAUNCH_CHECK("gdn_l2norm_kernel");
   stage_end("gdn_l2norm_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
