@@ -6,8 +6,9 @@ Usage (on the GPU machine, a build with -lineinfo, which qwentune_lib has):
   ncu -i prof.ncu-rep --page source --csv --print-source sass | gzip > KERNEL.csv.gz
   python3 tools/ncu_source_summary.py KERNEL.csv.gz [TOP]
 Prints the warp-stall samples per opcode (share, instruction count, executions, shared-memory
-wavefronts and the excess over ideal, the top three stall reasons) and the TOP single instructions
-with their two largest stall reasons. A consumer stalled on long_sb waits for a global load, short_sb
+wavefronts and the excess over ideal, the top three stall reasons), the TOP single instructions
+with their two largest stall reasons, and the instructions with the most excess shared-memory
+wavefronts (bank conflicts) and excess global sectors (uncoalesced or partial-sector accesses). A consumer stalled on long_sb waits for a global load, short_sb
 for shared memory or MUFU, wait for a fixed-latency result, barrier for __syncthreads.
 """
 import collections
@@ -60,10 +61,28 @@ def main(path, top):
         reasons = sorted(((val(r, h), h[6:]) for h in stalls), reverse=True)[:2]
         print(f"{i:6d} {100 * val(r, samples_key) / total:5.2f}% {r[ix['Source']].strip()[:58]:58s} "
               + " ".join(f"{n}:{v:.0f}" for v, n in reasons))
+    for name, key, ideal_key in (("shared-memory wavefronts", "L1 Wavefronts Shared Excessive", "L1 Wavefronts Shared"),
+                                 ("global sectors", "L2 Theoretical Sectors Global Excessive",
+                                  "L2 Theoretical Sectors Global Ideal")):
+        excess = sum(val(r, key) for r in data)
+        if excess <= 0:
+            continue
+        base = sum(val(r, ideal_key) for r in data)
+        label = "of" if key.startswith("L1") else "over an ideal"
+        print(f"\nexcess {name}: {excess:.0f} {label} {base:.0f}; the top {min(top, 12)} instructions (excess, "
+              f"{'all' if key.startswith('L1') else 'ideal'}, SASS)")
+        for i in sorted(range(len(data)), key=lambda i: -val(data[i], key))[:min(top, 12)]:
+            if val(data[i], key) <= 0:
+                break
+            print(f"{i:6d} {val(data[i], key):11.0f} {val(data[i], ideal_key):11.0f}  {data[i][ix['Source']].strip()[:60]}")
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 25))
+    try:
+        sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 25))
+    except BrokenPipeError:  # piped into head
+        sys.stderr.close()
+        sys.exit(0)
