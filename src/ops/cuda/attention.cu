@@ -569,7 +569,9 @@ __device__ __forceinline__ void wg_issue_s(float (&s_flat)[kWgBN / 2], const cha
   wg_issue_abt(s_flat, sQ + row0 * 128, kWgBM * 128, sK);
 }
 
-// O += P V, issued and committed, not waited for.
+// acc += A B with A (this warpgroup's 64 rows x kWgBN keys: P in the forward, dS in dQ) packed in
+// registers and B a [key][d] tile (V, K) as the N-major operand (64-column panels 64 keys x 128
+// bytes apart); issued and committed, not waited for.
 __device__ __forceinline__ void wg_issue_pv(float (&acc_flat)[kWgD / 2], const uint32_t (&pa)[kWgBN / 16][4],
                                             const char* sV) {
   const uint64_t dv0 = wg::desc_opaque(wg::desc_sw128(sV, kWgBN * 128, 1024));
@@ -624,8 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
   __syncthreads();
   wg_issue_s(s_flat, sQ, sK, grow0 % kWgBM);
   wg::wait<0>();
-#pragma unroll
-  for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
+  wg::fence_operands(s_flat);
   if (kWgBN - 1 > wrow0 || kWgBN > L) mask_tile<kWgBN>(s, 0, wrow0, g, t4, L);
   softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
   pack_p<kWgBN>(pa, s);
@@ -649,13 +650,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
                          tid);
     cp_async_commit();
     wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
-#pragma unroll
-    for (int i = 0; i < kWgBN / 2; ++i) wg::fence_operand(s_flat[i]);
+    wg::fence_operands(s_flat);
     if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
     softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
     wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
+    wg::fence_operands(acc_flat);
     rescale_rows<kWgD>(acc_o, alpha);
     pack_p<kWgBN>(pa, s);
   }
@@ -664,8 +663,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
   __syncthreads();  // V_{n-1} from every thread's copies
   wg_issue_pv(acc_flat, pa, sV + ((n_tiles - 1) & 1) * kWgTileBytes);
   wg::wait<0>();
-#pragma unroll
-  for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
+  wg::fence_operands(acc_flat);
 
   // Epilogue: normalise, lse, bf16 pairs straight to global (rows past the sample end skipped).
 #pragma unroll
@@ -1021,8 +1019,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
     float(&s_flat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s);
     wg_issue_abt(s_flat, wg_i == 0 ? qb : dob, BM * 128, wg_i == 0 ? sK : sV);
     wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) wg::fence_operand(s_flat[i]);
+    wg::fence_operands(s_flat);
 
     if (wg_i == 0) {  // P = exp2(S scale log2 e - lse2), 0 for keys after the query and queries past the sample
       const bool need_mask = m0 < n0 + BN - 1 || m0 + BM > L;
@@ -1330,15 +1327,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
       }
     uint32_t da[kWgBN / 16][4];
     pack_p<kWgBN>(da, s);
-    // dQ += dS K_j: K_j [key][d] is the N-major B (64-column blocks 64 keys x 128 bytes apart).
-    const uint64_t dk0 = wg::desc_opaque(wg::desc_sw128(kb, kWgBN * 128, 1024));
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < kWgBN / 16; ++kk) wg::mma_m64n256k16_rs<1>(acc_flat, da[kk], wg::desc_advance(dk0, kk * 2048), 1);
-    wg::commit();
+    wg_issue_pv(acc_flat, da, kb);  // dQ += dS K_j
     wg::wait<0>();
-#pragma unroll
-    for (int i = 0; i < kWgD / 2; ++i) wg::fence_operand(acc_flat[i]);
+    wg::fence_operands(acc_flat);
   }
 
   // Epilogue: dq = bf16(scale dQ), rows past the sample end skipped.

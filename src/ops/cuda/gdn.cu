@@ -793,8 +793,7 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
     wg::commit();
     wg::wait<0>();
   }
-#pragma unroll
-  for (int i = 0; i < kC / 2; ++i) wg::fence_operand(st[i]);
+  wg::fence_operands(st);
 
   // P^T in the accumulator: thread (warp w, lane g, t) holds rows j = 16 w + g (+ 8), columns
   // i = 8 nb + 2 t (+ 1) at st[4 nb + 2 hh + e]; its A fragment for k step kk is nb = 2 kk, 2 kk + 1.
@@ -829,8 +828,7 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
     wg::commit();
     wg::wait<0>();
   }
-#pragma unroll
-  for (int i = 0; i < kDlD / 2; ++i) wg::fence_operand(acc[i]);
+  wg::fence_operands(acc);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int j = 16 * w + g + 8 * hh;

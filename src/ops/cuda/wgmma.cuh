@@ -56,6 +56,11 @@ __device__ __forceinline__ void wait() {
 }
 // Keeps the compiler from moving accesses of an accumulator across the async MMA window.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_operand(a[i]);
+}
 
 // The accumulator operands (m64n64: 32 floats, m64n128: 64, m64n256: 128) as asm text and output lists.
 #define QT_WG_R0_31 \

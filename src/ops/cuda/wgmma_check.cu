@@ -91,8 +91,7 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* __restrict__ c,
   }
   wg::commit();
   wg::wait<0>();
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) wg::fence_operand(d[j]);
+  wg::fence_operands(d);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) {
     const int col = 8 * j + 2 * (lane % 4);
