@@ -155,21 +155,11 @@ __device__ void solve_unit_lower(float* Ts, float* As) {
 }
 
 // Ps[i][j] = (q^_i . k^_j) exp(G_i - G_j) for j <= i, else 0, from the raw bf16 q, k rows (exact
-// products, fp32 sums: 1 mma per k step) and their L2 scales rq, rk.
+// products, fp32 sums: 1 mma per k step) and their L2 scales rq, rk. Ps may start at Kb (the output
+// kernel writes P over k): each warp keeps its two 16 x 16 tiles in registers until every warp has
+// read Kb (a barrier), then writes them. kThreads threads, all of them.
 __device__ void build_p(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int K, const float* gs, const float* rq,
                         const float* rk) {
-  for_tiles<2>(
-      kC, kC,
-      [&](auto& acc, int m0, int n0) {
-        if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, K, Ld<false>{Qb, ldr}, Ld<false>{Kb, ldr});
-      },
-      [&](int i, int j, float v) { Ps[i * kLdC + j] = j <= i ? rq[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f; });
-}
-// As build_p with Ps over the k tile (Ps may start at Kb): each warp keeps its two 16 x 16 tiles in
-// registers until every warp has read Kb (a barrier), then writes them. kThreads threads.
-__device__ void build_p_over_k(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int K, const float* gs,
-                               const float* rq, const float* rk) {
   constexpr int kPerWarp = (kC / 16) * (kC / 16) / (kThreads / 32);
   static_assert(kPerWarp == 2, "two 16 x 16 tiles of P per warp");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -656,7 +646,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   if (threadIdx.x < kC) eq[threadIdx.x] = expf(gs[threadIdx.x]) * rq[threadIdx.x];
   cp_async_wait<0>();
   __syncthreads();
-  build_p_over_k(Ps, Qb, Kb, ldr, K, gs, rq, rk);
+  build_p(Ps, Qb, Kb, ldr, K, gs, rq, rk);
   __syncthreads();
   // 2 row tiles per warp tile share each S0 fragment (read from global and split once for both:
   // -8 % against 1 in the eighth round); S0's fragments by 16-byte loads and movmatrix (NtT: output
