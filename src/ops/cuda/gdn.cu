@@ -271,47 +271,42 @@ __device__ __forceinline__ ScanBlock scan_block(const int* seq_order, int Hv, in
 }
 
 // ---- L2 norm -----------------------------------------------------------------------------------
-// The row of warp `warp` (= (token, key head, q or k) in that order): lane's elements v (zero past
-// K) and the row's scale (|x|^2 + eps)^-1/2, times K^-1/2 for q.
-__device__ __forceinline__ float l2_row(int warp, const bf16* qkv, int Hk, int K, int conv_dim, float (&v)[4]) {
-  const int lane = threadIdx.x & 31;
-  const int which = warp & 1, th = warp >> 1, t = th / Hk, kh = th - t * Hk;
-  const bf16* x = qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K;
-  float ss = 0.f;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int d = lane + 32 * r;
-    v[r] = d < K ? to_f(x[d]) : 0.f;
-    ss += v[r] * v[r];
-  }
-  ss = warp_sum(ss);
-  return (1.f / sqrtf(ss + kL2Eps)) * (which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
+// Row `row` of the q / k part of qkv: rows are (token, key head, q or k) in that order.
+__device__ __forceinline__ const bf16* l2_row_ptr(const bf16* qkv, int row, int Hk, int K, int conv_dim) {
+  const int which = row & 1, th = row >> 1, t = th / Hk, kh = th - t * Hk;
+  return qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K;
+}
+// The scale of a row with squared norm ss: (ss + eps)^-1/2, times K^-1/2 for q.
+__device__ __forceinline__ float l2_scale(float ss, int row, int K) {
+  return (1.f / sqrtf(ss + kL2Eps)) * ((row & 1) == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
 }
 
 // rs [T, Hk, 2]: the L2 scales of q (times K^-1/2) and k (q^ = q rs[., 0], k^ = k rs[., 1]), part
 // of the kept state: every kernel stages the raw bf16 rows (exact bf16 mma operands) and applies
-// the scale per row. Rows are (token, key head, q or k) in that order. lpr > 0 (K / 8, a power of
-// two, 16-byte aligned rows; every head dim in use): lpr lanes per row, one 16-byte load each, 32 /
-// lpr rows per warp (a warp per 256-byte row with 2-byte loads took 48 us at 4B); lpr == 0: one warp
-// per row (l2_row).
+// the scale per row. lpr > 0 (K / 8, a power of two, 16-byte aligned rows; every head dim in use):
+// lpr lanes per row, one 16-byte load each, 32 / lpr rows per warp (a warp per 256-byte row with
+// 2-byte loads took 48 us at 4B); lpr == 0: one warp per row, K <= 128.
 __global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim, int lpr) {
   const int64_t gt = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int rows = T * Hk * 2;
   if (lpr == 0) {
-    const int warp = static_cast<int>(gt >> 5);
-    if (warp >= rows) return;
-    float v[4];
-    const float scale = l2_row(warp, qkv, Hk, K, conv_dim, v);
-    if ((threadIdx.x & 31) == 0) rs[warp] = scale;
+    const int row = static_cast<int>(gt >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const bf16* x = l2_row_ptr(qkv, row, Hk, K, conv_dim);
+    float ss = 0.f;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float f = lane + 32 * r < K ? to_f(x[lane + 32 * r]) : 0.f;
+      ss += f * f;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) rs[row] = l2_scale(ss, row, K);
     return;
   }
   const int row = static_cast<int>(gt / lpr), sub = static_cast<int>(gt % lpr);
-  const int which = row & 1;
   float ss = 0.f;
   if (row < rows) {
-    const int th = row >> 1, t = th / Hk, kh = th - t * Hk;
-    const uint4 u = *reinterpret_cast<const uint4*>(qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K +
-                                                    8 * sub);
+    const uint4 u = *reinterpret_cast<const uint4*>(l2_row_ptr(qkv, row, Hk, K, conv_dim) + 8 * sub);
     const bf16* e = reinterpret_cast<const bf16*>(&u);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -320,8 +315,7 @@ __global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int
     }
   }
   for (int o = lpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // every lane takes part
-  if (row < rows && sub == 0)
-    rs[row] = (1.f / sqrtf(ss + kL2Eps)) * (which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
+  if (row < rows && sub == 0) rs[row] = l2_scale(ss, row, K);
 }
 
 // Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
