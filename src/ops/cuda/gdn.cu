@@ -465,6 +465,22 @@ __device__ __forceinline__ void state_tiles(int K, int bv, F f) {
     if (tile < tiles) f(u, (tile / tn) * 16, (tile % tn) * 16);
   }
 }
+// As state_tiles, for the 512-thread scans (16 warps, bv = 128): f2(u, m0, n0) for the tile pairs
+// (u, u + 1) of a warp, which share their columns (rows m0 and m0 + 16 nw / tn), f1 for a last
+// unpaired tile: the update's B fragments then serve two accumulator chains.
+template <class F2, class F1>
+__device__ __forceinline__ void state_tile_pairs(int K, int bv, F2 f2, F1 f1) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, tn = bv / 16, tiles = (K / 16) * tn;
+#pragma unroll
+  for (int u = 0; u < kScanTiles; u += 2) {
+    const int tile = warp + nw * u;
+    if (tile >= tiles) break;
+    if (tile + nw < tiles)
+      f2(u, (tile / tn) * 16, (tile % tn) * 16);
+    else
+      f1(u, (tile / tn) * 16, (tile % tn) * 16);
+  }
+}
 // The state's columns e0.. into the fragment-native K x V matrix at dst (gdn_mma::frag_index): one
 // 16-byte store per tile row (columns 2t, 2t + 1 of both 8-column halves).
 __device__ __forceinline__ void store_state(float* dst, int V, int e0, const ScanState& st, int K, int bv) {
@@ -591,11 +607,25 @@ __global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf1
     cp_async_commit();
     // S = e^{G_L} S + k^T (diag(e^{G_L - G} rs_k) D), in the registers; then its planes.
     const float decay = expf(gl);
-    state_tiles(K, bv, [&](int u, int m0, int n0) {
+    auto update1 = [&](int u, int m0, int n0) {
       float acc[2][4] = {};
       mma_acc(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds});
       update_state(S, u, m0, n0, decay, acc, Sh, Sl, lds);
-    });
+    };
+    if constexpr (kMaxThreads == 512) {
+      const int ms = 16 * (static_cast<int>(blockDim.x >> 5) / (bv / 16));
+      state_tile_pairs(
+          K, bv,
+          [&](int u, int m0, int n0) {
+            float acc[2][2][4] = {};
+            mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
+            update_state(S, u, m0, n0, decay, acc[0], Sh, Sl, lds);
+            update_state(S, u + 1, m0 + ms, n0, decay, acc[1], Sh, Sl, lds);
+          },
+          update1);
+    } else {
+      state_tiles(K, bv, update1);
+    }
   }
   cp_async_wait<0>();
 }
@@ -937,12 +967,27 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     }
     cp_async_commit();
     const float decay = expf(gl);
-    state_tiles(K, bv, [&](int u, int m0, int n0) {
+    auto update1 = [&](int u, int m0, int n0) {
       float acc[2][4] = {};
       mma_acc<2, 4, true>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq});
       mma_acc(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds});
       update_state(dS, u, m0, n0, decay, acc, Sh, Sl, lds);
-    });
+    };
+    if constexpr (kMaxThreads == 512) {
+      const int ms = 16 * (static_cast<int>(blockDim.x >> 5) / (bv / 16));
+      state_tile_pairs(
+          K, bv,
+          [&](int u, int m0, int n0) {
+            float acc[2][2][4] = {};
+            mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq}, ms);
+            mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
+            update_state(dS, u, m0, n0, decay, acc[0], Sh, Sl, lds);
+            update_state(dS, u + 1, m0 + ms, n0, decay, acc[1], Sh, Sl, lds);
+          },
+          update1);
+    } else {
+      state_tiles(K, bv, update1);
+    }
   }
   cp_async_wait<0>();
 }

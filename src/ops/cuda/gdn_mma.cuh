@@ -364,8 +364,10 @@ __device__ __forceinline__ void for_tiles(int M, int N, Body body, Epi epi, floa
 
 // As mma_acc for MT row tiles (rows m0 + 16 mt ..) that share each B fragment: each B element is
 // loaded and split once per k step for all MT tiles (B operands read from global memory).
+// ms: the row step between the MT tiles (16: adjacent).
 template <int MT, int NT, int kUnroll = 4, bool kAExact = false, class FA, class FB>
-__device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb) {
+__device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n0, int k0, int k1, FA fa, FB fb,
+                                          int ms = 16) {
   static_assert(NT % 2 == 0, "n tiles come in pairs");
   constexpr bool aex = kAExact || is_ld<FA>::value, bex = is_ld<FB>::value;
   constexpr int kU = kUnroll > 1 ? kUnroll / 2 : 1;
@@ -377,7 +379,7 @@ __device__ __forceinline__ void mma_acc_m(float (&acc)[MT][NT][4], int m0, int n
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       uint32_t ah[4], al[4];
-      frag_a(fa, m0 + 16 * mt, k, ah, al, !aex);
+      frag_a(fa, m0 + ms * mt, k, ah, al, !aex);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const uint32_t b0 = bh[nt >> 1][2 * (nt & 1)], b1 = bh[nt >> 1][2 * (nt & 1) + 1];
