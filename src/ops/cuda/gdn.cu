@@ -49,6 +49,7 @@ using gdn_mma::Ld;
 using gdn_mma::Ld2;
 using gdn_mma::LdKs;
 using gdn_mma::NtT;
+using gdn_mma::NtDot;
 using gdn_mma::Pair;
 using gdn_mma::for_tiles_m2;
 using gdn_mma::for_tiles_rc;
@@ -1188,25 +1189,6 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](int i, int j, float v) {
         Cs[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
       });
-  {  // <S0, dS_end> for the G_L term.
-    const float4* s4 = reinterpret_cast<const float4*>(S0);
-    const float4* d4 = reinterpret_cast<const float4*>(dSe);
-    const int n4 = K * V / 4;
-    float acc = 0.f;
-    for (int base = tid; base < n4; base += blockDim.x * 8) {
-      float4 x[8], y[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int idx = base + u * blockDim.x;
-        x[u] = idx < n4 ? s4[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
-        y[u] = idx < n4 ? d4[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc += x[u].x * y[u].x + x[u].y * y[u].y + x[u].z * y[u].z + x[u].w * y[u].w;
-    }
-    acc = warp_sum(acc);
-    if ((tid & 31) == 0) red[tid >> 5] = acc;  // one partial per warp, summed in order at the end
-  }
   __syncthreads();
   solve_unit_lower(Ts, Cs);  // clobbers Cs's strict upper blocks (A is dead after it)
   cp_async_wait<0>();
@@ -1271,13 +1253,17 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   // dW = -dD S0^T in column pieces [d0, d0 + w) (into R3: v is dead). Per piece:
   // P4: the piece of dW; P5 (k part): dT_ml += b_l e^{G_l} dW_m . k^_l (l < m, l < len);
   // P10 (first term): dk^_i += b_i e^{G_i} (T^T dW)_i, s2_i = k^_i . (T^T dW)_i (rowC slots of the piece).
+  // <S0, dS_end> for the G_L term rides on P4's S0 reads: the warps of the first row group (which
+  // together read every element of S0 once over the pieces) load dS_end at the same offsets.
+  float sdot = 0.f;
   for (int d0 = 0; d0 < K; d0 += kw) {
     const int w = imin(kw, K - d0);
     for_tiles_m2<kMT, 2>(
         kC, w,
         [&](auto& a1, auto&, int m0, int n0) {
-          mma_acc_m<kMT, 2, kBU>(a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
-                                 Nt{S0 + static_cast<size_t>(d0) * V, V});
+          mma_acc_m<kMT, 2, kBU>(
+              a1, m0, n0, 0, V, Ld2<false>{Xh, Xl, ldx},
+              NtDot{S0 + static_cast<size_t>(d0) * V, dSe + static_cast<size_t>(d0) * V, V, &sdot, m0 == 0});
         },
         [&](int i, int d, float v, float) { dWp[i * ldw + d] = -v; });
     __syncthreads();
@@ -1304,6 +1290,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         rowC + (d0 / 16) * kC, [&](int m0, int n0) { load_dk(m0, n0, d0); });
     __syncthreads();  // dWp free for the next piece; dT complete after the last
   }
+  sdot = warp_sum(sdot);
+  if ((tid & 31) == 0) red[tid >> 5] = sdot;  // one partial per warp, summed in order at the end
 
   // P6: X1 = dT T^T (into Xs: dD is dead), stored transposed (X1[j * kLdC + m]).
   for_tiles<2>(

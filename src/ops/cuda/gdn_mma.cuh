@@ -111,6 +111,17 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
+// Nt with a side product: when on, the same 16-byte pieces of a second fragment-native matrix q
+// (same shape) are loaded too and their elementwise products with p summed into *dot, so a kernel
+// that streams p through an mma anyway gets <p, q> over the pieces it reads without reading p twice.
+struct NtDot {
+  const float* p;
+  const float* q;
+  int ncols;
+  float* dot;
+  bool on;
+};
+
 template <class F>
 struct is_ld : std::false_type {};
 template <bool kT>
@@ -230,11 +241,18 @@ __device__ __forceinline__ void frag_b2(const FB& fb, int k, int n, uint32_t (&h
       const float2 sc = (q & 1) ? s1 : s0;
       frag_pair(__uint_as_float(h[q] << 16) * sc.x, __uint_as_float(h[q] & 0xffff0000u) * sc.y, h[q], l[q], want_lo);
     }
-  } else if constexpr (std::is_same_v<FB, Nt>) {
+  } else if constexpr (std::is_same_v<FB, Nt> || std::is_same_v<FB, NtDot>) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int u = 0; u < 2; ++u) {  // n tile u: X[n + 8u + g][k + 2t, +1, +8, +9], the slot of this lane
-      const float4 x = *reinterpret_cast<const float4*>(fb.p + frag_index(n + 8 * u, k, fb.ncols) + 4 * lane);
+      const int off = frag_index(n + 8 * u, k, fb.ncols) + 4 * lane;
+      const float4 x = *reinterpret_cast<const float4*>(fb.p + off);
+      if constexpr (std::is_same_v<FB, NtDot>) {
+        if (fb.on) {
+          const float4 y = *reinterpret_cast<const float4*>(fb.q + off);
+          *fb.dot += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+        }
+      }
       frag_pair(x.x, x.y, h[2 * u], l[2 * u], want_lo);
       frag_pair(x.z, x.w, h[2 * u + 1], l[2 * u + 1], want_lo);
     }
