@@ -357,64 +357,89 @@ std::vector<uint16_t> to_bf16_vec(const Vec& x) {
   return h;
 }
 
+// The problem's arguments (head dim scale, no kernel options); cu_seqlens is set by AttnBuffers.
+cuda::AttnArgs problem_args(const Problem& p) {
+  return cuda::AttnArgs{nullptr, p.num_seqs(), p.max_seqlen(), p.total(), p.hq, p.hkv, p.d,
+                        1.f / std::sqrt(static_cast<float>(p.d))};
+}
+
+// Device copies of a problem's inputs and (guarded) room for every output; a.cu_seqlens points at
+// the copy of p.cu. Callers check HasFatalFailure() after construction.
+struct AttnBuffers {
+  DevBuf q, k, v, d_o, cu, o, lse, dq, dk, dv, ws;
+  cuda::AttnArgs& a;
+  AttnBuffers(const Problem& p, cuda::AttnArgs& args, const Vec& hq, const Vec& hk, const Vec& hv, const Vec& hdo)
+      : a(args) {
+    const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
+    dev_alloc(q, nq * 2, to_bf16_vec(hq).data());
+    dev_alloc(k, nk * 2, to_bf16_vec(hk).data());
+    dev_alloc(v, nk * 2, to_bf16_vec(hv).data());
+    dev_alloc(d_o, nq * 2, to_bf16_vec(hdo).data());
+    dev_alloc(cu, p.cu.size() * 4, p.cu.data());
+    dev_alloc(o, nq * 2, nullptr);
+    dev_alloc(lse, T * p.hq * 4, nullptr);
+    dev_alloc(dq, nq * 2, nullptr);
+    dev_alloc(dk, nk * 2, nullptr);
+    dev_alloc(dv, nk * 2, nullptr);
+    a.cu_seqlens = static_cast<const int32_t*>(cu.ptr);
+    dev_alloc(ws, std::max<size_t>(cuda::attention_workspace_bytes(a), 16), nullptr);
+  }
+  // Launches only (not synchronized); the backward reads the forward's o and lse.
+  void forward() {
+    cuda::attention_forward(o.ptr, static_cast<float*>(lse.ptr), q.ptr, k.ptr, v.ptr, a, ws.ptr, nullptr);
+  }
+  void backward() {
+    cuda::attention_backward(dq.ptr, dk.ptr, dv.ptr, d_o.ptr, q.ptr, k.ptr, v.ptr, o.ptr,
+                             static_cast<const float*>(lse.ptr), a, ws.ptr, nullptr);
+  }
+};
+
 // deterministic: the backward's dQ from attn_bwd_dq_kernel; it also runs the backward twice and
 // requires the same bits for dq, dk and dv. mma_sync: head_dim 256 on the mma.sync kernels instead
 // of the default wgmma ones (the forward, and the deterministic backward's dK / dV).
-void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false, bool mma_sync = false) {
+// fwd_cp_async: head_dim 256's forward on the cp.async wgmma kernel instead of the default TMA one.
+void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false, bool mma_sync = false,
+              bool fwd_cp_async = false) {
   SCOPED_TRACE("D " + std::to_string(p.d) + ", Hq " + std::to_string(p.hq) + ", Hkv " + std::to_string(p.hkv) +
                ", T " + std::to_string(p.total()) + ", samples " + std::to_string(p.num_seqs()) +
-               (deterministic ? ", deterministic" : "") + (mma_sync ? ", mma.sync kernels" : ""));
+               (deterministic ? ", deterministic" : "") + (mma_sync ? ", mma.sync kernels" : "") +
+               (fwd_cp_async ? ", cp.async forward" : ""));
   const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
   std::mt19937_64 rng(seed);
   const Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
 
-  DevBuf dq_in, dk_in, dv_in, ddo, dcu, o, lse, dq, dk, dv, ws;
-  dev_alloc(dq_in, nq * 2, to_bf16_vec(q).data());
-  dev_alloc(dk_in, nk * 2, to_bf16_vec(k).data());
-  dev_alloc(dv_in, nk * 2, to_bf16_vec(v).data());
-  dev_alloc(ddo, nq * 2, to_bf16_vec(d_o).data());
-  dev_alloc(dcu, p.cu.size() * 4, p.cu.data());
-  dev_alloc(o, nq * 2, nullptr);
-  dev_alloc(lse, T * p.hq * 4, nullptr);
-  dev_alloc(dq, nq * 2, nullptr);
-  dev_alloc(dk, nk * 2, nullptr);
-  dev_alloc(dv, nk * 2, nullptr);
-  cuda::AttnArgs a{static_cast<const int32_t*>(dcu.ptr), p.num_seqs(), p.max_seqlen(), p.total(), p.hq, p.hkv,
-                   p.d, 1.f / std::sqrt(static_cast<float>(p.d))};
+  cuda::AttnArgs a = problem_args(p);
   a.deterministic = deterministic;
   a.mma_sync = mma_sync;
-  dev_alloc(ws, std::max<size_t>(cuda::attention_workspace_bytes(a), 16), nullptr);
+  a.fwd_cp_async = fwd_cp_async;
+  AttnBuffers b(p, a, q, k, v, d_o);
   if (::testing::Test::HasFatalFailure()) return;
-
-  cuda::attention_forward(o.ptr, static_cast<float*>(lse.ptr), dq_in.ptr, dk_in.ptr, dv_in.ptr, a, ws.ptr, nullptr);
-  if (backward)
-    cuda::attention_backward(dq.ptr, dk.ptr, dv.ptr, ddo.ptr, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr,
-                             static_cast<const float*>(lse.ptr), a, ws.ptr, nullptr);
+  b.forward();
+  if (backward) b.backward();
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaGetLastError());
 
   const Outputs r32 = reference_f32(p, q, k, v, d_o, backward);
   const Outputs rbf = reference_bf16(p, q, k, v, d_o, backward);
-  expect_close("o", download_bf16(o), r32.o, rbf.o, true);
-  expect_close("lse", download_f32(lse), r32.lse, rbf.lse, false);
-  expect_guard_intact("o", o);
-  expect_guard_intact("lse", lse);
+  expect_close("o", download_bf16(b.o), r32.o, rbf.o, true);
+  expect_close("lse", download_f32(b.lse), r32.lse, rbf.lse, false);
+  expect_guard_intact("o", b.o);
+  expect_guard_intact("lse", b.lse);
   if (backward) {
-    expect_close("dq", download_bf16(dq), r32.dq, rbf.dq, true);
-    expect_close("dk", download_bf16(dk), r32.dk, rbf.dk, true);
-    expect_close("dv", download_bf16(dv), r32.dv, rbf.dv, true);
-    expect_guard_intact("dq", dq);
-    expect_guard_intact("dk", dk);
-    expect_guard_intact("dv", dv);
+    expect_close("dq", download_bf16(b.dq), r32.dq, rbf.dq, true);
+    expect_close("dk", download_bf16(b.dk), r32.dk, rbf.dk, true);
+    expect_close("dv", download_bf16(b.dv), r32.dv, rbf.dv, true);
+    expect_guard_intact("dq", b.dq);
+    expect_guard_intact("dk", b.dk);
+    expect_guard_intact("dv", b.dv);
   }
   if (backward && deterministic) {
-    const std::vector<float> q1 = download_bf16(dq), k1 = download_bf16(dk), v1 = download_bf16(dv);
-    cuda::attention_backward(dq.ptr, dk.ptr, dv.ptr, ddo.ptr, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr,
-                             static_cast<const float*>(lse.ptr), a, ws.ptr, nullptr);
+    const std::vector<float> q1 = download_bf16(b.dq), k1 = download_bf16(b.dk), v1 = download_bf16(b.dv);
+    b.backward();
     CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(download_bf16(dq) == q1) << "dq differs between two deterministic runs";
-    EXPECT_TRUE(download_bf16(dk) == k1) << "dk differs between two deterministic runs";
-    EXPECT_TRUE(download_bf16(dv) == v1) << "dv differs between two deterministic runs";
+    EXPECT_TRUE(download_bf16(b.dq) == q1) << "dq differs between two deterministic runs";
+    EXPECT_TRUE(download_bf16(b.dk) == k1) << "dk differs between two deterministic runs";
+    EXPECT_TRUE(download_bf16(b.dv) == v1) << "dv differs between two deterministic runs";
   }
 }
 
@@ -488,6 +513,87 @@ TEST(CudaAttention, MmaSyncKernelsHeadDim256) {
   std::vector<int> short_lens(60);
   for (auto& l : short_lens) l = len(rng);
   run_case(make_problem(short_lens, 8, 2, 256), true, seed++, true, true);
+}
+
+// Head dim 256's forward has two wgmma kernels: the warp-specialized TMA one (the default, every
+// other test) and the cp.async one (QT_ATTN_FWD_TMA=0); this keeps the second covered.
+TEST(CudaAttention, CpAsyncForwardHeadDim256) {
+  SKIP_WITHOUT_CUDA();
+  constexpr bool kBackward = true, kDeterministic = true, kMmaSync = false, kCpAsync = true;
+  uint64_t seed = 91;
+  for (const auto& hh : kHeads)
+    run_case(make_problem({1, 2, 3, 63, 64, 65, 127, 129}, hh[0], hh[1], 256), kBackward, seed++, kDeterministic,
+             kMmaSync, kCpAsync);
+  run_case(make_problem({700, 1, 1300, 47}, 8, 2, 256), kBackward, seed++, kDeterministic, kMmaSync, kCpAsync);
+}
+
+// A sample's results must not depend on its neighbours in the packed row, even when those hold
+// non-finite values: the TMA forward reads the key tiles past a sample's end from the next sample
+// (masked scores, V rows zeroed), the other kernels zero-fill them. The odd samples' q, k, v and dO
+// become NaN / Inf; every even sample's o, lse, dq, dk and dv must keep the clean run's bits
+// (deterministic backward, so two runs are comparable bit for bit).
+TEST(CudaAttention, NeighboursNonFiniteDoNotLeak) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<int> lens = {65, 63, 130, 1, 70, 200, 129};
+  for (int d : {64, 128, 256})
+    for (bool cp_async : {false, true}) {
+      if (cp_async && d != 256) continue;
+      const Problem p = make_problem(lens, 4, 2, d);
+      SCOPED_TRACE("D " + std::to_string(d) + (cp_async ? ", cp.async forward" : ""));
+      const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * d, nk = T * p.hkv * d;
+      std::mt19937_64 rng(100 + d);
+      Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
+      cuda::AttnArgs a = problem_args(p);
+      a.deterministic = true;
+      a.fwd_cp_async = cp_async;
+      struct Run {
+        Vec o, lse, dq, dk, dv;
+      };
+      auto run = [&](const Vec& hq_, const Vec& hk, const Vec& hv, const Vec& hdo) -> Run {
+        AttnBuffers b(p, a, hq_, hk, hv, hdo);
+        if (::testing::Test::HasFatalFailure()) return Run{};
+        b.forward();
+        b.backward();
+        const cudaError_t err = cudaDeviceSynchronize();
+        EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+        if (err != cudaSuccess) return Run{};
+        return Run{download_bf16(b.o), download_f32(b.lse), download_bf16(b.dq), download_bf16(b.dk),
+                   download_bf16(b.dv)};
+      };
+      const Run clean = run(q, k, v, d_o);
+      const float bad[3] = {NAN, INFINITY, -INFINITY};
+      for (int s = 1; s < p.num_seqs(); s += 2)
+        for (int t = p.cu[s]; t < p.cu[s + 1]; ++t) {
+          for (size_t e = 0; e < static_cast<size_t>(p.hq) * d; ++e) {
+            q[static_cast<size_t>(t) * p.hq * d + e] = bad[e % 3];
+            d_o[static_cast<size_t>(t) * p.hq * d + e] = bad[(e + 1) % 3];
+          }
+          for (size_t e = 0; e < static_cast<size_t>(p.hkv) * d; ++e) {
+            k[static_cast<size_t>(t) * p.hkv * d + e] = bad[(e + 2) % 3];
+            v[static_cast<size_t>(t) * p.hkv * d + e] = bad[e % 3];
+          }
+        }
+      const Run dirty = run(q, k, v, d_o);
+      if (::testing::Test::HasFatalFailure()) return;
+      size_t differ = 0, checked = 0;
+      auto same_rows = [&](const Vec& x, const Vec& y, size_t row_elems) {
+        for (int s = 0; s < p.num_seqs(); s += 2)
+          for (size_t i = p.cu[s] * row_elems; i < p.cu[s + 1] * row_elems; ++i, ++checked)
+            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) ++differ;
+      };
+      same_rows(clean.o, dirty.o, static_cast<size_t>(p.hq) * d);
+      same_rows(clean.dq, dirty.dq, static_cast<size_t>(p.hq) * d);
+      same_rows(clean.dk, dirty.dk, static_cast<size_t>(p.hkv) * d);
+      same_rows(clean.dv, dirty.dv, static_cast<size_t>(p.hkv) * d);
+      for (int h = 0; h < p.hq; ++h)
+        for (int s = 0; s < p.num_seqs(); s += 2)
+          for (int t = p.cu[s]; t < p.cu[s + 1]; ++t, ++checked) {
+            const size_t i = static_cast<size_t>(h) * T + t;
+            if (std::memcmp(&clean.lse[i], &dirty.lse[i], sizeof(float)) != 0) ++differ;
+          }
+      EXPECT_EQ(differ, 0u) << "of " << checked << " elements of the even samples changed";
+      EXPECT_GT(checked, 0u);
+    }
 }
 
 // 8192-token sample, forward only: o and lse of a subset of rows (the first, some in the middle,

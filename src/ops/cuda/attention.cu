@@ -30,10 +30,14 @@
 // sample bound (static for CUDA graphs: padded zero-length samples add no work), and long
 // samples' heavy tiles start first instead of trailing. Causal masking happens only in tiles
 // that cross the diagonal or the sample end.
+#include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -581,6 +585,34 @@ __device__ __forceinline__ void wg_issue_pv(float (&acc_flat)[kWgD / 2], const u
   wg::commit();
 }
 
+// Epilogue of a warp's fragment rows of a wgmma forward: normalise, lse, bf16 pairs straight to
+// global (rows past the sample end skipped).
+__device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const QueryTile& t, const float (&acc_o)[kWgD / 8][4],
+                                               const float (&row_sum)[2], const float (&row_max)[2], int wrow0,
+                                               int g, int t4) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = wrow0 + g + 8 * r;
+    if (row >= t.L) continue;
+    if (t4 == 0)
+      p.lse[static_cast<int64_t>(t.h) * p.total + t.start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
+    store_row_pairs(p.o + (t.start + row) * t.ldq + t.h * kWgD, acc_o, r, inv, t4);
+  }
+}
+
+// The scores of key tile n0 (this warp's rows from wrow0) masked where the tile crosses the diagonal
+// or the sample end, then the online softmax step.
+__device__ __forceinline__ void fwd_softmax_tile(float (&s)[kWgBN / 8][4], int n0, int wrow0, int g, int t4, int L,
+                                                 float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
+                                                 float scale_log2) {
+  if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
+  softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
+}
+
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdParams p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t s0 = smem_u32(smem_raw);
@@ -627,8 +659,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
   wg_issue_s(s_flat, sQ, sK, grow0 % kWgBM);
   wg::wait<0>();
   wg::fence_operands(s_flat);
-  if (kWgBN - 1 > wrow0 || kWgBN > L) mask_tile<kWgBN>(s, 0, wrow0, g, t4, L);
-  softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
+  fwd_softmax_tile(s, 0, wrow0, g, t4, L, row_max, row_sum, alpha, scale_log2);
   pack_p<kWgBN>(pa, s);
 
   for (int j = 1; j < n_tiles; ++j) {
@@ -651,8 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
     cp_async_commit();
     wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     wg::fence_operands(s_flat);
-    if (n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L) mask_tile<kWgBN>(s, n0, wrow0, g, t4, L);
-    softmax_scores<kWgBN>(s, row_max, row_sum, alpha, scale_log2);
+    fwd_softmax_tile(s, n0, wrow0, g, t4, L, row_max, row_sum, alpha, scale_log2);
     wg::wait<0>();
     wg::fence_operands(acc_flat);
     rescale_rows<kWgD>(acc_o, alpha);
@@ -665,19 +695,155 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
   wg::wait<0>();
   wg::fence_operands(acc_flat);
 
-  // Epilogue: normalise, lse, bf16 pairs straight to global (rows past the sample end skipped).
+  store_fwd_rows(p, t, acc_o, row_sum, row_max, wrow0, g, t4);
+}
+
+// ---- forward on wgmma, warp-specialized (FA3's structure; the default at D = 256) ---------------
+// The tile, work list, software pipeline and masking of attn_fwd_wgmma_kernel, in three
+// warpgroups. Warpgroup 0 is the producer: one thread issues every tile load by TMA (2-D boxes of
+// 64 columns x the tile's rows, written by the hardware into the 128-byte-swizzle panels), and the
+// warpgroup gives its registers to the others (setmaxnreg 24). Warpgroups 1 and 2 are the
+// consumers (240 registers; query rows 0-63 and 64-127) and never issue a load or meet at a CTA
+// barrier: K and V have two stages each, with a `full` barrier per stage (its TMA bytes landed)
+// and an `empty` one (all 8 consumer warps are done reading it), so the producer runs ahead by up to
+// two tiles and neither consumer waits for the other. The cp.async kernel spent its issue slots on
+// 256 threads' address math and met at a __syncthreads per key tile.
+// TMA reads the packed rows as they are: keys past the sample end belong to the next sample (or are
+// zeros past T). Their scores are masked as before; their V rows are zeroed in smem before the last
+// P V, so that a non-finite value there cannot turn P = 0 into NaN.
+constexpr int kWsThreads = 384, kWsConsumerWarps = 8;
+struct WsBarriers {
+  uint64_t q_full, k_full[2], v_full[2], k_empty[2], v_empty[2];
+};
+constexpr size_t kWsSmem = kWgSmem + sizeof(WsBarriers);
+// The tensor maps of q, k and v (a __grid_constant__ kernel parameter; CUtensorMap is 128-byte aligned).
+struct FwdMaps {
+  CUtensorMap q, k, v;
+};
+
+// Arrival of this warp on an `empty` barrier once its part of the reads is done.
+__device__ __forceinline__ void ws_release(uint64_t* bar, int lane) {
+  __syncwarp();
+  if (lane == 0) wg::mbar_arrive(bar);
+}
+
+// Waits for V tile j (stage j & 1); on a tile that reaches past the sample end, the two consumer
+// warpgroups zero its rows from L on and meet at named barrier 1 before either reads it.
+__device__ __forceinline__ void ws_wait_v(WsBarriers* bar, char* sV, int j, int L, int ct) {
+  wg::mbar_wait(&bar->v_full[j & 1], (j >> 1) & 1);
+  const int valid = L - j * kWgBN;
+  if (valid >= kWgBN) return;  // uniform over the CTA
+  char* v = sV + (j & 1) * kWgTileBytes;
+  // 16-byte chunk c: row c / 32, panel (c / 8) % 4, chunk c % 8 (a whole row, so the swizzle is moot)
+  for (int c = ct; c < kWgBN * 32; c += 256)
+    if ((c >> 5) >= valid)
+      *reinterpret_cast<uint4*>(v + ((c >> 3) & 3) * (kWgBN * 128) + (c >> 5) * 128 + (c & 7) * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
+  wg::fence_proxy_async();
+  wg::named_sync(1, 256);
+}
+
+__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const FwdParams p, const __grid_constant__ FwdMaps maps) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = smem_u32(smem_raw);
+  char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sK = sQ + kWgBM * kWgD * 2;  // two K stages, then two V stages, then the barriers
+  char* sV = sK + 2 * kWgTileBytes;
+  WsBarriers* bar = reinterpret_cast<WsBarriers*>(sV + 2 * kWgTileBytes);
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const int start = t.start, L = t.L, m0 = t.m0, h = t.h;
+  const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
+  const int tid = threadIdx.x;
+  // Lane 0's value, so the compiler sees the role branch as warp-uniform: a wgmma under a path it
+  // takes for divergent would be serialized (C7518).
+  const int wg_i = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  if (tid == 0) {
+    wg::mbar_init(&bar->q_full, 1);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int row = wrow0 + g + 8 * r;
-    if (row >= L) continue;
-    if (t4 == 0)
-      p.lse[static_cast<int64_t>(h) * p.total + start + row] = l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
-    store_row_pairs(p.o + (start + row) * ldq + h * kWgD, acc_o, r, inv, t4);
+    for (int st = 0; st < 2; ++st) {
+      wg::mbar_init(&bar->k_full[st], 1);
+      wg::mbar_init(&bar->v_full[st], 1);
+      wg::mbar_init(&bar->k_empty[st], kWsConsumerWarps);
+      wg::mbar_init(&bar->v_empty[st], kWsConsumerWarps);
+    }
   }
+  __syncthreads();
+
+  if (wg_i == 0) {  // producer
+    wg::regs_dec<24>();
+    if (tid == 0) {
+      const int kcol = t.kvh * kWgD;
+      wg::mbar_arrive_expect_tx(&bar->q_full, kWgBM * kWgD * 2);
+#pragma unroll
+      for (int c = 0; c < kWgD / 64; ++c)
+        wg::tma_load_2d(sQ + c * (kWgBM * 128), &maps.q, h * kWgD + 64 * c, start + m0, &bar->q_full);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j & 1, row = start + j * kWgBN;
+        const uint32_t freed = ((j >> 1) - 1) & 1;  // parity of the release of the stage's previous tile
+        if (j >= 2) wg::mbar_wait(&bar->k_empty[st], freed);
+        wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
+#pragma unroll
+        for (int c = 0; c < kWgD / 64; ++c)
+          wg::tma_load_2d(sK + st * kWgTileBytes + c * (kWgBN * 128), &maps.k, kcol + 64 * c, row, &bar->k_full[st]);
+        if (j >= 2) wg::mbar_wait(&bar->v_empty[st], freed);
+        wg::mbar_arrive_expect_tx(&bar->v_full[st], kWgTileBytes);
+#pragma unroll
+        for (int c = 0; c < kWgD / 64; ++c)
+          wg::tma_load_2d(sV + st * kWgTileBytes + c * (kWgBN * 128), &maps.v, kcol + 64 * c, row, &bar->v_full[st]);
+      }
+    }
+    return;
+  }
+
+  wg::regs_inc<240>();
+  const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (query rows 64 cw ..), thread index
+  const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
+  const float scale_log2 = p.scale * kLog2e;
+
+  float acc_o[kWgD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kWgD / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc_o);
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
+  float s[kWgBN / 8][4];
+  float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
+  uint32_t pa[kWgBN / 16][4];
+
+  wg::mbar_wait(&bar->q_full, 0);
+  wg::mbar_wait(&bar->k_full[0], 0);
+  wg_issue_s(s_flat, sQ, sK, 64 * cw);
+  wg::wait<0>();
+  wg::fence_operands(s_flat);
+  ws_release(&bar->k_empty[0], lane);
+  fwd_softmax_tile(s, 0, wrow0, g, t4, L, row_max, row_sum, alpha, scale_log2);
+  pack_p<kWgBN>(pa, s);
+
+  for (int j = 1; j < n_tiles; ++j) {
+    const int n0 = j * kWgBN, st = j & 1;
+    wg::mbar_wait(&bar->k_full[st], (j >> 1) & 1);
+    wg_issue_s(s_flat, sQ, sK + st * kWgTileBytes, 64 * cw);
+    ws_wait_v(bar, sV, j - 1, L, ct);
+    wg_issue_pv(acc_flat, pa, sV + (st ^ 1) * kWgTileBytes);
+    wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    wg::fence_operands(s_flat);
+    ws_release(&bar->k_empty[st], lane);
+    fwd_softmax_tile(s, n0, wrow0, g, t4, L, row_max, row_sum, alpha, scale_log2);
+    wg::wait<0>();
+    wg::fence_operands(acc_flat);
+    ws_release(&bar->v_empty[st ^ 1], lane);
+    rescale_rows<kWgD>(acc_o, alpha);
+    pack_p<kWgBN>(pa, s);
+  }
+  ws_wait_v(bar, sV, n_tiles - 1, L, ct);
+  wg_issue_pv(acc_flat, pa, sV + ((n_tiles - 1) & 1) * kWgTileBytes);
+  wg::wait<0>();
+  wg::fence_operands(acc_flat);
+
+  store_fwd_rows(p, t, acc_o, row_sum, row_max, wrow0, g, t4);
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -1463,6 +1629,48 @@ const int2* build_tile_table(void* workspace, const AttnArgs& a, int tile, bool 
   return table;
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link), or null when
+// the driver lacks it: the forward then keeps the cp.async kernel.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();  // a failed lookup must not surface at the next launch check
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// TMA map of a row-major bf16 [rows, cols] tensor read in boxes of 64 columns x box_rows rows into
+// 128-byte-swizzle panels (wgmma's layout); reads past `rows` return zeros.
+CUtensorMap panel_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* name) {
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                                          strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QT_CHECK(r == CUDA_SUCCESS, "attention forward: cuTensorMapEncodeTiled failed for ", name, " (", rows, " x ", cols,
+           " bf16 at ", base, "; error ", static_cast<int>(r), ")");
+  return m;
+}
+
+// QT_ATTN_FWD_TMA=0 keeps the cp.async wgmma forward (A/B runs; read once).
+bool fwd_tma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("QT_ATTN_FWD_TMA");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on && tensor_map_encoder() != nullptr;
+}
+
 template <int D>
 void launch_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
                     void* workspace, cudaStream_t stream) {
@@ -1478,6 +1686,16 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
   if constexpr (D == kWgD) {
     if (!a.mma_sync) {
       static_assert(Tr::kBlockM == kWgBM, "the wgmma forward uses the same work list tile");
+      if (!a.fwd_cp_async && fwd_tma_enabled()) {
+        const int64_t T = a.total_tokens;
+        const FwdMaps maps{panel_map(q, T, int64_t(a.num_q_heads) * D, kWgBM, "q"),
+                           panel_map(k, T, int64_t(a.num_kv_heads) * D, kWgBN, "k"),
+                           panel_map(v, T, int64_t(a.num_kv_heads) * D, kWgBN, "v")};
+        cudaFuncSetAttribute(attn_fwd_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWsSmem));
+        attn_fwd_tma_wgmma_kernel<<<grid, kWsThreads, kWsSmem, stream>>>(p, maps);
+        QT_LAUNCH_CHECK("attn_fwd_tma_wgmma_kernel");
+        return;
+      }
       cudaFuncSetAttribute(attn_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
       attn_fwd_wgmma_kernel<<<grid, kThreads, kWgSmem, stream>>>(p);
       QT_LAUNCH_CHECK("attn_fwd_wgmma_kernel");

@@ -52,6 +52,9 @@ struct AttnArgs {
   // deterministic backward's dK / dV and dQ), for A/B benchmarks and as the fallback
   // QT_ATTN_WGMMA=0 selects; other head dims, and the atomic backward, always run on mma.sync.
   bool mma_sync = false;
+  // Head dim 256 forward on the cp.async wgmma kernel instead of the warp-specialized TMA one (the
+  // default; QT_ATTN_FWD_TMA=0 selects the cp.async one as well), for tests and A/B runs.
+  bool fwd_cp_async = false;
 };
 size_t attention_workspace_bytes(const AttnArgs& a);
 // o, q [T, Hq, D] bf16; k, v [T, Hkv, D] bf16; lse f32 [Hq, T].

@@ -183,4 +183,54 @@ __device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_
 #undef QT_WG_D128_REGS
 #undef QT_WG_D128_OUT
 
+// ---- mbarriers and TMA (the warp-specialized kernels' producer / consumer hand-over) ------------
+// An mbarrier phase completes when `count` arrivals (mbar_init) and every transaction byte
+// announced by arrive_expect_tx have landed; waiters poll the parity of the phase they expect
+// (0 for the first use, then alternating).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// One thread; fenced so the async proxy (TMA) sees the initialised barrier; a CTA barrier must
+// follow before other threads use it.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// 2-D TMA load of the box at element coordinates (c0 inner, c1 rows) of `map` into dst (1024-byte
+// aligned for the 128-byte swizzle), completing on bar. Coordinates past the tensor read zeros.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+// Register reallocation between the warpgroups of a warp-specialized CTA (all 128 threads of the
+// warpgroup execute it; the counts are multiples of 8 in [24, 256]).
+template <int kRegs>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+// Synchronises the `threads` threads (a multiple of 32) that use named barrier `id` (1..15; 0 is
+// __syncthreads').
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace qt::cuda::wg
