@@ -727,20 +727,30 @@ __device__ __forceinline__ void ws_release(uint64_t* bar, int lane) {
   if (lane == 0) wg::mbar_arrive(bar);
 }
 
+// Rows [valid, kWgBN) of a landed 64-row key tile (4 panels) set to zero by the two consumer
+// warpgroups (ct = thread index among them): 16-byte chunk c is row c / 32, panel (c / 8) % 4,
+// chunk c % 8 (whole rows, so the swizzle is moot). The caller fences and meets at named barrier 1.
+__device__ __forceinline__ void zero_tile_rows(char* tile, int valid, int ct) {
+  for (int c = ct; c < kWgBN * 32; c += 256)
+    if ((c >> 5) >= valid)
+      *reinterpret_cast<uint4*>(tile + ((c >> 3) & 3) * (kWgBN * 128) + (c >> 5) * 128 + (c & 7) * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
+}
+// Generic-proxy stores to smem ordered before the async proxy's (wgmma) reads, and both consumer
+// warpgroups past them.
+__device__ __forceinline__ void consumers_sync_stores() {
+  wg::fence_proxy_async();
+  wg::named_sync(1, 256);
+}
+
 // Waits for V tile j (stage j & 1); on a tile that reaches past the sample end, the two consumer
-// warpgroups zero its rows from L on and meet at named barrier 1 before either reads it.
+// warpgroups zero its rows from L on before either reads it.
 __device__ __forceinline__ void ws_wait_v(WsBarriers* bar, char* sV, int j, int L, int ct) {
   wg::mbar_wait(&bar->v_full[j & 1], (j >> 1) & 1);
   const int valid = L - j * kWgBN;
   if (valid >= kWgBN) return;  // uniform over the CTA
-  char* v = sV + (j & 1) * kWgTileBytes;
-  // 16-byte chunk c: row c / 32, panel (c / 8) % 4, chunk c % 8 (a whole row, so the swizzle is moot)
-  for (int c = ct; c < kWgBN * 32; c += 256)
-    if ((c >> 5) >= valid)
-      *reinterpret_cast<uint4*>(v + ((c >> 3) & 3) * (kWgBN * 128) + (c >> 5) * 128 + (c & 7) * 16) =
-          make_uint4(0u, 0u, 0u, 0u);
-  wg::fence_proxy_async();
-  wg::named_sync(1, 256);
+  zero_tile_rows(sV + (j & 1) * kWgTileBytes, valid, ct);
+  consumers_sync_stores();
 }
 
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const FwdParams p, const __grid_constant__ FwdMaps maps) {
@@ -1419,6 +1429,35 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
 constexpr size_t kWgDqSmem = 2 * size_t(kWgBM) * kWgD * 2 + 3 * kWgTileBytes + 1024;
 static_assert(kWgDqSmem <= 227 * 1024, "wgmma dQ kernel smem over the sm_90 per-block limit");
 
+// dS = P (dP - Dsum) of key tile n0 for this warp's rows from wrow0 (P from the saved lse2), as
+// the bf16 A fragments of dQ += dS K. dS is exactly 0 above the diagonal and past the sample, even
+// where dP is not finite (the TMA kernel's key rows past the sample end hold the next sample's).
+__device__ __forceinline__ void dq_ds_tile(uint32_t (&da)[kWgBN / 16][4], float (&s)[kWgBN / 8][4],
+                                           const float (&dp)[kWgBN / 8][4], int n0, int wrow0, int g, int t4, int L,
+                                           const float (&lse2)[2], const float (&dsum)[2], float scale_log2) {
+  const bool need_mask = n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L;
+#pragma unroll
+  for (int nb = 0; nb < kWgBN / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1, col = n0 + nb * 8 + 2 * t4 + (e & 1), row = wrow0 + g + 8 * r;
+      const float pe = dev::ex2_ftz(fmaf(s[nb][e], scale_log2, -lse2[r]));
+      s[nb][e] = need_mask && (col > row || row >= L) ? 0.f : pe * (dp[nb][e] - dsum[r]);
+    }
+  pack_p<kWgBN>(da, s);
+}
+
+// Epilogue of the wgmma dQ kernels: dq = bf16(scale dQ), rows past the sample end skipped.
+__device__ __forceinline__ void store_dq_rows(const DqParams& p, const QueryTile& t, const float (&acc)[kWgD / 8][4],
+                                              int wrow0, int g, int t4) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wrow0 + g + 8 * r;
+    if (row >= t.L) continue;
+    store_row_pairs(p.dq + (t.start + row) * t.ldq + t.h * kWgD, acc, r, p.scale, t4);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const DqParams p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t s0 = smem_u32(smem_raw);
@@ -1480,31 +1519,128 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
     if (j + 1 < n_tiles) load_panels<kWgBN>(sV, gV + (n0 + kWgBN) * ldk, ldk, min(kWgBN, L - n0 - kWgBN), tid);
     cp_async_commit();
 
-    // dS = P (dP - Dsum) in place of S; P = 0 above the diagonal and past the sample.
-    const bool need_mask = n0 + kWgBN - 1 > wrow0 || n0 + kWgBN > L;
-#pragma unroll
-    for (int nb = 0; nb < kWgBN / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, col = n0 + nb * 8 + 2 * t4 + (e & 1), row = wrow0 + g + 8 * r;
-        float pe = dev::ex2_ftz(fmaf(s[nb][e], scale_log2, -lse2[r]));
-        if (need_mask && (col > row || row >= L)) pe = 0.f;
-        s[nb][e] = pe * (dp[nb][e] - dsum[r]);
-      }
     uint32_t da[kWgBN / 16][4];
-    pack_p<kWgBN>(da, s);
+    dq_ds_tile(da, s, dp, n0, wrow0, g, t4, L, lse2, dsum, scale_log2);
     wg_issue_pv(acc_flat, da, kb);  // dQ += dS K_j
     wg::wait<0>();
     wg::fence_operands(acc_flat);
   }
 
-  // Epilogue: dq = bf16(scale dQ), rows past the sample end skipped.
+  store_dq_rows(p, t, acc, wrow0, g, t4);
+}
+
+// ---- deterministic dQ on wgmma, warp-specialized (the default at D = 256) ------------------------
+// attn_bwd_dq_wgmma_kernel's products in the same order (bit-identical dQ), in the TMA forward's
+// roles: a producer warpgroup loads Q and dO once and the key tiles by TMA (K on a two-stage ring,
+// V in one stage: the smem holds no more), the consumer warpgroups (rows 0-63 / 64-127) wait on
+// full barriers and release each tile on its empty barrier, V once dP is done, K once dQ += dS K is.
+// A key tile reaching past the sample end holds the next sample's rows: both warpgroups zero its K
+// and V rows from L on (K feeds dQ, where 0 * NaN would leak) and dS is set to exactly 0 there.
+struct DqBarriers {
+  uint64_t qdo_full, k_full[2], k_empty[2], v_full, v_empty;
+};
+constexpr size_t kDqTmaSmem = kWgDqSmem + sizeof(DqBarriers);
+static_assert(kDqTmaSmem <= 227 * 1024, "TMA dQ kernel smem over the sm_90 per-block limit");
+struct DqMaps {
+  CUtensorMap q, d_o, k, v;
+};
+
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(const DqParams p,
+                                                                               const __grid_constant__ DqMaps maps) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = smem_u32(smem_raw);
+  char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sdO = sQ + kWgBM * kWgD * 2;
+  char* sK = sdO + kWgBM * kWgD * 2;  // two stages, then V's one
+  char* sV = sK + 2 * kWgTileBytes;
+  DqBarriers* bar = reinterpret_cast<DqBarriers*>(sV + kWgTileBytes);
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const int L = t.L, m0 = t.m0;
+  const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
+  const int tid = threadIdx.x;
+  const int wg_i = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform role (see the forward)
+  if (tid == 0) {
+    wg::mbar_init(&bar->qdo_full, 1);
+    wg::mbar_init(&bar->v_full, 1);
+    wg::mbar_init(&bar->v_empty, kWsConsumerWarps);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = wrow0 + g + 8 * r;
-    if (row >= L) continue;
-    store_row_pairs(p.dq + (start + row) * ldq + h * kWgD, acc, r, p.scale, t4);
+    for (int st = 0; st < 2; ++st) {
+      wg::mbar_init(&bar->k_full[st], 1);
+      wg::mbar_init(&bar->k_empty[st], kWsConsumerWarps);
+    }
   }
+  __syncthreads();
+
+  if (wg_i == 0) {  // producer
+    wg::regs_dec<24>();
+    if (tid == 0) {
+      const int qcol = t.h * kWgD, kcol = t.kvh * kWgD, qrow = t.start + m0;
+      wg::mbar_arrive_expect_tx(&bar->qdo_full, 2 * kWgBM * kWgD * 2);
+#pragma unroll
+      for (int c = 0; c < kWgD / 64; ++c) {
+        wg::tma_load_2d(sQ + c * (kWgBM * 128), &maps.q, qcol + 64 * c, qrow, &bar->qdo_full);
+        wg::tma_load_2d(sdO + c * (kWgBM * 128), &maps.d_o, qcol + 64 * c, qrow, &bar->qdo_full);
+      }
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j & 1, row = t.start + j * kWgBN;
+        if (j >= 2) wg::mbar_wait(&bar->k_empty[st], ((j >> 1) - 1) & 1);
+        wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
+#pragma unroll
+        for (int c = 0; c < kWgD / 64; ++c)
+          wg::tma_load_2d(sK + st * kWgTileBytes + c * (kWgBN * 128), &maps.k, kcol + 64 * c, row, &bar->k_full[st]);
+        if (j >= 1) wg::mbar_wait(&bar->v_empty, (j - 1) & 1);
+        wg::mbar_arrive_expect_tx(&bar->v_full, kWgTileBytes);
+#pragma unroll
+        for (int c = 0; c < kWgD / 64; ++c)
+          wg::tma_load_2d(sV + c * (kWgBN * 128), &maps.v, kcol + 64 * c, row, &bar->v_full);
+      }
+    }
+    return;
+  }
+
+  wg::regs_inc<240>();
+  const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (query rows 64 cw ..), thread index
+  const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
+  float lse2[2], dsum[2];                     // of rows wrow0 + g and + 8
+  load_row_stats(p, t, wrow0 + g, lse2, dsum);
+  const float scale_log2 = p.scale * kLog2e;
+  float acc[kWgD / 8][4];  // the m64n256 dQ accumulator
+#pragma unroll
+  for (int i = 0; i < kWgD / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc);
+
+  wg::mbar_wait(&bar->qdo_full, 0);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * kWgBN, st = j & 1;
+    char* kb = sK + st * kWgTileBytes;
+    wg::mbar_wait(&bar->k_full[st], (j >> 1) & 1);
+    wg::mbar_wait(&bar->v_full, j & 1);
+    if (L - n0 < kWgBN) {  // uniform over the CTA
+      zero_tile_rows(kb, L - n0, ct);
+      zero_tile_rows(sV, L - n0, ct);
+      consumers_sync_stores();
+    }
+    float s[kWgBN / 8][4], dp[kWgBN / 8][4];
+    float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
+    float(&dp_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(dp);
+    wg_issue_abt(s_flat, sQ + 64 * cw * 128, kWgBM * 128, kb);
+    wg_issue_abt(dp_flat, sdO + 64 * cw * 128, kWgBM * 128, sV);
+    wg::wait<0>();
+    wg::fence_operands(s_flat);
+    wg::fence_operands(dp_flat);
+    ws_release(&bar->v_empty, lane);
+    uint32_t da[kWgBN / 16][4];
+    dq_ds_tile(da, s, dp, n0, wrow0, g, t4, L, lse2, dsum, scale_log2);
+    wg_issue_pv(acc_flat, da, kb);  // dQ += dS K_j
+    wg::wait<0>();
+    wg::fence_operands(acc_flat);
+    ws_release(&bar->k_empty[st], lane);
+  }
+  store_dq_rows(p, t, acc, wrow0, g, t4);
 }
 
 // dk, dv = bf16(sum over the splits' f32 slices, in split order), 4 elements per thread.
@@ -1662,10 +1798,10 @@ CUtensorMap panel_map(const void* base, int64_t rows, int64_t cols, int box_rows
   return m;
 }
 
-// QT_ATTN_FWD_TMA=0 keeps the cp.async wgmma forward (A/B runs; read once).
-bool fwd_tma_enabled() {
+// QT_ATTN_TMA=0 keeps the cp.async wgmma forward and dQ kernels (A/B runs; read once).
+bool tma_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("QT_ATTN_FWD_TMA");
+    const char* e = std::getenv("QT_ATTN_TMA");
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
   return on && tensor_map_encoder() != nullptr;
@@ -1686,7 +1822,7 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
   if constexpr (D == kWgD) {
     if (!a.mma_sync) {
       static_assert(Tr::kBlockM == kWgBM, "the wgmma forward uses the same work list tile");
-      if (!a.fwd_cp_async && fwd_tma_enabled()) {
+      if (!a.cp_async && tma_enabled()) {
         const int64_t T = a.total_tokens;
         const FwdMaps maps{panel_map(q, T, int64_t(a.num_q_heads) * D, kWgBM, "q"),
                            panel_map(k, T, int64_t(a.num_kv_heads) * D, kWgBN, "k"),
@@ -1761,7 +1897,17 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
                       static_cast<const bf16*>(k), static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens,
                       a.num_q_heads, a.num_kv_heads, a.scale};
     const dim3 dq_grid(a.num_q_heads, tile_slots(a, Dq::kBlockM));
-    if (wgmma_bwd) {
+    if (wgmma_bwd && !a.cp_async && tma_enabled()) {
+      const int64_t T = a.total_tokens;
+      const DqMaps maps{panel_map(q, T, int64_t(a.num_q_heads) * D, kWgBM, "q"),
+                        panel_map(d_o, T, int64_t(a.num_q_heads) * D, kWgBM, "d_o"),
+                        panel_map(k, T, int64_t(a.num_kv_heads) * D, kWgBN, "k"),
+                        panel_map(v, T, int64_t(a.num_kv_heads) * D, kWgBN, "v")};
+      cudaFuncSetAttribute(attn_bwd_dq_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kDqTmaSmem));
+      attn_bwd_dq_tma_wgmma_kernel<<<dq_grid, kWsThreads, kDqTmaSmem, stream>>>(dp, maps);
+      QT_LAUNCH_CHECK("attn_bwd_dq_tma_wgmma_kernel");
+    } else if (wgmma_bwd) {
       cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgDqSmem));
       attn_bwd_dq_wgmma_kernel<<<dq_grid, kThreads, kWgDqSmem, stream>>>(dp);
       QT_LAUNCH_CHECK("attn_bwd_dq_wgmma_kernel");
