@@ -20,9 +20,12 @@
 //                         with atomics (faster at 2B, not bitwise reproducible).
 //   attn_bwd_post_kernel: dq = bf16(scale * dQaccum) (and attn_bwd_dkv_sum_kernel for split CTAs).
 // Head dim 256 (Qwen3.5's) on Hopper wgmma (wgmma.cuh; AttnArgs::mma_sync selects the kernels
-// above instead): attn_fwd_wgmma_kernel, and for the deterministic backward
-// attn_bwd_dkv_wgmma_kernel (dK / dV) and attn_bwd_dq_wgmma_kernel (dQ), on the same work lists,
-// splits and pre / sum kernels. Two warpgroups per CTA, 128-byte-swizzled smem panels, cp.async.
+// above instead): the forward and, for the backward, attn_bwd_dkv_wgmma_kernel (dK / dV) and a dQ
+// kernel, on the same work lists, splits and pre / sum kernels; 128-byte-swizzled smem panels. The
+// forward and dQ run warp-specialized (attn_fwd_tma_wgmma_kernel, attn_bwd_dq_tma_wgmma_kernel: a
+// producer warpgroup loading by TMA, two consumer warpgroups synchronized by mbarriers);
+// AttnArgs::cp_async (or QT_ATTN_TMA=0) selects their two-warpgroup cp.async versions
+// (attn_fwd_wgmma_kernel, attn_bwd_dq_wgmma_kernel), as does a driver without TMA map encoding.
 // Scheduling: attn_tile_table_kernel lists every (sample, tile) of the packed row, heaviest first
 // across all samples (a forward query tile i costs i + 1 key tiles; a backward key tile j of an
 // n-tile sample costs n - j query tiles), and the grid is (heads, slots) with slots the bound
