@@ -2,8 +2,8 @@
 # Compile-time performance guard for register-heavy kernels (runs without a GPU):
 #   check_ptxas.sh NVCC SRC_DIR FILE.cu KERNEL_REGEX
 # compiles FILE.cu for sm_90a with ptxas -v and fails when
-#  * ptxas serialized wgmma anywhere in the file (C7518 / C7520 "Potential Performance Loss": a
-#    wgmma under a warpgroup-dependent branch, or registers touched inside the async window, makes
+#  * ptxas serialized wgmma anywhere in the file (C7515 / C7518 / C7520 "Potential Performance Loss":
+#    a wgmma under a warpgroup-dependent branch, or registers touched inside the async window, makes
 #    ptxas wait after every wgmma of the kernel; an info line, so the build does not fail on it), or
 #  * a kernel whose name matches KERNEL_REGEX spills registers (the attention wgmma kernels sit at
 #    233-255 registers, GDN's bwd_chunk at 123 of the 128 its two CTAs per SM allow; a spill inside
@@ -17,7 +17,7 @@ out=$("$nvcc" -DQT_HAVE_CUDA=1 -DNDEBUG -O3 -std=c++17 --expt-relaxed-constexpr 
   exit 1
 }
 status=0
-if printf '%s\n' "$out" | grep -E 'C75(18|20)'; then
+if printf '%s\n' "$out" | grep -E 'C75(15|18|20)'; then
   echo "check_ptxas: ptxas serialized wgmma in $file (see the lines above)"
   status=1
 fi

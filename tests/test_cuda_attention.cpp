@@ -397,7 +397,7 @@ struct AttnBuffers {
 // deterministic: the backward's dQ from attn_bwd_dq_kernel; it also runs the backward twice and
 // requires the same bits for dq, dk and dv. mma_sync: head_dim 256 on the mma.sync kernels instead
 // of the default wgmma ones (the forward, and the deterministic backward's dK / dV).
-// cp_async: head_dim 256's forward and dQ on the cp.async wgmma kernels instead of the TMA ones.
+// cp_async: head_dim 256's forward, dK / dV and dQ on the cp.async wgmma kernels instead of the TMA ones.
 void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false, bool mma_sync = false,
               bool cp_async = false) {
   SCOPED_TRACE("D " + std::to_string(p.d) + ", Hq " + std::to_string(p.hq) + ", Hkv " + std::to_string(p.hkv) +
@@ -515,8 +515,9 @@ TEST(CudaAttention, MmaSyncKernelsHeadDim256) {
   run_case(make_problem(short_lens, 8, 2, 256), true, seed++, true, true);
 }
 
-// Head dim 256's forward and dQ have two wgmma kernels each: the warp-specialized TMA ones (the
-// default, every other test) and the cp.async ones (QT_ATTN_TMA=0); this keeps the second covered.
+// Head dim 256's forward, dK / dV and dQ have two wgmma kernels each: the warp-specialized TMA ones
+// (the default, every other test) and the cp.async ones (QT_ATTN_TMA=0); this keeps the second
+// covered.
 TEST(CudaAttention, CpAsyncKernelsHeadDim256) {
   SKIP_WITHOUT_CUDA();
   constexpr bool kBackward = true, kDeterministic = true, kMmaSync = false, kCpAsync = true;
@@ -527,15 +528,15 @@ TEST(CudaAttention, CpAsyncKernelsHeadDim256) {
   run_case(make_problem({700, 1, 1300, 47}, 8, 2, 256), kBackward, seed++, kDeterministic, kMmaSync, kCpAsync);
 }
 
-// The TMA kernels run the cp.async kernels' products in the same order, so o, lse and dq agree to
-// the bit (dk / dv come from the same kernel in both modes).
+// The TMA kernels run the cp.async kernels' products in the same order (dK / dV's S and dP as two
+// m64n32 halves instead of one m64n64 per warpgroup), so o, lse, dq, dk and dv agree to the bit.
 TEST(CudaAttention, TmaAndCpAsyncKernelsAgreeBitwise) {
   SKIP_WITHOUT_CUDA();
   const Problem p = make_problem({129, 1, 64, 300, 65, 2}, 8, 2, 256);
   const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
   std::mt19937_64 rng(97);
   const Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
-  Vec o[2], lse[2], dq[2];
+  Vec o[2], lse[2], dq[2], dk[2], dv[2];
   for (int mode = 0; mode < 2; ++mode) {
     cuda::AttnArgs a = problem_args(p);
     a.deterministic = true;
@@ -548,17 +549,22 @@ TEST(CudaAttention, TmaAndCpAsyncKernelsAgreeBitwise) {
     o[mode] = download_bf16(b.o);
     lse[mode] = download_f32(b.lse);
     dq[mode] = download_bf16(b.dq);
+    dk[mode] = download_bf16(b.dk);
+    dv[mode] = download_bf16(b.dv);
   }
   EXPECT_EQ(std::memcmp(o[0].data(), o[1].data(), o[0].size() * sizeof(float)), 0) << "o differs";
   EXPECT_EQ(std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * sizeof(float)), 0) << "lse differs";
   EXPECT_EQ(std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * sizeof(float)), 0) << "dq differs";
+  EXPECT_EQ(std::memcmp(dk[0].data(), dk[1].data(), dk[0].size() * sizeof(float)), 0) << "dk differs";
+  EXPECT_EQ(std::memcmp(dv[0].data(), dv[1].data(), dv[0].size() * sizeof(float)), 0) << "dv differs";
 }
 
 // A sample's results must not depend on its neighbours in the packed row, even when those hold
 // non-finite values: the TMA kernels read the key tiles past a sample's end from the next sample
-// (masked scores and dS, V and K rows zeroed), the cp.async kernels zero-fill them. The odd samples'
-// q, k, v and dO become NaN / Inf; every even sample's o, lse, dq, dk and dv must keep the clean
-// run's bits (deterministic backward, so two runs are comparable bit for bit).
+// (masked scores, P and dS; V, K and, in dK / dV, Q and dO rows zeroed), the cp.async kernels
+// zero-fill them. The odd samples' q, k, v and dO become NaN / Inf; every even sample's o, lse, dq,
+// dk and dv must keep the clean run's bits (deterministic backward, so two runs are comparable bit
+// for bit).
 TEST(CudaAttention, NeighboursNonFiniteDoNotLeak) {
   SKIP_WITHOUT_CUDA();
   const std::vector<int> lens = {65, 63, 130, 1, 70, 200, 129};

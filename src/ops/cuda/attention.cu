@@ -20,12 +20,13 @@
 //                         with atomics (faster at 2B, not bitwise reproducible).
 //   attn_bwd_post_kernel: dq = bf16(scale * dQaccum) (and attn_bwd_dkv_sum_kernel for split CTAs).
 // Head dim 256 (Qwen3.5's) on Hopper wgmma (wgmma.cuh; AttnArgs::mma_sync selects the kernels
-// above instead): the forward and, for the backward, attn_bwd_dkv_wgmma_kernel (dK / dV) and a dQ
-// kernel, on the same work lists, splits and pre / sum kernels; 128-byte-swizzled smem panels. The
-// forward and dQ run warp-specialized (attn_fwd_tma_wgmma_kernel, attn_bwd_dq_tma_wgmma_kernel: a
-// producer warpgroup loading by TMA, two consumer warpgroups synchronized by mbarriers);
-// AttnArgs::cp_async (or QT_ATTN_TMA=0) selects their two-warpgroup cp.async versions
-// (attn_fwd_wgmma_kernel, attn_bwd_dq_wgmma_kernel), as does a driver without TMA map encoding.
+// above instead): the forward and, for the backward, a dK / dV and a dQ kernel, on the same work
+// lists, splits and pre / sum kernels; 128-byte-swizzled smem panels. By default all three run
+// warp-specialized (attn_fwd_tma_wgmma_kernel, attn_bwd_dkv_tma_wgmma_kernel,
+// attn_bwd_dq_tma_wgmma_kernel: a producer warpgroup loading by TMA, two consumer warpgroups
+// synchronized by mbarriers); AttnArgs::cp_async (or QT_ATTN_TMA=0; QT_ATTN_DKV_TMA=0 for dK / dV
+// alone) selects their two-warpgroup cp.async versions (attn_fwd_wgmma_kernel,
+// attn_bwd_dkv_wgmma_kernel, attn_bwd_dq_wgmma_kernel), as does a driver without TMA map encoding.
 // Scheduling: attn_tile_table_kernel lists every (sample, tile) of the packed row, heaviest first
 // across all samples (a forward query tile i costs i + 1 key tiles; a backward key tile j of an
 // n-tile sample costs n - j query tiles), and the grid is (heads, slots) with slots the bound
@@ -1137,6 +1138,38 @@ constexpr uint32_t kWgPBytes = 64 * 64 * 2;  // a bf16 [64][64] panel (P or dS)
 constexpr size_t kWgBwdSmem = 6 * kWgTileBytes + 2 * kWgPBytes + 64 * 64 * 4 + 4 * 64 * 4 + 1024;
 static_assert(kWgBwdSmem <= 227 * 1024, "wgmma dK / dV kernel smem over the sm_90 per-block limit");
 
+// Epilogue of the wgmma dK / dV kernels: a warpgroup's m64n128 accumulators (keys rl0 and rl0 + 8 of
+// the tile, head-dim columns 128 half + 8 j + 2 t4) as dK (scaled) and dV, keys < L - n0 only
+// (DkvOut: bf16, or this split's f32 share).
+__device__ __forceinline__ void store_dkv_rows(const BwdParams& p, const KeyTile& t, const float (&acc_dk)[64],
+                                               const float (&acc_dv)[64], int rl0, int half, int t4) {
+  const DkvOut out = dkv_out(p, t, kWgD);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int rl = rl0 + 8 * r;
+    if (t.n0 + rl >= t.L) continue;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int64_t o = rl * t.ldk + 128 * half + 8 * j + 2 * t4;
+      const float k0 = acc_dk[4 * j + 2 * r] * p.scale, k1 = acc_dk[4 * j + 2 * r + 1] * p.scale;
+      out.store(o, k0, k1, acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
+// acc (64 rows x 128 head-dim columns of dK or dV) += A^T B over 64 query rows: A (P or dS) a
+// bf16 [query][key] panel read M-major, B (dO or Q) the N-major 64-column blocks from `b` on.
+// Issued and committed, not waited for.
+__device__ __forceinline__ void wg_issue_dkv(float (&acc)[64], const char* a, const char* b) {
+  const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(a, kWgPBytes, 1024));
+  const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(b, 64 * 128, 1024));
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < 64 / 16; ++kk)
+    wg::mma_m64n128k16<1, 1>(acc, wg::desc_advance(da0, kk * 2048), wg::desc_advance(db0, kk * 2048), 1);
+  wg::commit();
+}
+
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const BwdParams p) {
   constexpr int BM = 64, BN = 64;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -1223,15 +1256,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
 
     // dV[:, half] += P^T dO[:, half]: A = P [query][key] M-major, B = dO N-major (64-column blocks
     // BM * 128 bytes apart); k16 steps of 16 queries.
-    {
-      const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sP, kWgPBytes, 1024));
-      const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(dob + 2 * wg_i * (BM * 128), BM * 128, 1024));
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk)
-        wg::mma_m64n128k16<1, 1>(acc_dv, wg::desc_advance(da0, kk * 2048), wg::desc_advance(db0, kk * 2048), 1);
-      wg::commit();
-    }
+    wg_issue_dkv(acc_dv, sP, dob + 2 * wg_i * (BM * 128));
     if (wg_i == 1) {  // dS = P (dP - Dsum), under the dV product
 #pragma unroll
       for (int nb = 0; nb < BN / 8; ++nb)
@@ -1249,15 +1274,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
     __syncthreads();  // dS in smem
 
     // dK[:, half] += dS^T Q[:, half] (scale applied at the end).
-    {
-      const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sdS, kWgPBytes, 1024));
-      const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(qb + 2 * wg_i * (BM * 128), BM * 128, 1024));
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk)
-        wg::mma_m64n128k16<1, 1>(acc_dk, wg::desc_advance(da0, kk * 2048), wg::desc_advance(db0, kk * 2048), 1);
-      wg::commit();
-    }
+    wg_issue_dkv(acc_dk, sdS, qb + 2 * wg_i * (BM * 128));
     wg::wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
@@ -1266,19 +1283,201 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkv_wgmma_kernel(const B
     }
   }
 
-  // dK (scaled) and dV, keys < L - n0 (DkvOut: bf16, or this split's f32 share).
-  const DkvOut out = dkv_out(p, t, kWgD);
+  store_dkv_rows(p, t, acc_dk, acc_dv, rl0, wg_i, t4);
+}
+
+// ---- dK / dV on wgmma, warp-specialized (the default at D = 256) ---------------------------------
+// The same CTA, work list and products as attn_bwd_dkv_wgmma_kernel, rearranged so the two consumer
+// warpgroups are symmetric and meet once per query tile instead of three times: warpgroup c takes
+// keys 32 c .. 32 c + 31 of the tile for S = Q K^T and dP = dO V^T (m64n32k16 x 16 each, all 64
+// query rows) and turns them into P and dS in registers (lse2 / Dsum read per row from global, one
+// tile ahead), writes both as bf16 into its half of the [query][key] panels, and after one named
+// barrier accumulates its head-dim half of dV += P^T dO and dK += dS^T Q over all 64 keys (P / dS
+// double-buffered, so the next tile's writes need no second barrier). S and dP of the next tile are
+// issued behind this tile's dV / dK products. The producer warpgroup loads K and V once and Q / dO
+// per tile (two stages) by TMA. Query rows past the sample end hold the next sample's: P and dS are
+// selected to exactly 0 there, and those Q / dO rows are zeroed in smem (they meet P = 0 and dS = 0
+// in the products, where 0 * NaN would leak).
+// The tensor maps of the backward's TMA kernels (q and dO in boxes of the kernel's query tile).
+struct BwdMaps {
+  CUtensorMap q, d_o, k, v;
+};
+struct DkvBarriers {
+  uint64_t kv_full, q_full[2], q_empty[2];  // q_*: the Q and dO tiles of a stage
+};
+constexpr size_t kDkvTmaSmem = 6 * kWgTileBytes + 4 * kWgPBytes + 1024 + sizeof(DkvBarriers);
+static_assert(kDkvTmaSmem <= 227 * 1024, "TMA dK / dV kernel smem over the sm_90 per-block limit");
+
+// lse2 and Dsum of this thread's fragment rows rl0, rl0 + 8 of query tile m0, head h; 0 past the
+// sample (those rows are masked).
+__device__ __forceinline__ void dkv_row_stats(const BwdParams& p, const KeyTile& t, int h, int m0, int rl0,
+                                              float (&lse2)[2], float (&dsum)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int rl = rl0 + 8 * r;
-    if (n0 + rl >= L) continue;
+    const int row = m0 + rl0 + 8 * r;
+    const int64_t i = static_cast<int64_t>(h) * p.total + t.start + row;
+    lse2[r] = row < t.L ? p.lse2[i] : 0.f;
+    dsum[r] = row < t.L ? p.dsum[i] : 0.f;
+  }
+}
+
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(const BwdParams p,
+                                                                                const __grid_constant__ BwdMaps maps) {
+  constexpr int BM = 64, BN = 64, HN = BN / 2;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = smem_u32(smem_raw);
+  char* sK = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  char* sV = sK + kWgTileBytes;
+  char* sQ = sV + kWgTileBytes;       // 2 stages
+  char* sdO = sQ + 2 * kWgTileBytes;  // 2 stages
+  char* sP = sdO + 2 * kWgTileBytes;  // 2 buffers of bf16 [query][key]
+  char* sdS = sP + 2 * kWgPBytes;     // 2 buffers
+  DkvBarriers* bar = reinterpret_cast<DkvBarriers*>(sdS + 2 * kWgPBytes);
+
+  const int2 work = p.tiles[blockIdx.y];
+  if (work.x < 0) return;
+  const KeyTile t = key_tile(p, work, BM, BN, kWgD);
+  const int L = t.L, n0 = t.n0, n_iter = t.n_iter;
+  const int tid = threadIdx.x;
+  const int wg_i = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform role (see the forward)
+  if (tid == 0) {
+    wg::mbar_init(&bar->kv_full, 1);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int64_t o = rl * ldk + 128 * wg_i + 8 * j + 2 * t4;
-      const float k0 = acc_dk[4 * j + 2 * r] * p.scale, k1 = acc_dk[4 * j + 2 * r + 1] * p.scale;
-      out.store(o, k0, k1, acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
+    for (int st = 0; st < 2; ++st) {
+      wg::mbar_init(&bar->q_full[st], 1);
+      wg::mbar_init(&bar->q_empty[st], kWsConsumerWarps);
     }
   }
+  __syncthreads();
+
+  if (wg_i == 0) {  // producer
+    wg::regs_dec<24>();
+    if (tid == 0) {
+      const int kcol = t.kvh * kWgD;
+      wg::mbar_arrive_expect_tx(&bar->kv_full, 2 * kWgTileBytes);
+#pragma unroll
+      for (int c = 0; c < kWgD / 64; ++c) {
+        wg::tma_load_2d(sK + c * (BN * 128), &maps.k, kcol + 64 * c, t.start + n0, &bar->kv_full);
+        wg::tma_load_2d(sV + c * (BN * 128), &maps.v, kcol + 64 * c, t.start + n0, &bar->kv_full);
+      }
+      for (int it = 0; it < n_iter; ++it) {
+        const int st = it & 1, qcol = (t.h_first + it / t.n_m) * kWgD;
+        const int row = t.start + t.m_begin + (it % t.n_m) * BM;
+        if (it >= 2) wg::mbar_wait(&bar->q_empty[st], ((it >> 1) - 1) & 1);
+        wg::mbar_arrive_expect_tx(&bar->q_full[st], 2 * kWgTileBytes);
+#pragma unroll
+        for (int c = 0; c < kWgD / 64; ++c) {
+          wg::tma_load_2d(sQ + st * kWgTileBytes + c * (BM * 128), &maps.q, qcol + 64 * c, row, &bar->q_full[st]);
+          wg::tma_load_2d(sdO + st * kWgTileBytes + c * (BM * 128), &maps.d_o, qcol + 64 * c, row, &bar->q_full[st]);
+        }
+      }
+    }
+    return;
+  }
+
+  wg::regs_inc<240>();
+  const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (keys 32 cw .. in S / dP; head-dim half cw)
+  const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int rl0 = 16 * wq + g;  // S / dP: query row of fragment elements 0, 1 (+ 8: 2, 3); dK / dV: key row
+  const float scale_log2 = p.scale * kLog2e;
+  float acc_dv[64], acc_dk[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  // Pinned before the first wgmma stage: zeroing sunk into it would serialize every wgmma (C7515).
+  wg::fence_operands(acc_dv);
+  wg::fence_operands(acc_dk);
+  float s[HN / 8][4], dp[HN / 8][4];
+  float(&s_flat)[HN / 2] = reinterpret_cast<float(&)[HN / 2]>(s);
+  float(&dp_flat)[HN / 2] = reinterpret_cast<float(&)[HN / 2]>(dp);
+  auto tile_m0 = [&](int it) { return t.m_begin + (it % t.n_m) * BM; };
+  auto tile_h = [&](int it) { return t.h_first + it / t.n_m; };
+
+  // Waits for the Q / dO tiles of iteration it; rows past the sample end zeroed (uniform branch).
+  auto wait_q = [&](int it) {
+    const int st = it & 1, valid = L - tile_m0(it);
+    wg::mbar_wait(&bar->q_full[st], (it >> 1) & 1);
+    if (valid < BM) {
+      zero_tile_rows(sQ + st * kWgTileBytes, valid, ct);
+      zero_tile_rows(sdO + st * kWgTileBytes, valid, ct);
+      consumers_sync_stores();
+    }
+  };
+  // S and dP of iteration it for this warpgroup's 32 keys: A = Q / dO (K-major), B = K / V rows 32 cw ..
+  auto issue_sdp = [&](int it) {
+    const int st = it & 1;
+    const uint64_t dq0 = wg::desc_opaque(wg::desc_sw128(sQ + st * kWgTileBytes, 16, 1024));
+    const uint64_t ddo0 = wg::desc_opaque(wg::desc_sw128(sdO + st * kWgTileBytes, 16, 1024));
+    const uint64_t dk0 = wg::desc_opaque(wg::desc_sw128(sK + HN * cw * 128, 16, 1024));
+    const uint64_t dv0 = wg::desc_opaque(wg::desc_sw128(sV + HN * cw * 128, 16, 1024));
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgD / 16; ++kk) {
+      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
+      wg::mma_m64n32k16<0>(s_flat, wg::desc_advance(dq0, off), wg::desc_advance(dk0, off), kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kWgD / 16; ++kk) {
+      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
+      wg::mma_m64n32k16<0>(dp_flat, wg::desc_advance(ddo0, off), wg::desc_advance(dv0, off), kk > 0);
+    }
+    wg::commit();
+  };
+
+  float lse2[2], dsum[2];
+  dkv_row_stats(p, t, tile_h(0), tile_m0(0), rl0, lse2, dsum);
+  wg::mbar_wait(&bar->kv_full, 0);
+  wait_q(0);
+  issue_sdp(0);
+  for (int it = 0; it < n_iter; ++it) {
+    const int st = it & 1, m0 = tile_m0(it);
+    float lse2_next[2] = {0.f, 0.f}, dsum_next[2] = {0.f, 0.f};
+    if (it + 1 < n_iter) dkv_row_stats(p, t, tile_h(it + 1), tile_m0(it + 1), rl0, lse2_next, dsum_next);
+    wg::wait<0>();  // S_it, dP_it, and the products of it - 1
+    wg::fence_operands(s_flat);
+    wg::fence_operands(dp_flat);
+    wg::fence_operands(acc_dv);
+    wg::fence_operands(acc_dk);
+    if (it >= 1) ws_release(&bar->q_empty[st ^ 1], lane);  // Q / dO of it - 1 are read
+
+    // P = exp2(S scale log2 e - lse2) and dS = P (dP - Dsum), exactly 0 for keys after the query
+    // and queries past the sample; bf16 into this warpgroup's key half of the P / dS panels.
+    const bool need_mask = m0 < n0 + BN - 1 || m0 + BM > L;
+    char* pb = sP + st * kWgPBytes;
+    char* db = sdS + st * kWgPBytes;
+#pragma unroll
+    for (int nb = 0; nb < HN / 8; ++nb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int rl = rl0 + 8 * r, cl = HN * cw + 8 * nb + 2 * t4;
+        float pv[2], dv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool masked = need_mask && (n0 + cl + e > m0 + rl || m0 + rl >= L);
+          const float pe = dev::ex2_ftz(fmaf(s[nb][2 * r + e], scale_log2, -lse2[r]));
+          pv[e] = masked ? 0.f : pe;
+          dv[e] = masked ? 0.f : pe * (dp[nb][2 * r + e] - dsum[r]);
+        }
+        *reinterpret_cast<uint32_t*>(pb + wg::sw128(rl, cl)) = pack_bf16(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t*>(db + wg::sw128(rl, cl)) = pack_bf16(dv[0], dv[1]);
+      }
+    consumers_sync_stores();  // both key halves of P and dS are in smem
+
+    wg_issue_dkv(acc_dv, pb, sdO + st * kWgTileBytes + 2 * cw * (BM * 128));  // dV[:, half] += P^T dO[:, half]
+    wg_issue_dkv(acc_dk, db, sQ + st * kWgTileBytes + 2 * cw * (BM * 128));   // dK[:, half] += dS^T Q[:, half]
+    if (it + 1 < n_iter) {
+      wait_q(it + 1);
+      issue_sdp(it + 1);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lse2[r] = lse2_next[r];
+      dsum[r] = dsum_next[r];
+    }
+  }
+  wg::wait<0>();
+  wg::fence_operands(acc_dv);
+  wg::fence_operands(acc_dk);
+  store_dkv_rows(p, t, acc_dk, acc_dv, rl0, cw, t4);
 }
 
 // ---- deterministic dQ ---------------------------------------------------------------------------
@@ -1544,12 +1743,9 @@ struct DqBarriers {
 };
 constexpr size_t kDqTmaSmem = kWgDqSmem + sizeof(DqBarriers);
 static_assert(kDqTmaSmem <= 227 * 1024, "TMA dQ kernel smem over the sm_90 per-block limit");
-struct DqMaps {
-  CUtensorMap q, d_o, k, v;
-};
 
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(const DqParams p,
-                                                                               const __grid_constant__ DqMaps maps) {
+                                                                               const __grid_constant__ BwdMaps maps) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t s0 = smem_u32(smem_raw);
   char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
@@ -1801,6 +1997,14 @@ CUtensorMap panel_map(const void* base, int64_t rows, int64_t cols, int box_rows
   return m;
 }
 
+// The backward TMA kernels' maps at head dim 256: q and dO in boxes of q_rows rows, k and v of
+// kWgBN.
+BwdMaps bwd_maps(const void* q, const void* d_o, const void* k, const void* v, const AttnArgs& a, int q_rows) {
+  const int64_t T = a.total_tokens, qcols = int64_t(a.num_q_heads) * kWgD, kcols = int64_t(a.num_kv_heads) * kWgD;
+  return BwdMaps{panel_map(q, T, qcols, q_rows, "q"), panel_map(d_o, T, qcols, q_rows, "d_o"),
+                 panel_map(k, T, kcols, kWgBN, "k"), panel_map(v, T, kcols, kWgBN, "v")};
+}
+
 // QT_ATTN_TMA=0 keeps the cp.async wgmma forward and dQ kernels (A/B runs; read once).
 bool tma_enabled() {
   static const bool on = [] {
@@ -1808,6 +2012,14 @@ bool tma_enabled() {
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
   return on && tensor_map_encoder() != nullptr;
+}
+// QT_ATTN_DKV_TMA=0 keeps only the dK / dV kernel on cp.async (A/B of that kernel alone; read once).
+bool dkv_tma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("QT_ATTN_DKV_TMA");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on && tma_enabled();
 }
 
 template <int D>
@@ -1862,37 +2074,43 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
   bool wgmma_bwd = false;
   if constexpr (D == kWgD) wgmma_bwd = !a.mma_sync;
   const bool dq_kernel = a.deterministic || wgmma_bwd;
-  attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
-      dsum, lse2, dq_kernel ? nullptr : dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse,
-      a.total_tokens, a.num_q_heads);
-  QT_LAUNCH_CHECK("attn_bwd_pre_kernel");
-  static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
-  const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
-  BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, dq_acc, lse2, dsum,
-              static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-              static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
-              splits, a.scale};
-  const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
-  if (wgmma_bwd) {
-    static_assert(Tr::kBlockN == 64, "the wgmma dK / dV kernel uses the same key tiles");
-    cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgBwdSmem));
-    attn_bwd_dkv_wgmma_kernel<<<grid, kThreads, kWgBwdSmem, stream>>>(p);
-    QT_LAUNCH_CHECK("attn_bwd_dkv_wgmma_kernel");
-  } else {
-    auto bwd_kernel = a.deterministic ? attn_bwd_kernel<D, false> : attn_bwd_kernel<D, true>;
-    cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
-    bwd_kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
-    QT_LAUNCH_CHECK("attn_bwd_kernel");
-  }
-  if (splits > 1) {
-    const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
-    attn_bwd_dkv_sum_kernel<<<static_cast<unsigned>((2 * n4 + 255) / 256), 256, 0, stream>>>(
-        static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, n4, splits);
-    QT_LAUNCH_CHECK("attn_bwd_dkv_sum_kernel");
-  }
-  if (dq_kernel) {
-    // The forward's work list (query tiles of DqTraits::kBlockM), built over the backward's table
-    // once attn_bwd_kernel has read it (same stream).
+  const bool dq_tma = wgmma_bwd && !a.cp_async && tma_enabled();
+  // dK / dV over the backward's work list (key tiles), then the split CTAs' sum.
+  auto run_dkv = [&] {
+    static_assert(Tr::kBlockN >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
+    const int2* tiles = build_tile_table(workspace, a, Tr::kBlockN, true, stream);
+    BwdParams p{static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, dq_acc, lse2, dsum,
+                static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                static_cast<const bf16*>(v), a.cu_seqlens, tiles, a.total_tokens, a.num_q_heads, a.num_kv_heads,
+                splits, a.scale};
+    const dim3 grid(a.num_kv_heads * splits, tile_slots(a, Tr::kBlockN));
+    if (wgmma_bwd && !a.cp_async && dkv_tma_enabled()) {
+      static_assert(Tr::kBlockN == 64, "the wgmma dK / dV kernels use the same key tiles");
+      const BwdMaps maps = bwd_maps(q, d_o, k, v, a, 64);
+      cudaFuncSetAttribute(attn_bwd_dkv_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kDkvTmaSmem));
+      attn_bwd_dkv_tma_wgmma_kernel<<<grid, kWsThreads, kDkvTmaSmem, stream>>>(p, maps);
+      QT_LAUNCH_CHECK("attn_bwd_dkv_tma_wgmma_kernel");
+    } else if (wgmma_bwd) {
+      cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgBwdSmem));
+      attn_bwd_dkv_wgmma_kernel<<<grid, kThreads, kWgBwdSmem, stream>>>(p);
+      QT_LAUNCH_CHECK("attn_bwd_dkv_wgmma_kernel");
+    } else {
+      auto bwd_kernel = a.deterministic ? attn_bwd_kernel<D, false> : attn_bwd_kernel<D, true>;
+      cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
+      bwd_kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
+      QT_LAUNCH_CHECK("attn_bwd_kernel");
+    }
+    if (splits > 1) {
+      const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
+      attn_bwd_dkv_sum_kernel<<<static_cast<unsigned>((2 * n4 + 255) / 256), 256, 0, stream>>>(
+          static_cast<bf16*>(dk), static_cast<bf16*>(dv), dkv_part, n4, splits);
+      QT_LAUNCH_CHECK("attn_bwd_dkv_sum_kernel");
+    }
+  };
+  // dQ by its own kernel over the forward's work list (query tiles of DqTraits::kBlockM), built over
+  // the backward's table once the dK / dV kernel has read it (same stream).
+  auto run_dq = [&] {
     using Dq = DqTraits<D>;
     static_assert(Dq::kBlockM == kWgBM, "both dQ kernels use the forward's work list");
     const int2* qtiles = build_tile_table(workspace, a, Dq::kBlockM, false, stream);
@@ -1900,12 +2118,8 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
                       static_cast<const bf16*>(k), static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens,
                       a.num_q_heads, a.num_kv_heads, a.scale};
     const dim3 dq_grid(a.num_q_heads, tile_slots(a, Dq::kBlockM));
-    if (wgmma_bwd && !a.cp_async && tma_enabled()) {
-      const int64_t T = a.total_tokens;
-      const DqMaps maps{panel_map(q, T, int64_t(a.num_q_heads) * D, kWgBM, "q"),
-                        panel_map(d_o, T, int64_t(a.num_q_heads) * D, kWgBM, "d_o"),
-                        panel_map(k, T, int64_t(a.num_kv_heads) * D, kWgBN, "k"),
-                        panel_map(v, T, int64_t(a.num_kv_heads) * D, kWgBN, "v")};
+    if (dq_tma) {
+      const BwdMaps maps = bwd_maps(q, d_o, k, v, a, kWgBM);
       cudaFuncSetAttribute(attn_bwd_dq_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(kDqTmaSmem));
       attn_bwd_dq_tma_wgmma_kernel<<<dq_grid, kWsThreads, kDqTmaSmem, stream>>>(dp, maps);
@@ -1920,6 +2134,14 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
       attn_bwd_dq_kernel<D><<<dq_grid, kThreads, Dq::kSmemBytes, stream>>>(dp);
       QT_LAUNCH_CHECK("attn_bwd_dq_kernel");
     }
+  };
+  attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
+      dsum, lse2, dq_kernel ? nullptr : dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse,
+      a.total_tokens, a.num_q_heads);
+  QT_LAUNCH_CHECK("attn_bwd_pre_kernel");
+  run_dkv();
+  if (dq_kernel) {
+    run_dq();
     return;
   }
   const int64_t n8 = rows * D / 8;

@@ -52,9 +52,9 @@ struct AttnArgs {
   // deterministic backward's dK / dV and dQ), for A/B benchmarks and as the fallback
   // QT_ATTN_WGMMA=0 selects; other head dims, and the atomic backward, always run on mma.sync.
   bool mma_sync = false;
-  // Head dim 256's forward and dQ kernels on cp.async loads by every thread instead of the
-  // warp-specialized TMA kernels (the default; QT_ATTN_TMA=0 selects them too), for tests and A/B
-  // runs, and the path taken when the driver has no cuTensorMapEncodeTiled.
+  // Head dim 256's forward, dK / dV and dQ kernels on cp.async loads by every thread instead of
+  // the warp-specialized TMA kernels (the default; QT_ATTN_TMA=0 selects them too), for tests and
+  // A/B runs, and the path taken when the driver has no cuTensorMapEncodeTiled.
   bool cp_async = false;
 };
 size_t attention_workspace_bytes(const AttnArgs& a);

@@ -62,7 +62,11 @@ __device__ __forceinline__ void fence_operands(float (&a)[N]) {
   for (int i = 0; i < N; ++i) fence_operand(a[i]);
 }
 
-// The accumulator operands (m64n64: 32 floats, m64n128: 64, m64n256: 128) as asm text and output lists.
+// The accumulator operands (m64n32: 16 floats, m64n64: 32, m64n128: 64, m64n256: 128) as asm text and
+// output lists.
+#define QT_WG_R0_15 \
+  "%0, %1, %2, %3, %4, %5, %6, %7," \
+  "%8, %9, %10, %11, %12, %13, %14, %15"
 #define QT_WG_R0_31 \
   "%0, %1, %2, %3, %4, %5, %6, %7," \
   "%8, %9, %10, %11, %12, %13, %14, %15," \
@@ -82,6 +86,9 @@ __device__ __forceinline__ void fence_operands(float (&a)[N]) {
   "%104, %105, %106, %107, %108, %109, %110, %111," \
   "%112, %113, %114, %115, %116, %117, %118, %119," \
   "%120, %121, %122, %123, %124, %125, %126, %127"
+#define QT_WG_O0_15(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define QT_WG_O0_31(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -110,6 +117,15 @@ __device__ __forceinline__ void fence_operands(float (&a)[N]) {
 
 // d = A B + (scale_d != 0 ? d : 0). kTransB 0: B K-major, 1: N-major; kTransA 0: A K-major, 1:
 // M-major (A given as [K, M]: the N-major layout with M for N, the same descriptor fields).
+template <int kTransB, int kTransA = 0>
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" QT_WG_R0_15
+               "}, %16, %17, p, 1, 1, %20, %19;\n}\n"
+               : QT_WG_O0_15(d)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
+}
+
 template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -174,6 +190,8 @@ __device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_
 #undef QT_WG_D32_OUT
 #undef QT_WG_D64_REGS
 #undef QT_WG_D64_OUT
+#undef QT_WG_R0_15
+#undef QT_WG_O0_15
 #undef QT_WG_R0_31
 #undef QT_WG_R32_63
 #undef QT_WG_O0_31
