@@ -562,13 +562,8 @@ __device__ __forceinline__ void load_panels(char* s, const bf16* g, int64_t ld, 
 // bytes apart, B is a 64-row panel tile (K or V). Issued and committed, not waited for; the first
 // k-step overwrites acc.
 __device__ __forceinline__ void wg_issue_abt(float (&acc)[kWgBN / 2], const char* a, uint32_t a_panel, const char* b) {
-  const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(a, 16, 1024));
-  const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(b, 16, 1024));
   wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < kWgD / 16; ++kk)
-    wg::mma_m64n64k16<0>(acc, wg::desc_advance(da0, (kk / 4) * a_panel + (kk % 4) * 32),
-                         wg::desc_advance(db0, (kk / 4) * (kWgBN * 128) + (kk % 4) * 32), kk > 0);
+  wg::mma_abt<kWgBN, kWgD / 16>(acc, a, a_panel, b, kWgBN * 128);
   wg::commit();
 }
 
@@ -1405,21 +1400,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
   // S and dP of iteration it for this warpgroup's 32 keys: A = Q / dO (K-major), B = K / V rows 32 cw ..
   auto issue_sdp = [&](int it) {
     const int st = it & 1;
-    const uint64_t dq0 = wg::desc_opaque(wg::desc_sw128(sQ + st * kWgTileBytes, 16, 1024));
-    const uint64_t ddo0 = wg::desc_opaque(wg::desc_sw128(sdO + st * kWgTileBytes, 16, 1024));
-    const uint64_t dk0 = wg::desc_opaque(wg::desc_sw128(sK + HN * cw * 128, 16, 1024));
-    const uint64_t dv0 = wg::desc_opaque(wg::desc_sw128(sV + HN * cw * 128, 16, 1024));
     wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < kWgD / 16; ++kk) {
-      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
-      wg::mma_m64n32k16<0>(s_flat, wg::desc_advance(dq0, off), wg::desc_advance(dk0, off), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kWgD / 16; ++kk) {
-      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
-      wg::mma_m64n32k16<0>(dp_flat, wg::desc_advance(ddo0, off), wg::desc_advance(dv0, off), kk > 0);
-    }
+    wg::mma_abt<HN, kWgD / 16>(s_flat, sQ + st * kWgTileBytes, BM * 128, sK + HN * cw * 128, BN * 128);
+    wg::mma_abt<HN, kWgD / 16>(dp_flat, sdO + st * kWgTileBytes, BM * 128, sV + HN * cw * 128, BN * 128);
     wg::commit();
   };
 

@@ -798,13 +798,8 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
   // S^T[j][i] = k_j . q_i (exact bf16 products, fp32 sums).
   float st[kC / 2];
   {
-    const uint64_t da0 = wg::desc_opaque(wg::desc_sw128(sK, 16, 1024));
-    const uint64_t db0 = wg::desc_opaque(wg::desc_sw128(sQ, 16, 1024));
     wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < kDlD / 16; ++kk)
-      wg::mma_m64n64k16<0>(st, wg::desc_advance(da0, (kk / 4) * kDlPanel + (kk % 4) * 32),
-                           wg::desc_advance(db0, (kk / 4) * kDlPanel + (kk % 4) * 32), kk > 0);
+    wg::mma_abt<kC, kDlD / 16>(st, sK, kDlPanel, sQ, kDlPanel);
     wg::commit();
     wg::wait<0>();
   }

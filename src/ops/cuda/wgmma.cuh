@@ -186,6 +186,26 @@ __device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
+// acc (64 x kN, f32) = A B^T over K = 16 kSteps, A (64 rows) and B (kN rows) both K-major
+// 128-byte-swizzle panel tiles: 64 K-columns per panel, the next panel a_panel / b_panel bytes on.
+// The first k-step overwrites acc. No fence or commit: the caller brackets one or more of these.
+template <int kN, int kSteps>
+__device__ __forceinline__ void mma_abt(float (&acc)[kN / 2], const void* a, uint32_t a_panel, const void* b,
+                                        uint32_t b_panel) {
+  static_assert(kN == 32 || kN == 64, "S-like tiles of 32 or 64 columns");
+  const uint64_t da0 = desc_opaque(desc_sw128(a, 16, 1024));
+  const uint64_t db0 = desc_opaque(desc_sw128(b, 16, 1024));
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint64_t da = desc_advance(da0, (kk / 4) * a_panel + (kk % 4) * 32);
+    const uint64_t db = desc_advance(db0, (kk / 4) * b_panel + (kk % 4) * 32);
+    if constexpr (kN == 32)
+      mma_m64n32k16<0>(acc, da, db, kk > 0);
+    else
+      mma_m64n64k16<0>(acc, da, db, kk > 0);
+  }
+}
+
 #undef QT_WG_D32_REGS
 #undef QT_WG_D32_OUT
 #undef QT_WG_D64_REGS
