@@ -720,6 +720,14 @@ struct FwdMaps {
   CUtensorMap q, k, v;
 };
 
+// One thread: the kWgD / 64 panels of a [rows][256] tile (rows at `row`, columns from col0 of the
+// map) by TMA into the panel layout at dst (panels rows * 128 bytes apart), completing on bar.
+__device__ __forceinline__ void tma_load_tile(char* dst, int rows, const CUtensorMap& map, int col0, int row,
+                                              uint64_t* bar) {
+#pragma unroll
+  for (int c = 0; c < kWgD / 64; ++c) wg::tma_load_2d(dst + c * (rows * 128), &map, col0 + 64 * c, row, bar);
+}
+
 // Arrival of this warp on an `empty` barrier once its part of the reads is done.
 __device__ __forceinline__ void ws_release(uint64_t* bar, int lane) {
   __syncwarp();
@@ -786,22 +794,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
     if (tid == 0) {
       const int kcol = t.kvh * kWgD;
       wg::mbar_arrive_expect_tx(&bar->q_full, kWgBM * kWgD * 2);
-#pragma unroll
-      for (int c = 0; c < kWgD / 64; ++c)
-        wg::tma_load_2d(sQ + c * (kWgBM * 128), &maps.q, h * kWgD + 64 * c, start + m0, &bar->q_full);
+      tma_load_tile(sQ, kWgBM, maps.q, h * kWgD, start + m0, &bar->q_full);
       for (int j = 0; j < n_tiles; ++j) {
         const int st = j & 1, row = start + j * kWgBN;
         const uint32_t freed = ((j >> 1) - 1) & 1;  // parity of the release of the stage's previous tile
         if (j >= 2) wg::mbar_wait(&bar->k_empty[st], freed);
         wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
-#pragma unroll
-        for (int c = 0; c < kWgD / 64; ++c)
-          wg::tma_load_2d(sK + st * kWgTileBytes + c * (kWgBN * 128), &maps.k, kcol + 64 * c, row, &bar->k_full[st]);
+        tma_load_tile(sK + st * kWgTileBytes, kWgBN, maps.k, kcol, row, &bar->k_full[st]);
         if (j >= 2) wg::mbar_wait(&bar->v_empty[st], freed);
         wg::mbar_arrive_expect_tx(&bar->v_full[st], kWgTileBytes);
-#pragma unroll
-        for (int c = 0; c < kWgD / 64; ++c)
-          wg::tma_load_2d(sV + st * kWgTileBytes + c * (kWgBN * 128), &maps.v, kcol + 64 * c, row, &bar->v_full[st]);
+        tma_load_tile(sV + st * kWgTileBytes, kWgBN, maps.v, kcol, row, &bar->v_full[st]);
       }
     }
     return;
@@ -1350,21 +1352,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
     if (tid == 0) {
       const int kcol = t.kvh * kWgD;
       wg::mbar_arrive_expect_tx(&bar->kv_full, 2 * kWgTileBytes);
-#pragma unroll
-      for (int c = 0; c < kWgD / 64; ++c) {
-        wg::tma_load_2d(sK + c * (BN * 128), &maps.k, kcol + 64 * c, t.start + n0, &bar->kv_full);
-        wg::tma_load_2d(sV + c * (BN * 128), &maps.v, kcol + 64 * c, t.start + n0, &bar->kv_full);
-      }
+      tma_load_tile(sK, BN, maps.k, kcol, t.start + n0, &bar->kv_full);
+      tma_load_tile(sV, BN, maps.v, kcol, t.start + n0, &bar->kv_full);
       for (int it = 0; it < n_iter; ++it) {
         const int st = it & 1, qcol = (t.h_first + it / t.n_m) * kWgD;
         const int row = t.start + t.m_begin + (it % t.n_m) * BM;
         if (it >= 2) wg::mbar_wait(&bar->q_empty[st], ((it >> 1) - 1) & 1);
         wg::mbar_arrive_expect_tx(&bar->q_full[st], 2 * kWgTileBytes);
-#pragma unroll
-        for (int c = 0; c < kWgD / 64; ++c) {
-          wg::tma_load_2d(sQ + st * kWgTileBytes + c * (BM * 128), &maps.q, qcol + 64 * c, row, &bar->q_full[st]);
-          wg::tma_load_2d(sdO + st * kWgTileBytes + c * (BM * 128), &maps.d_o, qcol + 64 * c, row, &bar->q_full[st]);
-        }
+        tma_load_tile(sQ + st * kWgTileBytes, BM, maps.q, qcol, row, &bar->q_full[st]);
+        tma_load_tile(sdO + st * kWgTileBytes, BM, maps.d_o, qcol, row, &bar->q_full[st]);
       }
     }
     return;
@@ -1761,23 +1757,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
     if (tid == 0) {
       const int qcol = t.h * kWgD, kcol = t.kvh * kWgD, qrow = t.start + m0;
       wg::mbar_arrive_expect_tx(&bar->qdo_full, 2 * kWgBM * kWgD * 2);
-#pragma unroll
-      for (int c = 0; c < kWgD / 64; ++c) {
-        wg::tma_load_2d(sQ + c * (kWgBM * 128), &maps.q, qcol + 64 * c, qrow, &bar->qdo_full);
-        wg::tma_load_2d(sdO + c * (kWgBM * 128), &maps.d_o, qcol + 64 * c, qrow, &bar->qdo_full);
-      }
+      tma_load_tile(sQ, kWgBM, maps.q, qcol, qrow, &bar->qdo_full);
+      tma_load_tile(sdO, kWgBM, maps.d_o, qcol, qrow, &bar->qdo_full);
       for (int j = 0; j < n_tiles; ++j) {
         const int st = j & 1, row = t.start + j * kWgBN;
         if (j >= 2) wg::mbar_wait(&bar->k_empty[st], ((j >> 1) - 1) & 1);
         wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
-#pragma unroll
-        for (int c = 0; c < kWgD / 64; ++c)
-          wg::tma_load_2d(sK + st * kWgTileBytes + c * (kWgBN * 128), &maps.k, kcol + 64 * c, row, &bar->k_full[st]);
+        tma_load_tile(sK + st * kWgTileBytes, kWgBN, maps.k, kcol, row, &bar->k_full[st]);
         if (j >= 1) wg::mbar_wait(&bar->v_empty, (j - 1) & 1);
         wg::mbar_arrive_expect_tx(&bar->v_full, kWgTileBytes);
-#pragma unroll
-        for (int c = 0; c < kWgD / 64; ++c)
-          wg::tma_load_2d(sV + c * (kWgBN * 128), &maps.v, kcol + 64 * c, row, &bar->v_full);
+        tma_load_tile(sV, kWgBN, maps.v, kcol, row, &bar->v_full);
       }
     }
     return;
@@ -1988,20 +1977,19 @@ BwdMaps bwd_maps(const void* q, const void* d_o, const void* k, const void* v, c
                  panel_map(k, T, kcols, kWgBN, "k"), panel_map(v, T, kcols, kWgBN, "v")};
 }
 
-// QT_ATTN_TMA=0 keeps the cp.async wgmma forward and dQ kernels (A/B runs; read once).
+// True unless the environment variable is "0" (the A/B switches below; each read once).
+bool env_not_zero(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+// QT_ATTN_TMA=0 keeps the cp.async wgmma kernels (A/B runs).
 bool tma_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("QT_ATTN_TMA");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_not_zero("QT_ATTN_TMA");
   return on && tensor_map_encoder() != nullptr;
 }
-// QT_ATTN_DKV_TMA=0 keeps only the dK / dV kernel on cp.async (A/B of that kernel alone; read once).
+// QT_ATTN_DKV_TMA=0 keeps only the dK / dV kernel on cp.async (A/B of that kernel alone).
 bool dkv_tma_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("QT_ATTN_DKV_TMA");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_not_zero("QT_ATTN_DKV_TMA");
   return on && tma_enabled();
 }
 
