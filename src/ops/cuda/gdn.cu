@@ -509,6 +509,33 @@ __device__ __forceinline__ void update_state(ScanState& st, int u, int m0, int n
     }
 }
 
+// The scans' state update over this thread's state tiles: S(tile) = decay S(tile) + the tile's
+// product, with its hi / lo planes. one(acc[2][4], m0, n0) forms one tile's product; with 512
+// threads two(acc[2][2][4], m0, n0, ms) forms a column-sharing pair's (rows m0 and m0 + ms).
+template <int kMaxThreads, class One, class Two>
+__device__ __forceinline__ void scan_update_state(ScanState& st, int K, int bv, float decay, bf16* Sh, bf16* Sl,
+                                                  int lds, One one, Two two) {
+  auto update1 = [&](int u, int m0, int n0) {
+    float acc[2][4] = {};
+    one(acc, m0, n0);
+    update_state(st, u, m0, n0, decay, acc, Sh, Sl, lds);
+  };
+  if constexpr (kMaxThreads == 512) {
+    const int ms = 16 * (static_cast<int>(blockDim.x >> 5) / (bv / 16));  // state_tile_pairs' row step
+    state_tile_pairs(
+        K, bv,
+        [&](int u, int m0, int n0) {
+          float acc[2][2][4] = {};
+          two(acc, m0, n0, ms);
+          update_state(st, u, m0, n0, decay, acc[0], Sh, Sl, lds);
+          update_state(st, u + 1, m0 + ms, n0, decay, acc[1], Sh, Sl, lds);
+        },
+        update1);
+  } else {
+    state_tiles(K, bv, update1);
+  }
+}
+
 // h[chunk, Hv, K x V] = state entering each chunk (fp32, fragment-native); D = U - W S out as its
 // planes Dgh, Dgl [T, Hv, V]; W as its planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from
 // gdn_l2norm_kernel): the update takes the raw k rows as its A operand and folds e^{G_L - G_i} rs_i
@@ -607,26 +634,14 @@ __global__ void __launch_bounds__(kMaxThreads) gdn_scan_fwd_kernel(float* h, bf1
     }
     cp_async_commit();
     // S = e^{G_L} S + k^T (diag(e^{G_L - G} rs_k) D), in the registers; then its planes.
-    const float decay = expf(gl);
-    auto update1 = [&](int u, int m0, int n0) {
-      float acc[2][4] = {};
-      mma_acc(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds});
-      update_state(S, u, m0, n0, decay, acc, Sh, Sl, lds);
-    };
-    if constexpr (kMaxThreads == 512) {
-      const int ms = 16 * (static_cast<int>(blockDim.x >> 5) / (bv / 16));
-      state_tile_pairs(
-          K, bv,
-          [&](int u, int m0, int n0) {
-            float acc[2][2][4] = {};
-            mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
-            update_state(S, u, m0, n0, decay, acc[0], Sh, Sl, lds);
-            update_state(S, u + 1, m0 + ms, n0, decay, acc[1], Sh, Sl, lds);
-          },
-          update1);
-    } else {
-      state_tiles(K, bv, update1);
-    }
+    scan_update_state<kMaxThreads>(
+        S, K, bv, expf(gl), Sh, Sl, lds,
+        [&](float (&acc)[2][4], int m0, int n0) {
+          mma_acc(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds});
+        },
+        [&](float (&acc)[2][2][4], int m0, int n0, int ms) {
+          mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Kc, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
+        });
   }
   cp_async_wait<0>();
 }
@@ -962,28 +977,16 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
                  bv);
     }
     cp_async_commit();
-    const float decay = expf(gl);
-    auto update1 = [&](int u, int m0, int n0) {
-      float acc[2][4] = {};
-      mma_acc<2, 4, true>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq});
-      mma_acc(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds});
-      update_state(dS, u, m0, n0, decay, acc, Sh, Sl, lds);
-    };
-    if constexpr (kMaxThreads == 512) {
-      const int ms = 16 * (static_cast<int>(blockDim.x >> 5) / (bv / 16));
-      state_tile_pairs(
-          K, bv,
-          [&](int u, int m0, int n0) {
-            float acc[2][2][4] = {};
-            mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq}, ms);
-            mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
-            update_state(dS, u, m0, n0, decay, acc[0], Sh, Sl, lds);
-            update_state(dS, u + 1, m0 + ms, n0, decay, acc[1], Sh, Sl, lds);
-          },
-          update1);
-    } else {
-      state_tiles(K, bv, update1);
-    }
+    scan_update_state<kMaxThreads>(
+        dS, K, bv, expf(gl), Sh, Sl, lds,
+        [&](float (&acc)[2][4], int m0, int n0) {
+          mma_acc<2, 4, true>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq});
+          mma_acc(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds});
+        },
+        [&](float (&acc)[2][2][4], int m0, int n0, int ms) {
+          mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq}, ms);
+          mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
+        });
   }
   cp_async_wait<0>();
 }
