@@ -711,6 +711,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
 // zeros past T). Their scores are masked as before; their V rows are zeroed in smem before the last
 // P V, so that a non-finite value there cannot turn P = 0 into NaN.
 constexpr int kWsThreads = 384, kWsConsumerWarps = 8;
+// setmaxnreg split of the 64K registers: the producer warpgroup gives its share to the consumers.
+constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 240;
+static_assert(128 * kWsProducerRegs + 256 * kWsConsumerRegs <= 65536, "register file of one SM");
+// The warpgroup index as lane 0's value: the compiler then sees the producer / consumer branch as
+// warp-uniform, not as a divergent path around the consumers' wgmma (which serializes it, C7518).
+__device__ __forceinline__ int ws_warpgroup() { return __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); }
 struct WsBarriers {
   uint64_t q_full, k_full[2], v_full[2], k_empty[2], v_empty[2];
 };
@@ -774,9 +780,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
   const int start = t.start, L = t.L, m0 = t.m0, h = t.h;
   const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
   const int tid = threadIdx.x;
-  // Lane 0's value, so the compiler sees the role branch as warp-uniform: a wgmma under a path it
-  // takes for divergent would be serialized (C7518).
-  const int wg_i = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int wg_i = ws_warpgroup();
   if (tid == 0) {
     wg::mbar_init(&bar->q_full, 1);
 #pragma unroll
@@ -790,7 +794,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
   __syncthreads();
 
   if (wg_i == 0) {  // producer
-    wg::regs_dec<24>();
+    wg::regs_dec<kWsProducerRegs>();
     if (tid == 0) {
       const int kcol = t.kvh * kWgD;
       wg::mbar_arrive_expect_tx(&bar->q_full, kWgBM * kWgD * 2);
@@ -809,7 +813,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
     return;
   }
 
-  wg::regs_inc<240>();
+  wg::regs_inc<kWsConsumerRegs>();
   const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (query rows 64 cw ..), thread index
   const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
@@ -1336,7 +1340,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
   const KeyTile t = key_tile(p, work, BM, BN, kWgD);
   const int L = t.L, n0 = t.n0, n_iter = t.n_iter;
   const int tid = threadIdx.x;
-  const int wg_i = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform role (see the forward)
+  const int wg_i = ws_warpgroup();
   if (tid == 0) {
     wg::mbar_init(&bar->kv_full, 1);
 #pragma unroll
@@ -1348,7 +1352,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
   __syncthreads();
 
   if (wg_i == 0) {  // producer
-    wg::regs_dec<24>();
+    wg::regs_dec<kWsProducerRegs>();
     if (tid == 0) {
       const int kcol = t.kvh * kWgD;
       wg::mbar_arrive_expect_tx(&bar->kv_full, 2 * kWgTileBytes);
@@ -1366,7 +1370,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
     return;
   }
 
-  wg::regs_inc<240>();
+  wg::regs_inc<kWsConsumerRegs>();
   const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (keys 32 cw .. in S / dP; head-dim half cw)
   const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int rl0 = 16 * wq + g;  // S / dP: query row of fragment elements 0, 1 (+ 8: 2, 3); dK / dV: key row
@@ -1739,7 +1743,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
   const int L = t.L, m0 = t.m0;
   const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
   const int tid = threadIdx.x;
-  const int wg_i = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform role (see the forward)
+  const int wg_i = ws_warpgroup();
   if (tid == 0) {
     wg::mbar_init(&bar->qdo_full, 1);
     wg::mbar_init(&bar->v_full, 1);
@@ -1753,7 +1757,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
   __syncthreads();
 
   if (wg_i == 0) {  // producer
-    wg::regs_dec<24>();
+    wg::regs_dec<kWsProducerRegs>();
     if (tid == 0) {
       const int qcol = t.h * kWgD, kcol = t.kvh * kWgD, qrow = t.start + m0;
       wg::mbar_arrive_expect_tx(&bar->qdo_full, 2 * kWgBM * kWgD * 2);
@@ -1772,7 +1776,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
     return;
   }
 
-  wg::regs_inc<240>();
+  wg::regs_inc<kWsConsumerRegs>();
   const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (query rows 64 cw ..), thread index
   const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
