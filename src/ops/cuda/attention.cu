@@ -391,17 +391,17 @@ __device__ __forceinline__ DkvOut dkv_out(const Params& p, const KeyTile& t, int
   return DkvOut{p.dk + row0, p.dv + row0, pdk, p.splits > 1 ? pdk + slice : nullptr, p.splits > 1};
 }
 
-// lse (log2 units) and Dsum of a warp's fragment rows row0 and row0 + 8 of query head h for the
-// dQ kernels; 0 past the sample, where P is masked anyway.
+// lse (log2 units) and Dsum of a thread's fragment rows row0 and row0 + 8 (sample-local) of query
+// head h of the sample at `start` with L rows; 0 past the sample, where P is masked anyway.
 template <class Params>
-__device__ __forceinline__ void load_row_stats(const Params& p, const QueryTile& t, int row0, float (&lse2)[2],
+__device__ __forceinline__ void load_row_stats(const Params& p, int h, int start, int L, int row0, float (&lse2)[2],
                                                float (&dsum)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    const int64_t i = static_cast<int64_t>(t.h) * p.total + t.start + row;
-    lse2[r] = row < t.L ? p.lse2[i] : 0.f;
-    dsum[r] = row < t.L ? p.dsum[i] : 0.f;
+    const int64_t i = static_cast<int64_t>(h) * p.total + start + row;
+    lse2[r] = row < L ? p.lse2[i] : 0.f;
+    dsum[r] = row < L ? p.dsum[i] : 0.f;
   }
 }
 
@@ -1309,19 +1309,6 @@ struct DkvBarriers {
 constexpr size_t kDkvTmaSmem = 6 * kWgTileBytes + 4 * kWgPBytes + 1024 + sizeof(DkvBarriers);
 static_assert(kDkvTmaSmem <= 227 * 1024, "TMA dK / dV kernel smem over the sm_90 per-block limit");
 
-// lse2 and Dsum of this thread's fragment rows rl0, rl0 + 8 of query tile m0, head h; 0 past the
-// sample (those rows are masked).
-__device__ __forceinline__ void dkv_row_stats(const BwdParams& p, const KeyTile& t, int h, int m0, int rl0,
-                                              float (&lse2)[2], float (&dsum)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = m0 + rl0 + 8 * r;
-    const int64_t i = static_cast<int64_t>(h) * p.total + t.start + row;
-    lse2[r] = row < t.L ? p.lse2[i] : 0.f;
-    dsum[r] = row < t.L ? p.dsum[i] : 0.f;
-  }
-}
-
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(const BwdParams p,
                                                                                 const __grid_constant__ BwdMaps maps) {
   constexpr int BM = 64, BN = 64, HN = BN / 2;
@@ -1407,14 +1394,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
   };
 
   float lse2[2], dsum[2];
-  dkv_row_stats(p, t, tile_h(0), tile_m0(0), rl0, lse2, dsum);
+  load_row_stats(p, tile_h(0), t.start, L, tile_m0(0) + rl0, lse2, dsum);
   wg::mbar_wait(&bar->kv_full, 0);
   wait_q(0);
   issue_sdp(0);
   for (int it = 0; it < n_iter; ++it) {
     const int st = it & 1, m0 = tile_m0(it);
     float lse2_next[2] = {0.f, 0.f}, dsum_next[2] = {0.f, 0.f};
-    if (it + 1 < n_iter) dkv_row_stats(p, t, tile_h(it + 1), tile_m0(it + 1), rl0, lse2_next, dsum_next);
+    if (it + 1 < n_iter) load_row_stats(p, tile_h(it + 1), t.start, L, tile_m0(it + 1) + rl0, lse2_next, dsum_next);
     wg::wait<0>();  // S_it, dP_it, and the products of it - 1
     wg::fence_operands(s_flat);
     wg::fence_operands(dp_flat);
@@ -1521,7 +1508,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
 
   const int wrow0 = m0 + warp * 16;  // sample-local index of this warp's first row
   float lse2[2], dsum[2];            // of rows wrow0 + g and + 8
-  load_row_stats(p, t, wrow0 + g, lse2, dsum);
+  load_row_stats(p, t.h, t.start, t.L, wrow0 + g, lse2, dsum);
   const float scale_log2 = p.scale * kLog2e;
   float acc[D / 8][4];
 #pragma unroll
@@ -1670,7 +1657,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
 
   const int wrow0 = m0 + 64 * wg_i + 16 * wq;  // sample-local first row of this warp
   float lse2[2], dsum[2];                      // of rows wrow0 + g and + 8
-  load_row_stats(p, t, wrow0 + g, lse2, dsum);
+  load_row_stats(p, t.h, t.start, t.L, wrow0 + g, lse2, dsum);
   const float scale_log2 = p.scale * kLog2e;
   float acc[kWgD / 8][4];  // the m64n256 dQ accumulator, as [8-column block][fragment element]
 #pragma unroll
@@ -1781,7 +1768,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
   const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
   float lse2[2], dsum[2];                     // of rows wrow0 + g and + 8
-  load_row_stats(p, t, wrow0 + g, lse2, dsum);
+  load_row_stats(p, t.h, t.start, t.L, wrow0 + g, lse2, dsum);
   const float scale_log2 = p.scale * kLog2e;
   float acc[kWgD / 8][4];  // the m64n256 dQ accumulator
 #pragma unroll
