@@ -1470,8 +1470,10 @@ struct DqTraits {
 
 struct DqParams {
   bf16* dq;            // [T, Hq, D], scale applied
-  const float* lse2;   // [Hq, T] lse * log2(e)
-  const float* dsum;   // [Hq, T] rowsum(dO * O)
+  float* lse2;         // [Hq, T] lse * log2(e): read, or written by the TMA kernel (its own preprocess)
+  float* dsum;         // [Hq, T] rowsum(dO * O): the same
+  const float* lse;    // [Hq, T] the forward's (the TMA kernel's preprocess)
+  const bf16* o;       // [T, Hq, D] the forward's (the same)
   const bf16 *d_o, *q, *k, *v;
   const int32_t* cu;
   const int2* tiles;   // the forward's work list: slot -> (sample, query tile), sample -1 past the last
@@ -1708,6 +1710,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
 // full barriers and release each tile on its empty barrier, V once dP is done, K once dQ += dS K is.
 // A key tile reaching past the sample end holds the next sample's rows: both warpgroups zero its K
 // and V rows from L on (K feeds dQ, where 0 * NaN would leak) and dS is set to exactly 0 there.
+// It does the preprocess of its rows itself (Dsum, lse2) under its first key tile's products, so
+// it runs before the dK / dV kernel and the backward has no attn_bwd_pre_kernel launch.
 struct DqBarriers {
   uint64_t qdo_full, k_full[2], k_empty[2], v_full, v_empty;
 };
@@ -1767,16 +1771,59 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
   const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (query rows 64 cw ..), thread index
   const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
-  float lse2[2], dsum[2];                     // of rows wrow0 + g and + 8
-  load_row_stats(p, t.h, t.start, t.L, wrow0 + g, lse2, dsum);
+  const int64_t stat0 = static_cast<int64_t>(t.h) * p.total + t.start + wrow0;  // [Hq, T] index of row wrow0
   const float scale_log2 = p.scale * kLog2e;
-  float acc[kWgD / 8][4];  // the m64n256 dQ accumulator
-#pragma unroll
-  for (int i = 0; i < kWgD / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc);
 
+  // The preprocess, hidden under the first key tile's products: O's 16-byte chunk `lane` of the
+  // warp's 16 rows and lse of row wrow0 + lane (lanes < 16) are requested now, before any wait.
+  uint4 o_rows[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    o_rows[i] = wrow0 + i < L ? *reinterpret_cast<const uint4*>(p.o + (t.start + wrow0 + i) * t.ldq + t.h * kWgD + lane * 8)
+                              : make_uint4(0u, 0u, 0u, 0u);
+  const float lse_lane = lane < 16 && wrow0 + lane < L ? p.lse[stat0 + lane] : 0.f;
+  float lse2[2] = {0.f, 0.f}, dsum[2] = {0.f, 0.f};  // of rows wrow0 + g and + 8 (0 past the sample)
+  // Dsum = rowsum(dO * O) in attn_bwd_pre_kernel's arithmetic (lane l: columns 8 l .. 8 l + 7 in
+  // order, then the xor tree; dO from the landed smem tile), lse2 = lse log2(e); written for the
+  // dK / dV kernel that runs next (every (query tile, head) has one dQ CTA) and kept for g, g + 8.
+  auto row_stats = [&] {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int rr = 64 * cw + 16 * wq + i;  // row in the 128-row Q / dO tile
+      const uint4 d = *reinterpret_cast<const uint4*>(sdO + (lane >> 3) * (kWgBM * 128) + rr * 128 +
+                                                       (((lane & 7) ^ (rr & 7)) << 4));
+      const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&d);
+      const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&o_rows[i]);
+      float sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = __bfloat1622float2(a2[e]), y = __bfloat1622float2(b2[e]);
+        sum = fmaf(x.x, y.x, sum);
+        sum = fmaf(x.y, y.y, sum);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      const float l2 = __shfl_sync(0xffffffffu, lse_lane, i) * kLog2e;
+      if (wrow0 + i >= L) continue;  // warp-uniform; after the shuffles
+      if (lane == 0) {
+        p.dsum[stat0 + i] = sum;
+        p.lse2[stat0 + i] = l2;
+      }
+      if (i == g) {
+        dsum[0] = sum;
+        lse2[0] = l2;
+      }
+      if (i == g + 8) {
+        dsum[1] = sum;
+        lse2[1] = l2;
+      }
+    }
+  };
+
+  float acc[kWgD / 8][4];  // the m64n256 dQ accumulator, zeroed once the first tile's S / dP landed
+  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc);
   wg::mbar_wait(&bar->qdo_full, 0);
-  for (int j = 0; j < n_tiles; ++j) {
+  auto tile = [&](int j, bool first) {
     const int n0 = j * kWgBN, st = j & 1;
     char* kb = sK + st * kWgTileBytes;
     wg::mbar_wait(&bar->k_full[st], (j >> 1) & 1);
@@ -1791,9 +1838,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
     float(&dp_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(dp);
     wg_issue_abt(s_flat, sQ + 64 * cw * 128, kWgBM * 128, kb);
     wg_issue_abt(dp_flat, sdO + 64 * cw * 128, kWgBM * 128, sV);
+    if (first) row_stats();  // under the products (no wgmma accumulator touched)
     wg::wait<0>();
     wg::fence_operands(s_flat);
     wg::fence_operands(dp_flat);
+    if (first) {  // after the stage closed: zeroing inside it would serialize the wgmma (C7515)
+#pragma unroll
+      for (int i = 0; i < kWgD / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+      wg::fence_operands(acc_flat);
+    }
     ws_release(&bar->v_empty, lane);
     uint32_t da[kWgBN / 16][4];
     dq_ds_tile(da, s, dp, n0, wrow0, g, t4, L, lse2, dsum, scale_log2);
@@ -1801,7 +1854,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
     wg::wait<0>();
     wg::fence_operands(acc_flat);
     ws_release(&bar->k_empty[st], lane);
-  }
+  };
+  tile(0, true);
+  for (int j = 1; j < n_tiles; ++j) tile(j, false);
   store_dq_rows(p, t, acc, wrow0, g, t4);
 }
 
@@ -2070,15 +2125,16 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
       QT_LAUNCH_CHECK("attn_bwd_dkv_sum_kernel");
     }
   };
-  // dQ by its own kernel over the forward's work list (query tiles of DqTraits::kBlockM), built over
-  // the backward's table once the dK / dV kernel has read it (same stream).
+  // dQ by its own kernel over the forward's work list (query tiles of DqTraits::kBlockM); the
+  // tables share the workspace, each built once the kernel before has read its own (same stream).
   auto run_dq = [&] {
     using Dq = DqTraits<D>;
     static_assert(Dq::kBlockM == kWgBM, "both dQ kernels use the forward's work list");
     const int2* qtiles = build_tile_table(workspace, a, Dq::kBlockM, false, stream);
-    const DqParams dp{static_cast<bf16*>(dq), lse2, dsum, static_cast<const bf16*>(d_o), static_cast<const bf16*>(q),
-                      static_cast<const bf16*>(k), static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens,
-                      a.num_q_heads, a.num_kv_heads, a.scale};
+    const DqParams dp{static_cast<bf16*>(dq), lse2, dsum, lse, static_cast<const bf16*>(o),
+                      static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                      static_cast<const bf16*>(v), a.cu_seqlens, qtiles, a.total_tokens, a.num_q_heads,
+                      a.num_kv_heads, a.scale};
     const dim3 dq_grid(a.num_q_heads, tile_slots(a, Dq::kBlockM));
     if (dq_tma) {
       const BwdMaps maps = bwd_maps(q, d_o, k, v, a, kWgBM);
@@ -2097,6 +2153,11 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
       QT_LAUNCH_CHECK("attn_bwd_dq_kernel");
     }
   };
+  if (dq_tma) {  // the TMA dQ kernel writes Dsum and lse2 for the dK / dV kernel: no preprocess
+    run_dq();
+    run_dkv();
+    return;
+  }
   attn_bwd_pre_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
       dsum, lse2, dq_kernel ? nullptr : dq_acc, static_cast<const bf16*>(d_o), static_cast<const bf16*>(o), lse,
       a.total_tokens, a.num_q_heads);
