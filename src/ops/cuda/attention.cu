@@ -1402,12 +1402,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
     const int st = it & 1, m0 = tile_m0(it);
     float lse2_next[2] = {0.f, 0.f}, dsum_next[2] = {0.f, 0.f};
     if (it + 1 < n_iter) load_row_stats(p, tile_h(it + 1), t.start, L, tile_m0(it + 1) + rl0, lse2_next, dsum_next);
-    wg::wait<0>();  // S_it, dP_it, and the products of it - 1
+    wg::wait<0>();  // S_it, dP_it (the products of it - 1 were waited for behind their issue)
     wg::fence_operands(s_flat);
     wg::fence_operands(dp_flat);
-    wg::fence_operands(acc_dv);
-    wg::fence_operands(acc_dk);
-    if (it >= 1) ws_release(&bar->q_empty[st ^ 1], lane);  // Q / dO of it - 1 are read
 
     // P = exp2(S scale log2 e - lse2) and dS = P (dP - Dsum), exactly 0 for keys after the query
     // and queries past the sample; bf16 into this warpgroup's key half of the P / dS panels.
@@ -1437,6 +1434,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
     if (it + 1 < n_iter) {
       wait_q(it + 1);
       issue_sdp(it + 1);
+      // This tile's dV / dK products are done once only S / dP of the next are pending: its Q / dO
+      // stage goes back to the producer a whole S / dP earlier than at the next iteration's wait.
+      wg::wait<1>();
+      wg::fence_operands(acc_dv);
+      wg::fence_operands(acc_dk);
+      ws_release(&bar->q_empty[st], lane);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
