@@ -329,12 +329,12 @@ struct QueryTile {
   int64_t ldq, ldk;          // row strides of q / o / dO and of k / v
 };
 template <class Params>
-__device__ __forceinline__ QueryTile query_tile(const Params& p, int2 work, int bm, int d) {
+__device__ __forceinline__ QueryTile query_tile(const Params& p, int2 work, int bm, int d, int h = -1) {
   QueryTile t;
   t.start = p.cu[work.x];
   t.L = p.cu[work.x + 1] - t.start;
   t.m0 = work.y * bm;
-  t.h = blockIdx.x;
+  t.h = h < 0 ? static_cast<int>(blockIdx.x) : h;
   t.kvh = t.h / (p.hq / p.hkv);
   t.ldq = static_cast<int64_t>(p.hq) * d;
   t.ldk = static_cast<int64_t>(p.hkv) * d;
@@ -714,11 +714,15 @@ constexpr int kWsThreads = 384, kWsConsumerWarps = 8;
 // setmaxnreg split of the 64K registers: the producer warpgroup gives its share to the consumers.
 constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 240;
 static_assert(128 * kWsProducerRegs + 256 * kWsConsumerRegs <= 65536, "register file of one SM");
+// The persistent forward's producer walks the work list itself: 56 registers (48 spill), and
+// the consumers fit in 224 without spills.
+constexpr int kFwdProducerRegs = 56, kFwdConsumerRegs = 224;
+static_assert(128 * kFwdProducerRegs + 256 * kFwdConsumerRegs <= 65536, "register file of one SM");
 // The warpgroup index as lane 0's value: the compiler then sees the producer / consumer branch as
 // warp-uniform, not as a divergent path around the consumers' wgmma (which serializes it, C7518).
 __device__ __forceinline__ int ws_warpgroup() { return __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); }
 struct WsBarriers {
-  uint64_t q_full, k_full[2], v_full[2], k_empty[2], v_empty[2];
+  uint64_t q_full, q_empty, k_full[2], v_full[2], k_empty[2], v_empty[2];
 };
 constexpr size_t kWsSmem = kWgSmem + sizeof(WsBarriers);
 // The tensor maps of q, k and v (a __grid_constant__ kernel parameter; CUtensorMap is 128-byte aligned).
@@ -756,17 +760,31 @@ __device__ __forceinline__ void consumers_sync_stores() {
   wg::named_sync(1, 256);
 }
 
-// Waits for V tile j (stage j & 1); on a tile that reaches past the sample end, the two consumer
-// warpgroups zero its rows from L on before either reads it.
-__device__ __forceinline__ void ws_wait_v(WsBarriers* bar, char* sV, int j, int L, int ct) {
-  wg::mbar_wait(&bar->v_full[j & 1], (j >> 1) & 1);
-  const int valid = L - j * kWgBN;
+// Waits for the CTA's key tile number g (stage g & 1), which has `valid` rows in its sample; on a
+// tile that reaches past the sample end, the two consumer warpgroups zero its rows from there on
+// before either reads it.
+__device__ __forceinline__ void ws_wait_v(WsBarriers* bar, char* sV, uint32_t g, int valid, int ct) {
+  wg::mbar_wait(&bar->v_full[g & 1], (g >> 1) & 1);
   if (valid >= kWgBN) return;  // uniform over the CTA
-  zero_tile_rows(sV + (j & 1) * kWgTileBytes, valid, ct);
+  zero_tile_rows(sV + (g & 1) * kWgTileBytes, valid, ct);
   consumers_sync_stores();
 }
 
-__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const FwdParams p, const __grid_constant__ FwdMaps maps) {
+// The persistent forward's r-th work item of this CTA: the (slot, head) items, slot-major and so
+// heaviest first, dealt to the CTAs in snake order (even rounds CTA c takes the c-th item of the
+// round, odd rounds the c-th from the end), which balances the rounds' cost differences. False
+// once the CTA's items run past the work list (later rounds only go further).
+__device__ __forceinline__ bool fwd_item(const FwdParams& p, int slots, int r, int2& work, int& h) {
+  const int G = gridDim.x, c = blockIdx.x;
+  const int idx = r * G + ((r & 1) ? G - 1 - c : c);
+  if (idx >= slots * p.hq) return false;
+  work = p.tiles[idx / p.hq];
+  h = idx % p.hq;
+  return work.x >= 0;
+}
+
+__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const FwdParams p, const __grid_constant__ FwdMaps maps,
+                                                                            int slots) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t s0 = smem_u32(smem_raw);
   char* sQ = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
@@ -774,15 +792,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
   char* sV = sK + 2 * kWgTileBytes;
   WsBarriers* bar = reinterpret_cast<WsBarriers*>(sV + 2 * kWgTileBytes);
 
-  const int2 work = p.tiles[blockIdx.y];
-  if (work.x < 0) return;
-  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
-  const int start = t.start, L = t.L, m0 = t.m0, h = t.h;
-  const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
   const int tid = threadIdx.x;
   const int wg_i = ws_warpgroup();
   if (tid == 0) {
     wg::mbar_init(&bar->q_full, 1);
+    wg::mbar_init(&bar->q_empty, kWsConsumerWarps);
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
       wg::mbar_init(&bar->k_full[st], 1);
@@ -792,73 +806,95 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
     }
   }
   __syncthreads();
+  // Persistent: one CTA per SM walks its items (fwd_item); the K / V rings run on over the items'
+  // key tiles (g counts the CTA's tiles: stage g & 1, phase (g >> 1) & 1), so the producer loads
+  // the next item's Q (once the consumers' last S of the current item is done) and first key tiles
+  // while the consumers finish the current item's P V and write its rows.
+  int2 work;
+  int h;
 
   if (wg_i == 0) {  // producer
-    wg::regs_dec<kWsProducerRegs>();
+    wg::regs_dec<kFwdProducerRegs>();
     if (tid == 0) {
-      const int kcol = t.kvh * kWgD;
-      wg::mbar_arrive_expect_tx(&bar->q_full, kWgBM * kWgD * 2);
-      tma_load_tile(sQ, kWgBM, maps.q, h * kWgD, start + m0, &bar->q_full);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int st = j & 1, row = start + j * kWgBN;
-        const uint32_t freed = ((j >> 1) - 1) & 1;  // parity of the release of the stage's previous tile
-        if (j >= 2) wg::mbar_wait(&bar->k_empty[st], freed);
-        wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
-        tma_load_tile(sK + st * kWgTileBytes, kWgBN, maps.k, kcol, row, &bar->k_full[st]);
-        if (j >= 2) wg::mbar_wait(&bar->v_empty[st], freed);
-        wg::mbar_arrive_expect_tx(&bar->v_full[st], kWgTileBytes);
-        tma_load_tile(sV + st * kWgTileBytes, kWgBN, maps.v, kcol, row, &bar->v_full[st]);
+      uint32_t g = 0;
+      for (int r = 0; fwd_item(p, slots, r, work, h); ++r) {
+        const QueryTile t = query_tile(p, work, kWgBM, kWgD, h);
+        const int n_tiles = (min(t.m0 + kWgBM, t.L) + kWgBN - 1) / kWgBN;
+        const int kcol = t.kvh * kWgD;
+        if (r > 0) wg::mbar_wait(&bar->q_empty, (r - 1) & 1);
+        wg::mbar_arrive_expect_tx(&bar->q_full, kWgBM * kWgD * 2);
+        tma_load_tile(sQ, kWgBM, maps.q, h * kWgD, t.start + t.m0, &bar->q_full);
+        for (int j = 0; j < n_tiles; ++j, ++g) {
+          const uint32_t st = g & 1, freed = ((g >> 1) - 1) & 1;  // parity of the stage's previous release
+          const int row = t.start + j * kWgBN;
+          if (g >= 2) wg::mbar_wait(&bar->k_empty[st], freed);
+          wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
+          tma_load_tile(sK + st * kWgTileBytes, kWgBN, maps.k, kcol, row, &bar->k_full[st]);
+          if (g >= 2) wg::mbar_wait(&bar->v_empty[st], freed);
+          wg::mbar_arrive_expect_tx(&bar->v_full[st], kWgTileBytes);
+          tma_load_tile(sV + st * kWgTileBytes, kWgBN, maps.v, kcol, row, &bar->v_full[st]);
+        }
       }
     }
     return;
   }
 
-  wg::regs_inc<kWsConsumerRegs>();
+  wg::regs_inc<kFwdConsumerRegs>();
   const int cw = wg_i - 1, ct = tid - 128;  // consumer warpgroup (query rows 64 cw ..), thread index
-  const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int wrow0 = m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
+  const int wq = (tid >> 5) & 3, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
   const float scale_log2 = p.scale * kLog2e;
+  uint32_t g = 0;
+  for (int r = 0; fwd_item(p, slots, r, work, h); ++r) {
+    const QueryTile t = query_tile(p, work, kWgBM, kWgD, h);
+    const int L = t.L;
+    const int n_tiles = (min(t.m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
+    const int wrow0 = t.m0 + 64 * cw + 16 * wq;  // sample-local first row of this warp
 
-  float acc_o[kWgD / 8][4];
+    float acc_o[kWgD / 8][4];
 #pragma unroll
-  for (int i = 0; i < kWgD / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
-  float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc_o);
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
-  float s[kWgBN / 8][4];
-  float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
-  uint32_t pa[kWgBN / 16][4];
+    for (int i = 0; i < kWgD / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+    float(&acc_flat)[kWgD / 2] = reinterpret_cast<float(&)[kWgD / 2]>(acc_o);
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
+    float s[kWgBN / 8][4];
+    float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
+    uint32_t pa[kWgBN / 16][4];
 
-  wg::mbar_wait(&bar->q_full, 0);
-  wg::mbar_wait(&bar->k_full[0], 0);
-  wg_issue_s(s_flat, sQ, sK, 64 * cw);
-  wg::wait<0>();
-  wg::fence_operands(s_flat);
-  ws_release(&bar->k_empty[0], lane);
-  fwd_softmax_tile(s, 0, wrow0, g, t4, L, row_max, row_sum, alpha, scale_log2);
-  pack_p<kWgBN>(pa, s);
-
-  for (int j = 1; j < n_tiles; ++j) {
-    const int n0 = j * kWgBN, st = j & 1;
-    wg::mbar_wait(&bar->k_full[st], (j >> 1) & 1);
-    wg_issue_s(s_flat, sQ, sK + st * kWgTileBytes, 64 * cw);
-    ws_wait_v(bar, sV, j - 1, L, ct);
-    wg_issue_pv(acc_flat, pa, sV + (st ^ 1) * kWgTileBytes);
-    wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    wg::mbar_wait(&bar->q_full, r & 1);
+    wg::mbar_wait(&bar->k_full[g & 1], (g >> 1) & 1);
+    wg_issue_s(s_flat, sQ, sK + (g & 1) * kWgTileBytes, 64 * cw);
+    wg::wait<0>();
     wg::fence_operands(s_flat);
-    ws_release(&bar->k_empty[st], lane);
-    fwd_softmax_tile(s, n0, wrow0, g, t4, L, row_max, row_sum, alpha, scale_log2);
+    ws_release(&bar->k_empty[g & 1], lane);
+    fwd_softmax_tile(s, 0, wrow0, g4, t4, L, row_max, row_sum, alpha, scale_log2);
+    pack_p<kWgBN>(pa, s);
+
+    for (int j = 1; j < n_tiles; ++j) {
+      const uint32_t gj = g + j, st = gj & 1;
+      wg::mbar_wait(&bar->k_full[st], (gj >> 1) & 1);
+      wg_issue_s(s_flat, sQ, sK + st * kWgTileBytes, 64 * cw);
+      ws_wait_v(bar, sV, gj - 1, L - (j - 1) * kWgBN, ct);
+      wg_issue_pv(acc_flat, pa, sV + (st ^ 1) * kWgTileBytes);
+      wg::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+      wg::fence_operands(s_flat);
+      ws_release(&bar->k_empty[st], lane);
+      fwd_softmax_tile(s, j * kWgBN, wrow0, g4, t4, L, row_max, row_sum, alpha, scale_log2);
+      wg::wait<0>();
+      wg::fence_operands(acc_flat);
+      ws_release(&bar->v_empty[st ^ 1], lane);
+      rescale_rows<kWgD>(acc_o, alpha);
+      pack_p<kWgBN>(pa, s);
+    }
+    ws_release(&bar->q_empty, lane);  // every S of the item is done: Q may be reloaded
+    const uint32_t gl = g + n_tiles - 1;
+    ws_wait_v(bar, sV, gl, L - (n_tiles - 1) * kWgBN, ct);
+    wg_issue_pv(acc_flat, pa, sV + (gl & 1) * kWgTileBytes);
     wg::wait<0>();
     wg::fence_operands(acc_flat);
-    ws_release(&bar->v_empty[st ^ 1], lane);
-    rescale_rows<kWgD>(acc_o, alpha);
-    pack_p<kWgBN>(pa, s);
-  }
-  ws_wait_v(bar, sV, n_tiles - 1, L, ct);
-  wg_issue_pv(acc_flat, pa, sV + ((n_tiles - 1) & 1) * kWgTileBytes);
-  wg::wait<0>();
-  wg::fence_operands(acc_flat);
+    ws_release(&bar->v_empty[gl & 1], lane);
+    g += n_tiles;
 
-  store_fwd_rows(p, t, acc_o, row_sum, row_max, wrow0, g, t4);
+    store_fwd_rows(p, t, acc_o, row_sum, row_max, wrow0, g4, t4);
+  }
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -2063,7 +2099,11 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
                            panel_map(k, T, int64_t(a.num_kv_heads) * D, kWgBN, "k"),
                            panel_map(v, T, int64_t(a.num_kv_heads) * D, kWgBN, "v")};
         cudaFuncSetAttribute(attn_fwd_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWsSmem));
-        attn_fwd_tma_wgmma_kernel<<<grid, kWsThreads, kWsSmem, stream>>>(p, maps);
+        // Persistent: one CTA per SM (the smem allows no second), each walking its share of the
+        // (slot, head) items; the grid still depends only on T and the sample bound.
+        const int slots = tile_slots(a, kWgBM);
+        const int ctas = static_cast<int>(std::min<int64_t>(sm_count(), int64_t(slots) * a.num_q_heads));
+        attn_fwd_tma_wgmma_kernel<<<ctas, kWsThreads, kWsSmem, stream>>>(p, maps, slots);
         QT_LAUNCH_CHECK("attn_fwd_tma_wgmma_kernel");
         return;
       }
