@@ -32,8 +32,13 @@
 // n-tile sample costs n - j query tiles), and the grid is (heads, slots) with slots the bound
 // T / tile + num_seqs, so one launch serves every sample, the grid depends only on T and the
 // sample bound (static for CUDA graphs: padded zero-length samples add no work), and long
-// samples' heavy tiles start first instead of trailing. Causal masking happens only in tiles
-// that cross the diagonal or the sample end.
+// samples' heavy tiles start first instead of trailing. The TMA forward is persistent over the
+// same items: one CTA per SM (its smem allows no second) takes its (slot, head) items in snake
+// order (fwd_item), and its load rings run on across items, so the next item's Q and first key
+// tiles load under the current item's last P V and epilogue (+7.6 % at the 27B shape; the same
+// for the backward kernels measured -2 % with this static deal, +0.6 / -0.5 % with items claimed
+// from a counter: notes/attention_kernels.md). Causal masking happens only in tiles that cross
+// the diagonal or the sample end.
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
