@@ -60,6 +60,7 @@ using gdn_mma::Nt;
 constexpr int kC = 64;         // chunk rows
 constexpr int kLdC = kC + 8;   // padded stride of C x C tiles: 8 mod 32 words, so the mma gathers' 64-bit
                                // pair loads (rows g, column pairs t) are conflict-free; scalar ones 2-way at worst
+constexpr int kLdP = kC + 4;   // P^T in the fused reverse scan: fills the (raw_ld(128) / 2)-float q buffer
 constexpr int kThreads = 256;  // per block, every kernel but the chunk table
 constexpr float kL2Eps = 1e-6f;
 
@@ -180,6 +181,29 @@ __device__ void build_p(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int 
       for (int r = 0; r < 4; ++r) {
         const int i = m0 + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
         Ps[i * kLdC + j] = j <= i ? rq[i] * rk[j] * acc[u][nt][r] * expf(gs[i] - gs[j]) : 0.f;
+      }
+  }
+}
+
+// Pt[j * kLdP + i] = P_ij = (q^_i . k^_j) exp(G_i - G_j) for i >= j (0 above the diagonal inside
+// the diagonal tiles; the tiles above it are not written, the P^T dO product never reads them), from
+// the raw q, k rows and their L2 scales (as build_p, transposed so that the product's A operand
+// pairs run along i). kNThreads threads, all of them; Pt overlaps neither Qb nor Kb.
+template <int kNThreads>
+__device__ void build_pt(float* Pt, const bf16* Qb, const bf16* Kb, int ldr, int K, const float* gs, const float* rq,
+                         const float* rk) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int tile = warp; tile < (kC / 16) * (kC / 16); tile += kNThreads / 32) {
+    const int m0 = (tile / (kC / 16)) * 16, n0 = (tile % (kC / 16)) * 16;  // rows i, columns j of P
+    if (n0 > m0) continue;
+    float acc[2][4] = {};
+    mma_acc(acc, m0, n0, 0, K, Ld<false>{Qb, ldr}, Ld<false>{Kb, ldr});
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = m0 + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
+        Pt[j * kLdP + i] = j <= i ? rq[i] * rk[j] * acc[nt][r] * expf(gs[i] - gs[j]) : 0.f;
       }
   }
 }
@@ -874,6 +898,19 @@ int scan_bwd_smem_floats(int K, int bv) {
   return K * bv_ld(bv) + kC * raw_ld(K) + kC * raw_ld(K) + kC * bv_ld(bv) / 2 + kC * bv_ld(bv) + kC * (bv + 4) +
          2 * kC;
 }
+// The fused variant (scan_bwd_fused): q and dO double-buffered, no dD_local tile, three more row
+// arrays; P^T (fp32, stride kLdP) lives in the idle q buffer. 227,584 bytes at K = bv = 128.
+int scan_bwd_fused_smem_floats(int K, int bv) {
+  return K * bv_ld(bv) + kC * raw_ld(K) + kC * raw_ld(K) / 2 + kC * raw_ld(K) + kC * bv_ld(bv) + kC * bv_ld(bv) +
+         5 * kC;
+}
+// dD_local = P^T dO is formed inside the reverse scan (no gdn_dlocal_kernel, no dD round trip)
+// where the smem allows it: one 16-warp CTA per (sample, head) (bv = 128) at dk = 128, where P^T
+// fits the spare q buffer.
+bool scan_bwd_fused(int K, int bv) {
+  return bv == 128 && K == 128 && kC * kLdP <= kC * raw_ld(K) / 2 &&
+         scan_bwd_fused_smem_floats(K, bv) * sizeof(float) <= 227 * 1024;
+}
 
 // dh[chunk] = dL/d(state leaving the chunk); full dD = dD_local + diag(e^{G_L-G}) K^ dS, as its planes
 // dDgh, dDgl [T, Hv, V];
@@ -884,7 +921,11 @@ int scan_bwd_smem_floats(int K, int bv) {
 // are waited on before (B), k and dD_local of chunk c-1 during the dS update (waited on before the
 // next (A)), the gates and row scales of chunk c-1 into registers during chunk c.
 // kMaxThreads as gdn_scan_fwd_kernel's (2 CTAs per SM at 256, 1 at 512: 128 registers either way).
-template <int kMaxThreads>
+// kFused (scan_bwd_fused): dD_local = P^T dO of each chunk is formed here instead of read: q and dO
+// of chunk c - 1 load with its k during chunk c's update (two buffers each), P^T is built at the
+// start of the chunk into the q buffer of the chunk after (dead by then), one more barrier, and
+// the dD product takes P^T dO as a second accumulator.
+template <int kMaxThreads, bool kFused>
 __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     gdn_scan_bwd_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD, const bf16* Wh, const bf16* Wl,
                         const bf16* qkv, const float* rs, const float* Gc, const bf16* d_o, const int32_t* cu,
@@ -900,13 +941,22 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
   bf16* Whs = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
   bf16* Wls = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
   bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));  // raw k rows
-  bf16* Qb = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));  // raw q rows
-  bf16* dOs = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
+  // Raw q rows and dO columns e0..; fused: two buffers each, chunk c in buffer c & 1 (selects, not an
+  // indexed array, which would live in local memory).
+  bf16* const Q0 = reinterpret_cast<bf16*>(cv.take(kC * ldr / 2));
+  bf16* const Q1 = kFused ? reinterpret_cast<bf16*>(cv.take(kC * ldr / 2)) : Q0;
+  bf16* const dO0 = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
+  bf16* const dO1 = kFused ? reinterpret_cast<bf16*>(cv.take(kC * lds / 2)) : dO0;
+  auto qbuf = [&](int c) { return (c & 1) ? Q1 : Q0; };
+  auto dobuf = [&](int c) { return (c & 1) ? dO1 : dO0; };
   bf16* Dh = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));  // planes of -dD
   bf16* Dl = reinterpret_cast<bf16*>(cv.take(kC * lds / 2));
-  float* dDl = cv.take(kC * ldl);  // dD_local columns e0.. of the chunk (cp.async with its k)
-  float* ks = cv.take(kC);         // e^{G_L - G_i} rs_k(i)
-  float* eq = cv.take(kC);         // e^{G_i} rs_q(i)
+  float* dDl = kFused ? nullptr : cv.take(kC * ldl);  // dD_local columns e0.. of the chunk (cp.async with its k)
+  float* ks = cv.take(kC);                              // e^{G_L - G_i} rs_k(i)
+  float* eq = cv.take(kC);                              // e^{G_i} rs_q(i)
+  float* gsc = kFused ? cv.take(kC) : nullptr;          // fused: the chunk's G (rows past L: G_L), rq, rk
+  float* rqc = kFused ? cv.take(kC) : nullptr;
+  float* rkc = kFused ? cv.take(kC) : nullptr;
   const size_t w_ld = static_cast<size_t>(Hv) * K, x_ld = static_cast<size_t>(conv_dim);
   const size_t d_ld = static_cast<size_t>(Hv) * V;
   const bf16* qraw = qkv + static_cast<size_t>(kh) * K;
@@ -920,7 +970,12 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
   if (n > 0) {
     const int c0 = bos + (n - 1) * kC, L0 = len - (n - 1) * kC;
     async_rows(Kb, ldr, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L0, K);
-    async_rows(dDl, ldl, dD + static_cast<size_t>(c0) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, L0, bv);
+    if constexpr (kFused) {
+      async_rows(qbuf(n - 1), ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L0, K);
+      async_rows(dobuf(n - 1), lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, d_ld, L0, bv);
+    } else {
+      async_rows(dDl, ldl, dD + static_cast<size_t>(c0) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, L0, bv);
+    }
     gl_next = Gc[static_cast<size_t>(c0 + L0 - 1) * Hv + head];
     if (threadIdx.x < L0) {
       gi_next = Gc[static_cast<size_t>(c0 + threadIdx.x) * Hv + head];
@@ -932,10 +987,19 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     const size_t chunk = static_cast<size_t>(first + ci);
     const float gl = gl_next;
+    bf16* const Qb = qbuf(ci);
+    bf16* const dOs = dobuf(ci);
     // Rows >= L: scales 0 (their q, k, dO, dD_local are zero too). ks is last read by the previous
     // chunk's dD product (before its barrier (B)), eq by its dS update, so eq waits for (A).
     const float eqi = expf(gi_next) * r_next.x;
     if (threadIdx.x < kC) ks[threadIdx.x] = expf(gl - gi_next) * r_next.y;
+    if constexpr (kFused) {  // read by the P build before (B), as ks
+      if (threadIdx.x < kC) {
+        gsc[threadIdx.x] = threadIdx.x < L ? gi_next : gl;  // past L: G_L, so e^{G_i - G_j} stays finite
+        rqc[threadIdx.x] = r_next.x;
+        rkc[threadIdx.x] = r_next.y;
+      }
+    }
     if (ci > 0) {  // chunk ci - 1 is full (only a sample's last chunk is partial)
       const int cp = c0 - kC;
       gl_next = Gc[static_cast<size_t>(cp + kC - 1) * Hv + head];
@@ -944,37 +1008,74 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
         r_next = rs2[static_cast<size_t>(cp + threadIdx.x) * Hk + kh];
       }
     }
-    cp_async_wait<0>();  // k and dD_local of this chunk
+    cp_async_wait<0>();  // k and dD_local (fused: k, q and dO) of this chunk
     __syncthreads();     // (A) they, ks and the dS planes visible; the previous update finished (W, q, dO, eq, -dD free)
     if (threadIdx.x < kC) eq[threadIdx.x] = eqi;  // read after (B) only
     const size_t wo = (static_cast<size_t>(c0) * Hv + head) * K;
     async_rows(Whs, ldr, Wh + wo, w_ld, L, K);
     async_rows(Wls, ldr, Wl + wo, w_ld, L, K);
-    async_rows(Qb, ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L, K);
-    async_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, static_cast<size_t>(Hv) * V, L, bv);
+    if constexpr (!kFused) {
+      async_rows(Qb, ldr, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L, K);
+      async_rows(dOs, lds, d_o + (static_cast<size_t>(c0) * Hv + head) * V + e0, d_ld, L, bv);
+    }
     cp_async_commit();
     store_state(dh + (chunk * Hv + head) * static_cast<size_t>(K) * V, V, e0, dS, K, bv);
+    // Fused: P^T of this chunk into the other q buffer (its q was the previous chunk's, done).
+    float* Pt = reinterpret_cast<float*>(qbuf(ci + 1));
+    if constexpr (kFused) {
+      build_pt<kMaxThreads>(Pt, Qb, Kb, ldr, K, gsc, rqc, rkc);
+      __syncthreads();  // (P) P^T complete
+    }
     // dD += diag(e^{G_L - G} rs_k) k dS (rows >= L: 0); the planes get -dD.
-    auto ddbody = [&](auto& acc, int m0, int n0) {
-      if (m0 >= L) return;
-      mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldr}, Ld2<true>{Sh, Sl, lds});
+    auto dd_epi = [&](int i, int e, float l0, float l1, float v0, float v1) {
+      float x0 = 0.f, x1 = 0.f;
+      if (i < L) {
+        x0 = l0 + ks[i] * v0;
+        x1 = l1 + ks[i] * v1;
+        store_split(dDgh, dDgl, (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e, x0, x1);
+      }
+      store_split(Dh, Dl, i * lds + e, -x0, -x1);
     };
-    for_tiles<2>(kC, bv, ddbody, Pair{[&](int i, int e, float v0, float v1) {
-                   float x0 = 0.f, x1 = 0.f;
-                   if (i < L) {
-                     const float2 d = *reinterpret_cast<const float2*>(dDl + i * ldl + e);
-                     x0 = d.x + ks[i] * v0;
-                     x1 = d.y + ks[i] * v1;
-                     store_split(dDgh, dDgl, (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e, x0, x1);
-                   }
-                   store_split(Dh, Dl, i * lds + e, -x0, -x1);
-                 }});
-    cp_async_wait<0>();  // q, W, dO of this chunk
-    __syncthreads();     // (B) they, the -dD planes and eq are visible; Kb, dDl and the dS planes free
+    if constexpr (kFused) {
+      // dD_local_j = sum_{i >= j} P_ij dO_i: A = P^T (rows j, pairs along i), B = the raw dO rows.
+      for_tiles_m2<1, 2>(
+          kC, bv,
+          [&](auto& a1, auto& a2, int m0, int n0) {
+            if (m0 >= L) return;
+            mma_acc(a1[0], m0, n0, m0, kC, Gk{[&](int j, int i) { return ld_f2(Pt + j * kLdP + i); }},
+                    Ld<true>{dOs, lds});
+            mma_acc(a2[0], m0, n0, 0, K, Ld<false>{Kb, ldr}, Ld2<true>{Sh, Sl, lds});
+          },
+          Pair{dd_epi});
+    } else {
+      for_tiles<2>(
+          kC, bv,
+          [&](auto& acc, int m0, int n0) {
+            if (m0 >= L) return;
+            mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldr}, Ld2<true>{Sh, Sl, lds});
+          },
+          Pair{[&](int i, int e, float v0, float v1) {
+            float x0 = 0.f, x1 = 0.f;
+            if (i < L) {
+              const float2 d = *reinterpret_cast<const float2*>(dDl + i * ldl + e);
+              x0 = d.x + ks[i] * v0;
+              x1 = d.y + ks[i] * v1;
+              store_split(dDgh, dDgl, (static_cast<size_t>(c0 + i) * Hv + head) * V + e0 + e, x0, x1);
+            }
+            store_split(Dh, Dl, i * lds + e, -x0, -x1);
+          }});
+    }
+    cp_async_wait<0>();  // W (unfused: q, W, dO) of this chunk
+    __syncthreads();     // (B) they, the -dD planes and eq are visible; Kb, dDl (P^T) and the dS planes free
     if (ci > 0) {
       async_rows(Kb, ldr, kraw + static_cast<size_t>(c0 - kC) * x_ld, x_ld, kC, K);
-      async_rows(dDl, ldl, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld, kC,
-                 bv);
+      if constexpr (kFused) {
+        async_rows(qbuf(ci - 1), ldr, qraw + static_cast<size_t>(c0 - kC) * x_ld, x_ld, kC, K);
+        async_rows(dobuf(ci - 1), lds, d_o + (static_cast<size_t>(c0 - kC) * Hv + head) * V + e0, d_ld, kC, bv);
+      } else {
+        async_rows(dDl, ldl, dD + static_cast<size_t>(c0 - kC) * d_ld + static_cast<size_t>(head) * V + e0, d_ld,
+                   kC, bv);
+      }
     }
     cp_async_commit();
     scan_update_state<kMaxThreads>(
@@ -1681,8 +1782,14 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
 
-  // dk = dv = 128 (Qwen3.5's): the wgmma kernel; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
-  if (K == kDlD && V == kDlD && env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) == 0) {
+  // The reverse scan forms dD_local itself where it can (scan_bwd_fused; QT_GDN_DLOCAL_SEPARATE=1 keeps
+  // the separate kernel, for A/B runs). Otherwise at dk = dv = 128 (Qwen3.5's) the wgmma kernel;
+  // QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
+  const int bv = column_block(K, V, a.num_v_heads, true), scan_thr = scan_threads(K, bv);
+  const bool fused = scan_bwd_fused(K, bv) && env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) == 0;
+  if (fused) {
+    // no dD_local pass
+  } else if (K == kDlD && V == kDlD && env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) == 0) {
     set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
     stage_begin(stream);
     gdn_dlocal_wgmma_kernel<<<dim3(w.nc_max, Hv), 128, kDlSmem, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
@@ -1696,14 +1803,16 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
                                                                           dO, Hk, Hv, K, V, conv_dim);
     QT_LAUNCH_CHECK("gdn_dlocal_kernel");
   }
-  stage_end("gdn_dlocal_kernel", stream);
+  if (!fused) stage_end("gdn_dlocal_kernel", stream);
 
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
-  const int bv = column_block(K, V, a.num_v_heads, true), scan_thr = scan_threads(K, bv);
-  const size_t sb_bytes = static_cast<size_t>(scan_bwd_smem_floats(K, bv)) * sizeof(float);
-  auto scan_bwd = scan_thr > kThreads ? gdn_scan_bwd_kernel<2 * kThreads> : gdn_scan_bwd_kernel<kThreads>;
+  const size_t sb_bytes =
+      static_cast<size_t>(fused ? scan_bwd_fused_smem_floats(K, bv) : scan_bwd_smem_floats(K, bv)) * sizeof(float);
+  auto scan_bwd = fused                   ? gdn_scan_bwd_kernel<2 * kThreads, true>
+                  : scan_thr > kThreads ? gdn_scan_bwd_kernel<2 * kThreads, false>
+                                          : gdn_scan_bwd_kernel<kThreads, false>;
   set_smem(scan_bwd, sb_bytes);
   stage_begin(stream);
   scan_bwd<<<scan_grid(a, bv), scan_thr, sb_bytes, stream>>>(
