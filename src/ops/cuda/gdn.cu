@@ -16,7 +16,9 @@
 //   S_end = e^{G_L} S0 + (diag(e^{G_L - G}) K)^T D
 // Forward:  chunk table -> L2 norm -> prep (G, W, U) -> state scan (h, D) -> output.
 // Backward: the same up to the scan, then dD_local = P^T dO -> reverse scan (dh, full dD) ->
-//           per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta) -> group sum + L2-norm bwd.
+//           per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta) -> group sum + L2-norm bwd;
+//           at dk = 128 with one scan CTA per (sample, head) (the 4B / 27B shapes) the reverse scan
+//           forms dD_local itself (scan_bwd_fused).
 // Per-(chunk, head) kernels: 256 threads; row reductions go through fixed-order per-tile partials
 // (gdn_mma.cuh's for_tiles*), so every result is deterministic.
 #include <cuda_bf16.h>
