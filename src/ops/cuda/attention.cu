@@ -706,11 +706,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
 // The tile, work list, software pipeline and masking of attn_fwd_wgmma_kernel, in three
 // warpgroups. Warpgroup 0 is the producer: one thread issues every tile load by TMA (2-D boxes of
 // 64 columns x the tile's rows, written by the hardware into the 128-byte-swizzle panels), and the
-// warpgroup gives its registers to the others (setmaxnreg 24). Warpgroups 1 and 2 are the
-// consumers (240 registers; query rows 0-63 and 64-127) and never issue a load or meet at a CTA
-// barrier: K and V have two stages each, with a `full` barrier per stage (its TMA bytes landed)
-// and an `empty` one (all 8 consumer warps are done reading it), so the producer runs ahead by up to
-// two tiles and neither consumer waits for the other. The cp.async kernel spent its issue slots on
+// warpgroup gives its registers to the others (setmaxnreg, kFwdProducerRegs / kFwdConsumerRegs).
+// Warpgroups 1 and 2 are the consumers (query rows 0-63 and 64-127) and never issue a load or
+// meet at a CTA barrier: K and V have two stages each, with a `full` barrier per stage (its TMA
+// bytes landed) and an `empty` one (all 8 consumer warps are done reading it), so the producer runs
+// ahead by up to two tiles and neither consumer waits for the other. The cp.async kernel spent its issue slots on
 // 256 threads' address math and met at a __syncthreads per key tile.
 // TMA reads the packed rows as they are: keys past the sample end belong to the next sample (or are
 // zeros past T). Their scores are masked as before; their V rows are zeroed in smem before the last
@@ -749,6 +749,27 @@ __device__ __forceinline__ void ws_release(uint64_t* bar, int lane) {
   if (lane == 0) wg::mbar_arrive(bar);
 }
 
+// The load rings of the warp-specialized kernels: a ring's n-th tile (counted from 0) goes into
+// stage n % kStages, whose barriers then complete their (n / kStages)-th phase. A stage has a
+// `full` barrier (the producer's one arrival plus the TMA bytes) and an `empty` one (one arrival
+// per consumer warp, ws_release). Init by one thread; a CTA barrier must follow.
+__device__ __forceinline__ void ring_stage_init(uint64_t* full, uint64_t* empty) {
+  wg::mbar_init(full, 1);
+  wg::mbar_init(empty, kWsConsumerWarps);
+}
+// Producer thread, before loading tile n into its stage: waits for the consumers' release of the
+// stage's previous tile (n - kStages), then announces the stage's bytes on `full`.
+template <int kStages>
+__device__ __forceinline__ void ring_acquire(uint64_t* full, uint64_t* empty, uint32_t n, uint32_t bytes) {
+  if (n >= kStages) wg::mbar_wait(empty, (n / kStages - 1) & 1);
+  wg::mbar_arrive_expect_tx(full, bytes);
+}
+// Consumers: waits until tile n has landed in its stage.
+template <int kStages>
+__device__ __forceinline__ void ring_wait(uint64_t* full, uint32_t n) {
+  wg::mbar_wait(full, (n / kStages) & 1);
+}
+
 // Rows [valid, kWgBN) of a landed 64-row key tile (4 panels) set to zero by the two consumer
 // warpgroups (ct = thread index among them): 16-byte chunk c is row c / 32, panel (c / 8) % 4,
 // chunk c % 8 (whole rows, so the swizzle is moot). The caller fences and meets at named barrier 1.
@@ -769,7 +790,7 @@ __device__ __forceinline__ void consumers_sync_stores() {
 // tile that reaches past the sample end, the two consumer warpgroups zero its rows from there on
 // before either reads it.
 __device__ __forceinline__ void ws_wait_v(WsBarriers* bar, char* sV, uint32_t g, int valid, int ct) {
-  wg::mbar_wait(&bar->v_full[g & 1], (g >> 1) & 1);
+  ring_wait<2>(&bar->v_full[g & 1], g);
   if (valid >= kWgBN) return;  // uniform over the CTA
   zero_tile_rows(sV + (g & 1) * kWgTileBytes, valid, ct);
   consumers_sync_stores();
@@ -800,14 +821,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
   const int tid = threadIdx.x;
   const int wg_i = ws_warpgroup();
   if (tid == 0) {
-    wg::mbar_init(&bar->q_full, 1);
-    wg::mbar_init(&bar->q_empty, kWsConsumerWarps);
+    ring_stage_init(&bar->q_full, &bar->q_empty);
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-      wg::mbar_init(&bar->k_full[st], 1);
-      wg::mbar_init(&bar->v_full[st], 1);
-      wg::mbar_init(&bar->k_empty[st], kWsConsumerWarps);
-      wg::mbar_init(&bar->v_empty[st], kWsConsumerWarps);
+      ring_stage_init(&bar->k_full[st], &bar->k_empty[st]);
+      ring_stage_init(&bar->v_full[st], &bar->v_empty[st]);
     }
   }
   __syncthreads();
@@ -826,17 +844,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
         const QueryTile t = query_tile(p, work, kWgBM, kWgD, h);
         const int n_tiles = (min(t.m0 + kWgBM, t.L) + kWgBN - 1) / kWgBN;
         const int kcol = t.kvh * kWgD;
-        if (r > 0) wg::mbar_wait(&bar->q_empty, (r - 1) & 1);
-        wg::mbar_arrive_expect_tx(&bar->q_full, kWgBM * kWgD * 2);
+        ring_acquire<1>(&bar->q_full, &bar->q_empty, r, kWgBM * kWgD * 2);
         tma_load_tile(sQ, kWgBM, maps.q, h * kWgD, t.start + t.m0, &bar->q_full);
         for (int j = 0; j < n_tiles; ++j, ++g) {
-          const uint32_t st = g & 1, freed = ((g >> 1) - 1) & 1;  // parity of the stage's previous release
+          const uint32_t st = g & 1;
           const int row = t.start + j * kWgBN;
-          if (g >= 2) wg::mbar_wait(&bar->k_empty[st], freed);
-          wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
+          ring_acquire<2>(&bar->k_full[st], &bar->k_empty[st], g, kWgTileBytes);
           tma_load_tile(sK + st * kWgTileBytes, kWgBN, maps.k, kcol, row, &bar->k_full[st]);
-          if (g >= 2) wg::mbar_wait(&bar->v_empty[st], freed);
-          wg::mbar_arrive_expect_tx(&bar->v_full[st], kWgTileBytes);
+          ring_acquire<2>(&bar->v_full[st], &bar->v_empty[st], g, kWgTileBytes);
           tma_load_tile(sV + st * kWgTileBytes, kWgBN, maps.v, kcol, row, &bar->v_full[st]);
         }
       }
@@ -864,8 +879,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
     float(&s_flat)[kWgBN / 2] = reinterpret_cast<float(&)[kWgBN / 2]>(s);
     uint32_t pa[kWgBN / 16][4];
 
-    wg::mbar_wait(&bar->q_full, r & 1);
-    wg::mbar_wait(&bar->k_full[g & 1], (g >> 1) & 1);
+    ring_wait<1>(&bar->q_full, r);
+    ring_wait<2>(&bar->k_full[g & 1], g);
     wg_issue_s(s_flat, sQ, sK + (g & 1) * kWgTileBytes, 64 * cw);
     wg::wait<0>();
     wg::fence_operands(s_flat);
@@ -875,7 +890,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_tma_wgmma_kernel(const
 
     for (int j = 1; j < n_tiles; ++j) {
       const uint32_t gj = g + j, st = gj & 1;
-      wg::mbar_wait(&bar->k_full[st], (gj >> 1) & 1);
+      ring_wait<2>(&bar->k_full[st], gj);
       wg_issue_s(s_flat, sQ, sK + st * kWgTileBytes, 64 * cw);
       ws_wait_v(bar, sV, gj - 1, L - (j - 1) * kWgBN, ct);
       wg_issue_pv(acc_flat, pa, sV + (st ^ 1) * kWgTileBytes);
@@ -1372,10 +1387,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
   if (tid == 0) {
     wg::mbar_init(&bar->kv_full, 1);
 #pragma unroll
-    for (int st = 0; st < 2; ++st) {
-      wg::mbar_init(&bar->q_full[st], 1);
-      wg::mbar_init(&bar->q_empty[st], kWsConsumerWarps);
-    }
+    for (int st = 0; st < 2; ++st) ring_stage_init(&bar->q_full[st], &bar->q_empty[st]);
   }
   __syncthreads();
 
@@ -1389,8 +1401,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
       for (int it = 0; it < n_iter; ++it) {
         const int st = it & 1, qcol = (t.h_first + it / t.n_m) * kWgD;
         const int row = t.start + t.m_begin + (it % t.n_m) * BM;
-        if (it >= 2) wg::mbar_wait(&bar->q_empty[st], ((it >> 1) - 1) & 1);
-        wg::mbar_arrive_expect_tx(&bar->q_full[st], 2 * kWgTileBytes);
+        ring_acquire<2>(&bar->q_full[st], &bar->q_empty[st], it, 2 * kWgTileBytes);
         tma_load_tile(sQ + st * kWgTileBytes, BM, maps.q, qcol, row, &bar->q_full[st]);
         tma_load_tile(sdO + st * kWgTileBytes, BM, maps.d_o, qcol, row, &bar->q_full[st]);
       }
@@ -1418,7 +1429,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_tma_wgmma_kernel(c
   // Waits for the Q / dO tiles of iteration it; rows past the sample end zeroed (uniform branch).
   auto wait_q = [&](int it) {
     const int st = it & 1, valid = L - tile_m0(it);
-    wg::mbar_wait(&bar->q_full[st], (it >> 1) & 1);
+    ring_wait<2>(&bar->q_full[st], it);
     if (valid < BM) {
       zero_tile_rows(sQ + st * kWgTileBytes, valid, ct);
       zero_tile_rows(sdO + st * kWgTileBytes, valid, ct);
@@ -1781,13 +1792,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
   const int wg_i = ws_warpgroup();
   if (tid == 0) {
     wg::mbar_init(&bar->qdo_full, 1);
-    wg::mbar_init(&bar->v_full, 1);
-    wg::mbar_init(&bar->v_empty, kWsConsumerWarps);
+    ring_stage_init(&bar->v_full, &bar->v_empty);
 #pragma unroll
-    for (int st = 0; st < 2; ++st) {
-      wg::mbar_init(&bar->k_full[st], 1);
-      wg::mbar_init(&bar->k_empty[st], kWsConsumerWarps);
-    }
+    for (int st = 0; st < 2; ++st) ring_stage_init(&bar->k_full[st], &bar->k_empty[st]);
   }
   __syncthreads();
 
@@ -1800,11 +1807,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
       tma_load_tile(sdO, kWgBM, maps.d_o, qcol, qrow, &bar->qdo_full);
       for (int j = 0; j < n_tiles; ++j) {
         const int st = j & 1, row = t.start + j * kWgBN;
-        if (j >= 2) wg::mbar_wait(&bar->k_empty[st], ((j >> 1) - 1) & 1);
-        wg::mbar_arrive_expect_tx(&bar->k_full[st], kWgTileBytes);
+        ring_acquire<2>(&bar->k_full[st], &bar->k_empty[st], j, kWgTileBytes);
         tma_load_tile(sK + st * kWgTileBytes, kWgBN, maps.k, kcol, row, &bar->k_full[st]);
-        if (j >= 1) wg::mbar_wait(&bar->v_empty, (j - 1) & 1);
-        wg::mbar_arrive_expect_tx(&bar->v_full, kWgTileBytes);
+        ring_acquire<1>(&bar->v_full, &bar->v_empty, j, kWgTileBytes);
         tma_load_tile(sV, kWgBN, maps.v, kcol, row, &bar->v_full);
       }
     }
@@ -1870,8 +1875,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
   auto tile = [&](int j, bool first) {
     const int n0 = j * kWgBN, st = j & 1;
     char* kb = sK + st * kWgTileBytes;
-    wg::mbar_wait(&bar->k_full[st], (j >> 1) & 1);
-    wg::mbar_wait(&bar->v_full, j & 1);
+    ring_wait<2>(&bar->k_full[st], j);
+    ring_wait<1>(&bar->v_full, j);
     if (L - n0 < kWgBN) {  // uniform over the CTA
       zero_tile_rows(kb, L - n0, ct);
       zero_tile_rows(sV, L - n0, ct);
