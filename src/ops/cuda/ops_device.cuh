@@ -145,6 +145,35 @@ __device__ __forceinline__ void block_inclusive_scan(int* s) {
   }
 }
 
+// ---- shared-memory barriers (mbarrier) and the async proxy -------------------------------------
+// An mbarrier phase completes when `count` arrivals (mbar_init) and every transaction byte
+// announced by arrive_expect_tx have landed; waiters poll the parity of the phase they expect
+// (0 for the first use, then alternating). Used by the TMA / bulk-copy kernels (wgmma.cuh's users,
+// the RMSNorm ring).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// One thread; fenced so the async proxy (TMA) sees the initialised barrier; a CTA barrier must
+// follow before other threads use it.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Generic-proxy writes to smem ordered before the async proxy's (TMA, bulk copies, wgmma) accesses.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 }  // namespace qt::cuda::dev
 
 namespace qt::cuda {

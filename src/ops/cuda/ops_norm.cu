@@ -583,23 +583,12 @@ void dispatch_narrow(int64_t cols, F&& f) {
 // summed in registers over the warp's rows, then over the block's warps in warp order into one
 // partial row per block. (1+w) is kept once per block in shared memory as fp32. Used with 8 warps
 // x 2 stages (34-35 us; 3 stages 36.5 us, 6 warps x 4 stages 37.5 us: notes/dense_kernels.md).
-__device__ __forceinline__ unsigned rg_saddr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void rg_wait(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(rg_saddr(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
 // Lane 0: x and dy of one row (bytes each) into dst, dst + bytes, completing on bar.
 __device__ __forceinline__ void rg_issue_row(char* dst, const bf16* xr, const bf16* dyr, unsigned bytes,
                                              uint64_t* bar) {
-  const unsigned b = rg_saddr(bar), d = rg_saddr(dst);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(2u * bytes) : "memory");
+  const unsigned b = dev::smem_addr(bar), d = dev::smem_addr(dst);
+  dev::fence_proxy_async();
+  dev::mbar_arrive_expect_tx(bar, 2u * bytes);
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(d),
                "l"(xr), "r"(bytes), "r"(b)
                : "memory");
@@ -643,9 +632,7 @@ __global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict_
     wp1[(2 * j + 1) * 32 + l] = make_float4(1.0f + v[4], 1.0f + v[5], 1.0f + v[6], 1.0f + v[7]);
   }
   if (lane == 0) {
-    for (int s = 0; s < D; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(rg_saddr(bars + s)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < D; ++s) dev::mbar_init(bars + s, 1);
   }
   __syncthreads();
   const int64_t gw = int64_t(blockIdx.x) * NW + warp, GW = int64_t(gridDim.x) * NW;
@@ -664,7 +651,7 @@ __global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict_
     if (row >= rows) break;
     const float rs = rstd[row];
     const int s = int(k % D);
-    rg_wait(bars + s, unsigned(k / D) & 1u);
+    dev::mbar_wait(bars + s, unsigned(k / D) & 1u);
     const uint4* xs = reinterpret_cast<const uint4*>(ring + s * stage);
     const uint4* ds = reinterpret_cast<const uint4*>(ring + s * stage + rbytes);
     uint4 xr[NV], dr[NV];

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/ops_device.cuh"
+
 namespace qt::cuda::wg {
 
 // Byte offset of element (row, col), col < 64, inside a 128-byte-swizzled panel.
@@ -46,7 +48,7 @@ __device__ __forceinline__ uint64_t desc_opaque(uint64_t desc) {
   return desc;
 }
 
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+using dev::fence_proxy_async;
 // Orders the warpgroup's register accesses before the wgmma that follows.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -221,31 +223,13 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kN / 2], const void* a, uin
 #undef QT_WG_D128_REGS
 #undef QT_WG_D128_OUT
 
-// ---- mbarriers and TMA (the warp-specialized kernels' producer / consumer hand-over) ------------
-// An mbarrier phase completes when `count` arrivals (mbar_init) and every transaction byte
-// announced by arrive_expect_tx have landed; waiters poll the parity of the phase they expect
-// (0 for the first use, then alternating).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-// One thread; fenced so the async proxy (TMA) sees the initialised barrier; a CTA barrier must
-// follow before other threads use it.
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
+// ---- mbarriers (ops_device.cuh) and TMA (the warp-specialized kernels' producer / consumer
+// hand-over) ------------------------------------------------------------------------------------
+using dev::mbar_arrive;
+using dev::mbar_arrive_expect_tx;
+using dev::mbar_init;
+using dev::mbar_wait;
+using dev::smem_addr;
 // 2-D TMA load of the box at element coordinates (c0 inner, c1 rows) of `map` into dst (1024-byte
 // aligned for the 128-byte swizzle), completing on bar. Coordinates past the tensor read zeros.
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int c0, int c1, uint64_t* bar) {
