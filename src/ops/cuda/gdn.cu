@@ -158,6 +158,17 @@ __device__ void solve_unit_lower(float* Ts, float* As) {
   }
 }
 
+// The chunk's entries from a raw-row dot product (q_i . k_j or k_i . k_j) and the per-row data:
+// P_ij = rq_i rk_j (q_i . k_j) e^{G_i - G_j} for j <= i (output, dlocal, the fused reverse scan),
+// A_ij = b_i rk_i rk_j (k_i . k_j) e^{G_i - G_j} for j < i (prep, and bwd_chunk's recompute of it);
+// 0 elsewhere. One definition, so every kernel forms the same bits.
+__device__ __forceinline__ float p_entry(float qk, int i, int j, const float* gs, const float* rq, const float* rk) {
+  return j <= i ? rq[i] * rk[j] * qk * expf(gs[i] - gs[j]) : 0.f;
+}
+__device__ __forceinline__ float a_entry(float kk, int i, int j, const float* gs, const float* bs, const float* rk) {
+  return j < i ? bs[i] * rk[i] * rk[j] * kk * expf(gs[i] - gs[j]) : 0.f;
+}
+
 // Ps[i][j] = (q^_i . k^_j) exp(G_i - G_j) for j <= i, else 0, from the raw bf16 q, k rows (exact
 // products, fp32 sums: 1 mma per k step) and their L2 scales rq, rk. Ps may start at Kb (the output
 // kernel writes P over k): each warp keeps its two 16 x 16 tiles in registers until every warp has
@@ -182,7 +193,7 @@ __device__ void build_p(float* Ps, const bf16* Qb, const bf16* Kb, int ldr, int 
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = m0 + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
-        Ps[i * kLdC + j] = j <= i ? rq[i] * rk[j] * acc[u][nt][r] * expf(gs[i] - gs[j]) : 0.f;
+        Ps[i * kLdC + j] = p_entry(acc[u][nt][r], i, j, gs, rq, rk);
       }
   }
 }
@@ -205,7 +216,7 @@ __device__ void build_pt(float* Pt, const bf16* Qb, const bf16* Kb, int ldr, int
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = m0 + g + (r >= 2 ? 8 : 0), j = n0 + nt * 8 + 2 * t + (r & 1);
-        Pt[j * kLdP + i] = j <= i ? rq[i] * rk[j] * acc[nt][r] * expf(gs[i] - gs[j]) : 0.f;
+        Pt[j * kLdP + i] = p_entry(acc[nt][r], i, j, gs, rq, rk);
       }
   }
 }
@@ -438,7 +449,7 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
         mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldk}, Ld<false>{Kb, ldk});
       },
       [&](int i, int j, float v) {
-        As[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
+        As[i * kLdC + j] = a_entry(v, i, j, gs, bs, rk);
       });
   __syncthreads();
   solve_unit_lower(Ts, As);  // ends with a barrier: A is dead
@@ -859,7 +870,7 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 8 * nb + 2 * t + e;
-        pv[e] = i >= j ? rq[i] * rk[j] * st[4 * nb + 2 * hh + e] * expf(gs[i] - gs[j]) : 0.f;
+        pv[e] = p_entry(st[4 * nb + 2 * hh + e], i, j, gs, rq, rk);
       }
       // register q of fragment kk: 0 (row g, cols 0-7 of the k step), 1 (row g + 8), 2 (cols 8-15), 3
       const int kk = nb >> 1, q = hh + 2 * (nb & 1);
@@ -1288,7 +1299,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
                                   Ld<false>{Kb, ldr});
       },
       [&](int i, int j, float v) {
-        Cs[i * kLdC + j] = j < i ? bs[i] * rk[i] * rk[j] * v * expf(gs[i] - gs[j]) : 0.f;
+        Cs[i * kLdC + j] = a_entry(v, i, j, gs, bs, rk);
       });
   __syncthreads();
   solve_unit_lower(Ts, Cs);  // clobbers Cs's strict upper blocks (A is dead after it)
