@@ -327,19 +327,19 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BN / 16][4], const float (
 }
 
 // ---- work-list decode (every kernel but the preprocess / sums) ------------------------------------
-// The CTA's query tile on the forward's work list (forward and dQ kernels): blockIdx.x is the query
-// head, `work` the slot's entry (p.tiles[blockIdx.y], checked live by the caller).
+// A query tile on the forward's work list (forward and dQ kernels): `work` the slot's entry
+// (checked live by the caller), h the query head (blockIdx.x, or the persistent forward's item).
 struct QueryTile {
   int start, L, m0, h, kvh;  // sample start / length, tile's first row (sample-local), heads
   int64_t ldq, ldk;          // row strides of q / o / dO and of k / v
 };
 template <class Params>
-__device__ __forceinline__ QueryTile query_tile(const Params& p, int2 work, int bm, int d, int h = -1) {
+__device__ __forceinline__ QueryTile query_tile(const Params& p, int2 work, int bm, int d, int h) {
   QueryTile t;
   t.start = p.cu[work.x];
   t.L = p.cu[work.x + 1] - t.start;
   t.m0 = work.y * bm;
-  t.h = h < 0 ? static_cast<int>(blockIdx.x) : h;
+  t.h = h;
   t.kvh = t.h / (p.hq / p.hkv);
   t.ldq = static_cast<int64_t>(p.hq) * d;
   t.ldk = static_cast<int64_t>(p.hkv) * d;
@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_kernel(const FwdParams p
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const QueryTile t = query_tile(p, work, BM, D);
+  const QueryTile t = query_tile(p, work, BM, D, blockIdx.x);
   const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
   const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_wgmma_kernel(const FwdPa
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD, blockIdx.x);
   const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
   const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
@@ -1549,7 +1549,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_kernel(const DqParams
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const QueryTile t = query_tile(p, work, BM, D);
+  const QueryTile t = query_tile(p, work, BM, D, blockIdx.x);
   const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
   const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -1697,7 +1697,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dq_wgmma_kernel(const Dq
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD, blockIdx.x);
   const int start = t.start, L = t.L, m0 = t.m0, h = t.h, kvh = t.kvh;
   const int64_t ldq = t.ldq, ldk = t.ldk;
   const int tid = threadIdx.x, wg_i = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31;
@@ -1785,7 +1785,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_tma_wgmma_kernel(co
 
   const int2 work = p.tiles[blockIdx.y];
   if (work.x < 0) return;
-  const QueryTile t = query_tile(p, work, kWgBM, kWgD);
+  const QueryTile t = query_tile(p, work, kWgBM, kWgD, blockIdx.x);
   const int L = t.L, m0 = t.m0;
   const int n_tiles = (min(m0 + kWgBM, L) + kWgBN - 1) / kWgBN;
   const int tid = threadIdx.x;

@@ -1799,10 +1799,12 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // the separate kernel, for A/B runs). Otherwise at dk = dv = 128 (Qwen3.5's) the wgmma kernel;
   // QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
   const int bv = column_block(K, V, a.num_v_heads, true), scan_thr = scan_threads(K, bv);
-  const bool fused = scan_bwd_fused(K, bv) && env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) == 0;
+  static const bool separate = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0,  // read once, as column_block's
+                    mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;
+  const bool fused = scan_bwd_fused(K, bv) && !separate;
   if (fused) {
     // no dD_local pass
-  } else if (K == kDlD && V == kDlD && env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) == 0) {
+  } else if (K == kDlD && V == kDlD && !mma_sync_dlocal) {
     set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
     stage_begin(stream);
     gdn_dlocal_wgmma_kernel<<<dim3(w.nc_max, Hv), 128, kDlSmem, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
