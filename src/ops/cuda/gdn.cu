@@ -1802,23 +1802,22 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   static const bool separate = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0,  // read once, as column_block's
                     mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;
   const bool fused = scan_bwd_fused(K, bv) && !separate;
-  if (fused) {
-    // no dD_local pass
-  } else if (K == kDlD && V == kDlD && !mma_sync_dlocal) {
-    set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
+  if (!fused) {
     stage_begin(stream);
-    gdn_dlocal_wgmma_kernel<<<dim3(w.nc_max, Hv), 128, kDlSmem, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
-                                                                           dO, Hk, Hv, conv_dim);
-    QT_LAUNCH_CHECK("gdn_dlocal_wgmma_kernel");
-  } else {
-    const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
-    set_smem(gdn_dlocal_kernel, dl_bytes);
-    stage_begin(stream);
-    gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
-                                                                          dO, Hk, Hv, K, V, conv_dim);
-    QT_LAUNCH_CHECK("gdn_dlocal_kernel");
+    if (K == kDlD && V == kDlD && !mma_sync_dlocal) {
+      set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
+      gdn_dlocal_wgmma_kernel<<<dim3(w.nc_max, Hv), 128, kDlSmem, stream>>>(w.dD, w.table, w.nchunks, w.rs, x,
+                                                                             w.Gc, dO, Hk, Hv, conv_dim);
+      QT_LAUNCH_CHECK("gdn_dlocal_wgmma_kernel");
+    } else {
+      const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
+      set_smem(gdn_dlocal_kernel, dl_bytes);
+      gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
+                                                                            dO, Hk, Hv, K, V, conv_dim);
+      QT_LAUNCH_CHECK("gdn_dlocal_kernel");
+    }
+    stage_end("gdn_dlocal_kernel", stream);
   }
-  if (!fused) stage_end("gdn_dlocal_kernel", stream);
 
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
   // state (kept by the forward, or recomputed above).
