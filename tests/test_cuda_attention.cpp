@@ -528,10 +528,10 @@ TEST(CudaAttention, CpAsyncKernelsHeadDim256) {
   run_case(make_problem({700, 1, 1300, 47}, 8, 2, 256), kBackward, seed++, kDeterministic, kMmaSync, kCpAsync);
 }
 
-// The TMA kernels run the cp.async kernels' products in the same order (dK / dV's S and dP as two
-// m64n32 halves instead of one m64n64 per warpgroup), so o, lse, dq, dk and dv agree to the bit.
 // Runs the forward and the deterministic backward at D = 256 with the TMA kernels and with the
-// cp.async ones and expects o, lse, dq, dk and dv equal to the bit.
+// cp.async ones and expects o, lse, dq, dk and dv equal to the bit: the TMA kernels run the cp.async
+// kernels' products in the same order (dK / dV's S and dP as two m64n32 halves instead of one
+// m64n64 per warpgroup).
 void expect_tma_matches_cp_async(const std::vector<int>& lens, uint64_t seed) {
   const Problem p = make_problem(lens, 8, 2, 256);
   const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
