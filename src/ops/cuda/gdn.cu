@@ -14,7 +14,7 @@
 //   D = U - W S0                 ("v_new", the per-token delta vectors)
 //   O = diag(e^G) Q S0 + (Q K^T . Gam . M_incl) D
 //   S_end = e^{G_L} S0 + (diag(e^{G_L - G}) K)^T D
-// Forward:  chunk table -> L2 norm -> prep (G, W, U) -> state scan (h, D) -> output.
+// Forward:  chunk table -> L2 norm -> prep (G, W, U; T for the backward) -> state scan (h, D) -> output.
 // Backward: the same up to the scan, then dD_local = P^T dO -> reverse scan (dh, full dD) ->
 //           per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta) -> group sum + L2-norm bwd;
 //           at dk = 128 with one scan CTA per (sample, head) (the 4B / 27B shapes) the reverse scan
@@ -406,7 +406,8 @@ int prep_smem_floats(int K, int V) {
   return kC * raw_ld(K) / 2 + 2 * kC * kLdC + (prep_v_floats(V) > kC * kLdC ? prep_v_floats(V) : 0) + 4 * kC;
 }
 
-__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, const int4* table,
+__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
+                                                            const int4* table,
                                                             const int* nchunks, const float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
                                                             int K, int V, int conv_dim) {
@@ -453,6 +454,17 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
       });
   __syncthreads();
   solve_unit_lower(Ts, As);  // ends with a barrier: A is dead
+  // T itself, as hi / lo planes [chunk, Hv, C x C] for bwd_chunk (which reads it by ldmatrix instead
+  // of rebuilding A and solving again; Th == nullptr: no backward will): warp w stores rows w, w + 8,
+  // .., one 128-byte run per plane.
+  if (Th != nullptr) {
+    const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
+    const int lane = threadIdx.x & 31;
+    for (int l = threadIdx.x >> 5; l < kC; l += kThreads / 32) {
+      const float2 t = ld_f2(Ts + l * kLdC + 2 * lane);
+      store_split(Th, Tl, tb + l * kC + 2 * lane, t.x, t.y);
+    }
+  }
   async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
              V);
   cp_async_commit();
@@ -1108,7 +1120,8 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 // ---- backward per-chunk gradients ----------------------------------------------------------------
 // 256 threads, 2 CTAs per SM: the kernel runs in two phases whose tiles share five smem regions.
 //   state phase (P1-P3: dP, Y, dq^, dk^ state part, xi): raw q, k, dO (bf16), D (hi / lo planes), Y;
-//   WY phase (A, T, P4-P11): raw k, dD (planes), raw v, then a K/2-column piece of dW (fp32), T, dT.
+//   WY phase (P4-P11): raw k, dD (planes), raw v, then a K/2-column piece of dW (fp32), T (prep's
+//   hi / lo planes, read by ldmatrix: no second A and solve here, -12 % on this kernel), dT.
 // q, k, dO, v are staged as their bf16 values (exact: a product with one of them costs 2 mma under
 // the split, q k^T and k k^T 1) with the L2 scales rs applied per row in the epilogues or
 // folded into the other operand; dW is produced and consumed in column pieces (P4, P5's k part and
@@ -1134,7 +1147,8 @@ int bwd_chunk_smem_floats(int K, int V) {
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl, const bf16* dDgh, const bf16* dDgl,
-    const float* h, const float* dh, const bf16* d_o, int Hk, int Hv, int K, int V, int conv_dim) {
+    const float* h, const float* dh, const bf16* d_o, const bf16* Th, const bf16* Tl, int Hk, int Hv, int K, int V,
+    int conv_dim) {
   // The products with S0 / dS_end (read from global): kMT row tiles per warp tile share each B
   // fragment, k loop unrolled by kBU k steps of 8 (MT 1 and unroll 8 were slower or spilled).
   constexpr int kMT = 2, kBU = 4;
@@ -1152,12 +1166,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   float* Xs = cv.take(bwd_r4(V));     // D planes (state phase), dD planes, then X1 = dT T^T (stride kLdC)
   bf16* Xh = reinterpret_cast<bf16*>(Xs);
   bf16* Xl = Xh + kC * ldx;
-  float* Ts = cv.take(kC * kLdC);     // Y = dP . Gam (state phase), then T
+  float* Ts = cv.take(kC * kLdC);     // Y = dP . Gam (state phase), then T as hi / lo planes (stride kLdC)
   bf16* Qb = reinterpret_cast<bf16*>(R1);  // raw q; then A, dT, Mx as fp32 C x C tiles (Cs)
   float* Cs = R1;
   bf16* Ob = reinterpret_cast<bf16*>(R3);  // dO; then raw v; then a dW piece (dWp, stride ldw)
   float* dWp = R3;
   float* Ys = Ts;
+  bf16* Tph = reinterpret_cast<bf16*>(Ts);  // T[l][i] (prep's planes): Ld2<true> reads T^T, Ld2<false> T
+  bf16* Tpl = Tph + kC * kLdC;
   float* X1 = Xs;  // stored transposed
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
@@ -1279,30 +1295,22 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       rowC);
   __syncthreads();
 
-  // WY phase. q, dO, D, Y are dead: dD (into Xs) and raw v (into R3) stream in by cp.async while
-  // A is built (into R1), P3 is folded and <S0, dS_end> summed.
+  // WY phase. q, dO, D, Y are dead: dD (into Xs), raw v (into R3) and T (prep's planes, into Ts:
+  // no second A and solve) stream in by cp.async while P3 is folded.
   async_rows(Xh, ldx, dDgh + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   async_rows(Xl, ldx, dDgl + (static_cast<size_t>(bos) * Hv + head) * V, vh_ld, len, V);
   async_rows(Ob, ldo, xrow + 2 * static_cast<size_t>(Hk) * K + static_cast<size_t>(head) * V, x_ld, len, V);
+  {
+    const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
+    async_rows(Tph, kLdC, Th + tb, kC, kC, kC);  // every row: T's padded rows are identity rows
+    async_rows(Tpl, kLdC, Tl + tb, kC, kC, kC);
+  }
   cp_async_commit();
   if (tid < kC) {
     float x = 0.f;
     for (int p = 0; p < K / 16; ++p) x += rowC[p * kC + tid];
     xia[tid] = rk[tid] * x;
   }
-  // A_ij = b_i rs_i rs_j (k_i . k_j) e^{G_i - G_j} for j < i (as gdn_prep_kernel).
-  for_tiles<2>(
-      kC, kC,
-      [&](auto& acc, int m0, int n0) {
-        if (n0 > m0 + 15) return;
-        mma_acc<2, 4, true, true>(acc, m0, n0, 0, K, Ld<false>{Kb, ldr},
-                                  Ld<false>{Kb, ldr});
-      },
-      [&](int i, int j, float v) {
-        Cs[i * kLdC + j] = a_entry(v, i, j, gs, bs, rk);
-      });
-  __syncthreads();
-  solve_unit_lower(Ts, Cs);  // clobbers Cs's strict upper blocks (A is dead after it)
   cp_async_wait<0>();
   __syncthreads();
 
@@ -1313,7 +1321,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
         kC, N,
         [&](auto& acc, int m0, int n0) {
           pre(m0, n0);
-          mma_acc(acc, m0, n0, m0, kC, [&](int i, int l) { return Ts[l * kLdC + i]; }, fx);
+          mma_acc(acc, m0, n0, m0, kC, Ld2<true>{Tph, Tpl, kLdC}, fx);
         },
         epi, rowp);
   };
@@ -1411,7 +1419,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       [&](auto& acc, int m0, int n0) {
         // dT is strictly lower (l < m), T^T upper (l <= j): l < min(m0 + 16, n0 + 16).
         mma_acc(acc, m0, n0, 0, imin(m0, n0) + 16, Gk{[&](int m, int l) { return ld_f2(Cs + m * kLdC + l); }},
-                Gk{[&](int l, int j) { return ld_f2(Ts + j * kLdC + l); }});
+                Ld2<false>{Tph, Tpl, kLdC});
       },
       [&](int m, int j, float v) { X1[j * kLdC + m] = v; });  // transposed: P7 reads pairs along m
   __syncthreads();
@@ -1420,7 +1428,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
       kC, kC,
       [&](auto& acc, int m0, int n0) {
         if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, m0, kC, [&](int i, int m) { return Ts[m * kLdC + i]; },
+        mma_acc(acc, m0, n0, m0, kC, Ld2<true>{Tph, Tpl, kLdC},
                 Gk{[&](int m, int j) { return ld_f2(X1 + j * kLdC + m); }});
       },
       [&](int i, int j, float v) { Cs[i * kLdC + j] = j < i ? -v * expf(gs[i] - gs[j]) : 0.f; });
@@ -1561,6 +1569,7 @@ struct Workspace {
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K]
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
+  bf16 *Th, *Tl;    // T = (I + A)^-1 per (chunk, head), planes [chunk, Hv, C x C] (prep -> bwd_chunk)
   int nc_max;
 };
 
@@ -1598,6 +1607,8 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.Dh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.Dl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.h = reinterpret_cast<float*>(take(states));
+  ws.Th = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
+  ws.Tl = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
   ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
   const size_t state_bytes = off;
   off = 0;
@@ -1708,8 +1719,9 @@ void stage_end(const char* name, cudaStream_t stream) {
 }
 
 // The stages shared by forward and backward: chunk table, L2 norm, prep, forward scan (h, D).
+// for_backward: prep also stores T for bwd_chunk (a forward that keeps no state skips those stores).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
-                    cudaStream_t stream) {
+                    bool for_backward, cudaStream_t stream) {
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
@@ -1729,7 +1741,8 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_prep_kernel, prep_bytes);
   stage_begin(stream);
-  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.dD, w.table, w.nchunks, w.rs,
+  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.dD, for_backward ? w.Th : nullptr,
+                                                                         w.Tl, w.table, w.nchunks, w.rs,
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
@@ -1772,7 +1785,7 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const Workspace w = place(a, workspace, state);
   const bf16* x = static_cast<const bf16*>(qkv);
   // A kept state is computed at the backward's precision, so reusing it changes nothing.
-  forward_common(w, x, g, beta, a, stream);
+  forward_common(w, x, g, beta, a, state != nullptr, stream);
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_output_kernel, bytes);
@@ -1791,7 +1804,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const Workspace w = place(a, workspace, const_cast<void*>(state));
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
-  if (state == nullptr) forward_common(w, x, g, beta, a, stream);
+  if (state == nullptr) forward_common(w, x, g, beta, a, true, stream);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
 
@@ -1840,7 +1853,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   stage_begin(stream);
   gdn_bwd_chunk_kernel<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
       w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh, w.dDl, w.h, w.dh, dO,
-      Hk, Hv, K, V, conv_dim);
+      w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");
   stage_end("gdn_bwd_chunk_kernel", stream);
 
