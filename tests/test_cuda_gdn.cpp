@@ -277,5 +277,10 @@ TEST(CudaGdn, GateNearZeroBetaNearZero) {
   run_case({1, 3, 16, 32, {64, 129, 1, 200}, Gate::NearZero, Beta::NearZero, 19});
 }
 TEST(CudaGdn, OneLongSegment8192) { run_case({2, 4, 64, 64, {8192}, Gate::Normal, Beta::Normal, 20}); }
+// The real head dims over 128 chunks of one sample: the wgmma forward scan's state stays in its
+// accumulators across every chunk step (and its two load buffers alternate 64 times).
+TEST(CudaGdn, RealHeadDimsOneLongSegment8192) {
+  run_case({1, 2, 128, 128, {8192}, Gate::Normal, Beta::Normal, 24});
+}
 
 }  // namespace

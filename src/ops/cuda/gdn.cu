@@ -820,11 +820,12 @@ constexpr uint32_t kDlTile = 2 * kDlPanel;     // a 64 x 128 tile
 constexpr size_t kDlSmem = 3 * kDlTile + 3 * kC * sizeof(float) + 1024;
 
 // Rows [0, kC) of a 64 x 128 bf16 tile (row r at src + r * ld) into two 128-byte-swizzled panels
-// (columns 0-63, 64-127); rows >= valid are zero-filled. 128 threads, 8 chunks of 16 bytes each.
+// (columns 0-63, 64-127); rows >= valid are zero-filled. kThr threads, 1024 / kThr chunks of 16 bytes each.
+template <int kThr = 128>
 __device__ __forceinline__ void async_panels(char* dst, const bf16* src, size_t ld, int valid) {
 #pragma unroll
-  for (int u = 0; u < kC * (kDlD / 8) / 128; ++u) {
-    const int c = threadIdx.x + u * 128, row = c / (kDlD / 8), ch = c % (kDlD / 8);
+  for (int u = 0; u < kC * (kDlD / 8) / kThr; ++u) {
+    const int c = threadIdx.x + u * kThr, row = c / (kDlD / 8), ch = c % (kDlD / 8);
     const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(
         dst + (ch / 8) * kDlPanel + row * 128 + (((ch % 8) ^ (row & 7)) << 4)));
     const bool ok = row < valid;
@@ -912,6 +913,175 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
     for (int nb = 0; nb < kDlD / 8; ++nb)
       *reinterpret_cast<float2*>(row + 8 * nb + 2 * t) = make_float2(acc[4 * nb + 2 * hh], acc[4 * nb + 2 * hh + 1]);
   }
+}
+
+// ---- forward state scan on wgmma (dk = dv = 128) -------------------------------------------------
+// One CTA of two warpgroups per (sample, value head). Warpgroup wg owns the state columns
+// n = 64 wg .. 64 wg + 63 and keeps them transposed, S^T (64 x K), in its m64n128 accumulator, which
+// is also the m64nNk16 A-fragment layout of a product over d. Per chunk:
+//   D^T = U^T - S^T W^T              A = S^T split hi / lo in registers, B = W's planes (K-major):
+//                                    3 x 8 m64n64k16;
+//   S^T = e^{G_L} S^T + (ks D)^T k   A = (ks D)^T split from the D^T accumulator, B = raw k
+//                                    (N-major): 2 x 4 m64n128k16; ks_i = e^{G_L - G_i} rs_k(i).
+// So neither S nor D passes through shared memory (the mma.sync kernel writes and reads both as
+// planes every chunk): W's planes and the raw k rows are the only tiles, loaded by cp.async into
+// 128-byte-swizzled panels, two buffers (chunk c+1 loads during chunk c), one barrier per chunk.
+// The two warpgroups share nothing else. U^T comes from global into registers under the product.
+// Same products and splits as the mma.sync kernel (fp32 sums in another order). 97 KB of smem.
+constexpr size_t kScanWgSmem = 6 * kDlTile + 2 * kC * sizeof(float) + 1024;
+
+__global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, const float* U,
+                                                                    const bf16* Wh, const bf16* Wl, const bf16* qkv,
+                                                                    const float* rs, const float* Gc,
+                                                                    const int32_t* cu, const int* seq_off,
+                                                                    const int* seq_order, int Hk, int Hv,
+                                                                    int conv_dim) {
+  constexpr int D = kDlD;
+  const ScanBlock sb = scan_block(seq_order, Hv, D, D);
+  const int s = sb.s, head = sb.head, kh = head / (Hv / Hk);
+  const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  char* tiles = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
+  float* ks = reinterpret_cast<float*>(tiles + 6 * kDlTile);  // [chunk parity][kC]
+  const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ncol = 64 * wgi + 16 * w + g;  // this thread's state columns: ncol, ncol + 8
+  const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
+  const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * D;
+  const float* rk = rs + static_cast<size_t>(kh) * 2 + 1;  // rs[(t * Hk + kh) * 2 + 1]
+  const size_t r_ld = static_cast<size_t>(Hk) * 2;
+  // Buffer b: W hi, W lo, raw k (64 x 128 each, two panels).
+  auto load_chunk = [&](int ci, int b) {
+    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
+    char* dst = tiles + b * 3 * kDlTile;
+    const size_t wo = (static_cast<size_t>(c0) * Hv + head) * D;
+    async_panels<256>(dst, Wh + wo, w_ld, L);
+    async_panels<256>(dst + kDlTile, Wl + wo, w_ld, L);
+    async_panels<256>(dst + 2 * kDlTile, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+  };
+  // Next chunk: gl_next = G at its last valid row; gi_next, ri_next = G and rs_k at row tid.
+  float gl_next = 0.f, gi_next = 0.f, ri_next = 0.f;
+  auto next_gates = [&](int ci) {
+    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
+    gl_next = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
+    gi_next = 0.f;
+    ri_next = 0.f;
+    if (tid < L) {
+      gi_next = Gc[static_cast<size_t>(c0 + tid) * Hv + head];
+      ri_next = rk[static_cast<size_t>(c0 + tid) * r_ld];
+    }
+  };
+  if (n > 0) {
+    load_chunk(0, 0);
+    next_gates(0);
+  }
+  cp_async_commit();
+  // S^T: rows ncol (regs 4 j + 0, 1) and ncol + 8 (4 j + 2, 3), columns d = 8 j + 2 t (+1).
+  float sT[2 * D / 4];
+#pragma unroll
+  for (int r = 0; r < 2 * D / 4; ++r) sT[r] = 0.f;
+  for (int ci = 0; ci < n; ++ci) {
+    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
+    const size_t chunk = static_cast<size_t>(first + ci);
+    const float gl = gl_next;
+    float* ksc = ks + buf * kC;  // two copies: the other warpgroup may still read the last chunk's
+    if (tid < kC) ksc[tid] = expf(gl - gi_next) * ri_next;  // rows >= L: rs 0, so ks 0
+    if (ci + 1 < n) next_gates(ci + 1);
+    cp_async_wait<0>();  // W and k of this chunk
+    wg::fence_proxy_async();
+    __syncthreads();  // tiles and ks visible; both warpgroups are done with the other buffer
+    if (ci + 1 < n) load_chunk(ci + 1, buf ^ 1);
+    cp_async_commit();
+    const char* cur = tiles + buf * 3 * kDlTile;
+
+    // U^T of the chunk (rows >= L: 0), in flight under the h stores and the D product.
+    float uT[kC / 2];
+    const float* urow = U + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
+#pragma unroll
+    for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 8 * j + 2 * t + e;
+          uT[4 * j + 2 * hh + e] = i < L ? urow[static_cast<size_t>(i) * w_ld + ncol + 8 * hh] : 0.f;
+        }
+    // h[chunk] = the state entering the chunk (fragment-native K x V).
+    float* hc = h + (chunk * Hv + head) * static_cast<size_t>(D) * D;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          hc[gdn_mma::frag_index(8 * j + 2 * t + e, ncol + 8 * hh, D)] = sT[4 * j + 2 * hh + e];
+
+    // D^T = S^T W^T: k step kk takes accumulator column blocks 2 kk, 2 kk + 1 as its A fragment.
+    float dT[kC / 2];
+    {
+      uint32_t ah[D / 16][4], al[D / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int nb = 2 * kk + (q >> 1), hh = q & 1;
+          gdn_mma::split_bf16(sT[4 * nb + 2 * hh], sT[4 * nb + 2 * hh + 1], ah[kk][q], al[kk][q]);
+        }
+      const uint64_t wh0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
+      const uint64_t wl0 = wg::desc_opaque(wg::desc_sw128(cur + kDlTile, 16, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk / 4) * kDlPanel + (kk % 4) * 32;
+        wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wh0, off), kk > 0);
+        wg::mma_m64n64k16_rs<0>(dT, al[kk], wg::desc_advance(wh0, off), 1);
+        wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wl0, off), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+    }
+    wg::fence_operands(dT);
+
+    // D = U - W S out as planes (each 8 x 8 block of D^T transposed by movmatrix, so a lane stores a
+    // pair adjacent in n), and (ks D)^T as the update's A fragments.
+    uint32_t ph[kC / 16][4], pl[kC / 16][4];
+#pragma unroll
+    for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float x0 = uT[4 * j + 2 * hh] - dT[4 * j + 2 * hh], x1 = uT[4 * j + 2 * hh + 1] - dT[4 * j + 2 * hh + 1];
+        uint32_t dh, dl;
+        gdn_mma::split_bf16(x0, x1, dh, dl);
+        dh = gdn_mma::movmatrix_trans(dh);
+        dl = gdn_mma::movmatrix_trans(dl);
+        const int ir = 8 * j + g;  // the transposed block: row i = 8 j + g, columns 2 t, 2 t + 1 of its 8
+        if (ir < L) {
+          const size_t o = static_cast<size_t>(c0 + ir) * w_ld + static_cast<size_t>(head) * D + 64 * wgi + 16 * w +
+                           8 * hh + 2 * t;
+          *reinterpret_cast<uint32_t*>(Dgh + o) = dh;
+          *reinterpret_cast<uint32_t*>(Dgl + o) = dl;
+        }
+        const float2 kv = ld_f2(ksc + 8 * j + 2 * t);
+        gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
+      }
+
+    // S^T = e^{G_L} S^T + (ks D)^T k: B = the raw k rows, N-major (64-column blocks kDlPanel apart).
+    const float egl = expf(gl);
+#pragma unroll
+    for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
+    {
+      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + 2 * kDlTile, kDlPanel, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(k0, kk * 2048), 1);
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(k0, kk * 2048), 1);
+      wg::commit();
+      wg::wait<0>();
+    }
+    wg::fence_operands(sT);
+  }
+  cp_async_wait<0>();
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
@@ -1746,6 +1916,18 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
+  // At dk = dv = 128 (Qwen3.5's) the wgmma scan, one CTA per (sample, head) at every head count;
+  // QT_GDN_SCAN_MMA_SYNC=1 keeps the mma.sync one (A/B runs).
+  static const bool mma_sync_scan = env_knob("QT_GDN_SCAN_MMA_SYNC", {1}) != 0;
+  if (K == kDlD && V == kDlD && !mma_sync_scan) {
+    set_smem(gdn_scan_fwd_wgmma_kernel, kScanWgSmem);
+    stage_begin(stream);
+    gdn_scan_fwd_wgmma_kernel<<<scan_grid(a, V), 256, kScanWgSmem, stream>>>(
+        w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
+    QT_LAUNCH_CHECK("gdn_scan_fwd_wgmma_kernel");
+    stage_end("gdn_scan_fwd_wgmma_kernel", stream);
+    return;
+  }
   const int bv = column_block(K, V, a.num_v_heads, false), scan_thr = scan_threads(K, bv);
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
   auto scan_fwd = scan_thr > kThreads ? gdn_scan_fwd_kernel<2 * kThreads> : gdn_scan_fwd_kernel<kThreads>;
