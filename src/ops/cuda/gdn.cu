@@ -928,47 +928,176 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
 // 128-byte-swizzled panels, two buffers (chunk c+1 loads during chunk c), one barrier per chunk.
 // The two warpgroups share nothing else. U^T comes from global into registers under the product.
 // Same products and splits as the mma.sync kernel (fp32 sums in another order). 97 KB of smem.
-constexpr size_t kScanWgSmem = 6 * kDlTile + 2 * kC * sizeof(float) + 1024;
+// The wgmma scans keep transposed tiles in accumulators: register 4 j + 2 hh + e of a thread holds
+// row ncol + 8 hh (the thread's state column) and column 8 j + 2 t + e (t = lane % 4).
 
-__global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, const float* U,
-                                                                    const bf16* Wh, const bf16* Wl, const bf16* qkv,
-                                                                    const float* rs, const float* Gc,
+// x^T of the chunk tile at src (fp32 rows i, row stride ld; rows >= L read as 0) in that layout,
+// x[4 j + 2 hh + e] = src[i][ncol + 8 hh] with i = 8 j + 2 t + e.
+__device__ __forceinline__ void load_tile_t(float (&x)[kC / 2], const float* src, size_t ld, int L, int ncol, int t) {
+#pragma unroll
+  for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 8 * j + 2 * t + e;
+        x[4 * j + 2 * hh + e] = i < L ? src[static_cast<size_t>(i) * ld + ncol + 8 * hh] : 0.f;
+      }
+}
+// The transposed state sT (rows n, columns d) into the fragment-native K x V matrix dst (S[d][n]).
+__device__ __forceinline__ void store_state_t(float* dst, const float (&sT)[kDlD / 2], int ncol, int t) {
+#pragma unroll
+  for (int j = 0; j < kDlD / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        dst[gdn_mma::frag_index(8 * j + 2 * t + e, ncol + 8 * hh, kDlD)] = sT[4 * j + 2 * hh + e];
+}
+// The hi / lo A fragments of a product over the columns of the transposed state (times sign, +-1:
+// exact): k step kk takes its column blocks 2 kk, 2 kk + 1 (the m64nNk16 A layout).
+__device__ __forceinline__ void state_frags_t(const float (&sT)[kDlD / 2], uint32_t (&ah)[kDlD / 16][4],
+                                              uint32_t (&al)[kDlD / 16][4], float sign = 1.f) {
+#pragma unroll
+  for (int kk = 0; kk < kDlD / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int nb = 2 * kk + (q >> 1), hh = q & 1;
+      gdn_mma::split_bf16(sign * sT[4 * nb + 2 * hh], sign * sT[4 * nb + 2 * hh + 1], ah[kk][q], al[kk][q]);
+    }
+}
+// Row n of an 8 x 8 block of a transposed tile, (x0, x1) at columns i, i + 1, out as hi / lo planes
+// [rows i][n] (row stride ld): split, then each plane word transposed by movmatrix, so lane (g, t)
+// stores the pair at row i0 + g, columns n0 + 2 t, n0 + 2 t + 1 (rows >= L not stored).
+__device__ __forceinline__ void store_planes_t(bf16* hi, bf16* lo, size_t ld, int L, int i0, int n0, float x0,
+                                               float x1, int g, int t) {
+  uint32_t h2, l2;
+  gdn_mma::split_bf16(x0, x1, h2, l2);
+  h2 = gdn_mma::movmatrix_trans(h2);
+  l2 = gdn_mma::movmatrix_trans(l2);
+  if (i0 + g < L) {
+    const size_t o = static_cast<size_t>(i0 + g) * ld + n0 + 2 * t;
+    *reinterpret_cast<uint32_t*>(hi + o) = h2;
+    *reinterpret_cast<uint32_t*>(lo + o) = l2;
+  }
+}
+
+// A wgmma scan CTA's (sample, value head) from the 1-D grid (scan_block at bv = dv), the sample's
+// first row, length, chunk count and first chunk.
+struct WgScanCta {
+  int head, kh, bos, len, n, first;
+};
+__device__ __forceinline__ WgScanCta wg_scan_cta(const int* seq_order, const int32_t* cu, const int* seq_off, int Hk,
+                                                 int Hv) {
+  const ScanBlock sb = scan_block(seq_order, Hv, kDlD, kDlD);
+  const int bos = cu[sb.s], len = cu[sb.s + 1] - bos;
+  return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s]};
+}
+// The first 1024-byte-aligned address of dynamic smem (the 128-byte swizzle's panels need it).
+__device__ __forceinline__ char* align1024(unsigned char* smem) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return reinterpret_cast<char*>(smem) + ((1024u - (a & 1023u)) & 1023u);
+}
+// P = (q k^T) gated (p_entry) for a chunk whose raw q and k rows sit in the 128-byte-swizzled panel
+// tiles qt, kt, by one warpgroup for itself (exact bf16 products: 8 m64n64k16), split into hi / lo
+// planes [i][j] at planes, planes + kDlPanel (row i, column j: the K-major layout of B = P^T and the
+// N-major one of B = P); ends with the warpgroup's named barrier 1 + wgi, so its wgmma may read them.
+// The caller has no product in flight (with one in flight, reading registers it wrote makes ptxas
+// wait for it).
+__device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const char* kt, const float* gsc,
+                                            const float* rqc, const float* rkc, int wgi) {
+  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  float pacc[kC / 2];
+  wg::fence();
+  wg::mma_abt<kC, kDlD / 16>(pacc, qt, kDlPanel, kt, kDlPanel);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(pacc);
+#pragma unroll
+  for (int nb = 0; nb < kC / 8; ++nb)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = 16 * w + g + 8 * hh, j = 8 * nb + 2 * t;
+      uint32_t h2, l2;
+      gdn_mma::split_bf16(p_entry(pacc[4 * nb + 2 * hh], i, j, gsc, rqc, rkc),
+                          p_entry(pacc[4 * nb + 2 * hh + 1], i, j + 1, gsc, rqc, rkc), h2, l2);
+      *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = h2;
+      *reinterpret_cast<uint32_t*>(planes + kDlPanel + wg::sw128(i, j)) = l2;
+    }
+  wg::fence_proxy_async();
+  wg::named_sync(1 + wgi, 128);
+}
+
+// Per chunk parity, the row arrays of the wgmma scans: ks = e^{G_L - G_i} rs_k(i), eq = e^{G_i} rs_q(i),
+// and G (past L: G_L, so e^{G_i - G_j} stays finite), rq, rk for P. Rows >= L: scales 0.
+constexpr int kWgRows = 5 * kC;
+__device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, float gi, float2 r) {
+  const int i = threadIdx.x;
+  if (i < kC) {
+    rows[i] = expf(gl - gi) * r.y;
+    rows[kC + i] = expf(gi) * r.x;
+    rows[2 * kC + i] = i < L ? gi : gl;
+    rows[3 * kC + i] = r.x;
+    rows[4 * kC + i] = r.y;
+  }
+}
+
+// kOut: the output O = diag(e^G rq) q S + P D of each chunk is formed here too (no output kernel,
+// and h is not read back in the forward): O^T = diag-scaled (S^T q^T) + D^T P^T, with A = S^T (the
+// fragments the D product takes) and B = raw q (K-major), then A = D^T with B = P's planes
+// (K-major): 2 x 8 + 3 x 4 more m64n64k16 per chunk, the q tile in each buffer and P per warpgroup.
+// h and the D planes are stored only when given (the backward needs them; a forward that keeps no
+// state passes nullptr).
+template <bool kOut>
+constexpr uint32_t scan_fwd_wg_buf() {
+  return (kOut ? 4 : 3) * kDlTile;  // W hi, W lo, raw k (, raw q)
+}
+template <bool kOut>
+constexpr size_t scan_fwd_wg_smem() {
+  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
+}
+
+template <bool kOut>
+__global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, bf16* o,
+                                                                    const float* U, const bf16* Wh, const bf16* Wl,
+                                                                    const bf16* qkv, const float* rs, const float* Gc,
                                                                     const int32_t* cu, const int* seq_off,
                                                                     const int* seq_order, int Hk, int Hv,
                                                                     int conv_dim) {
   constexpr int D = kDlD;
-  const ScanBlock sb = scan_block(seq_order, Hv, D, D);
-  const int s = sb.s, head = sb.head, kh = head / (Hv / Hk);
-  const int bos = cu[s], len = cu[s + 1] - bos, n = (len + kC - 1) / kC, first = seq_off[s];
+  constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>();
+  const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
+  const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  char* tiles = reinterpret_cast<char*>(smem_raw) + ((1024u - (s0 & 1023u)) & 1023u);  // panels 1024-aligned
-  float* ks = reinterpret_cast<float*>(tiles + 6 * kDlTile);  // [chunk parity][kC]
+  char* tiles = align1024(smem_raw);  // panels 1024-aligned
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  char* pplanes = tiles + 2 * kBuf + wgi * 2 * kDlPanel;  // kOut: this warpgroup's P hi, lo [i][j]
+  float* rows = reinterpret_cast<float*>(tiles + 2 * kBuf + (kOut ? 4 * kDlPanel : 0));  // [parity][kWgRows]
   const int ncol = 64 * wgi + 16 * w + g;  // this thread's state columns: ncol, ncol + 8
   const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
+  const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
   const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * D;
-  const float* rk = rs + static_cast<size_t>(kh) * 2 + 1;  // rs[(t * Hk + kh) * 2 + 1]
-  const size_t r_ld = static_cast<size_t>(Hk) * 2;
-  // Buffer b: W hi, W lo, raw k (64 x 128 each, two panels).
+  const float2* rs2 = reinterpret_cast<const float2*>(rs);
   auto load_chunk = [&](int ci, int b) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
-    char* dst = tiles + b * 3 * kDlTile;
+    char* dst = tiles + b * kBuf;
     const size_t wo = (static_cast<size_t>(c0) * Hv + head) * D;
     async_panels<256>(dst, Wh + wo, w_ld, L);
     async_panels<256>(dst + kDlTile, Wl + wo, w_ld, L);
     async_panels<256>(dst + 2 * kDlTile, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    if constexpr (kOut) async_panels<256>(dst + 3 * kDlTile, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
   };
-  // Next chunk: gl_next = G at its last valid row; gi_next, ri_next = G and rs_k at row tid.
-  float gl_next = 0.f, gi_next = 0.f, ri_next = 0.f;
+  // Next chunk: gl_next = G at its last valid row; gi_next, r_next = G and the row scales at row tid.
+  float gl_next = 0.f, gi_next = 0.f;
+  float2 r_next = make_float2(0.f, 0.f);
   auto next_gates = [&](int ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     gl_next = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
     gi_next = 0.f;
-    ri_next = 0.f;
+    r_next = make_float2(0.f, 0.f);
     if (tid < L) {
       gi_next = Gc[static_cast<size_t>(c0 + tid) * Hv + head];
-      ri_next = rk[static_cast<size_t>(c0 + tid) * r_ld];
+      r_next = rs2[static_cast<size_t>(c0 + tid) * Hk + kh];
     }
   };
   if (n > 0) {
@@ -984,102 +1113,114 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
     const float gl = gl_next;
-    float* ksc = ks + buf * kC;  // two copies: the other warpgroup may still read the last chunk's
-    if (tid < kC) ksc[tid] = expf(gl - gi_next) * ri_next;  // rows >= L: rs 0, so ks 0
+    const float* rw = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
+    wg_store_rows(rows + buf * kWgRows, L, gl, gi_next, r_next);
     if (ci + 1 < n) next_gates(ci + 1);
-    cp_async_wait<0>();  // W and k of this chunk
+    cp_async_wait<0>();  // this chunk's tiles
     wg::fence_proxy_async();
-    __syncthreads();  // tiles and ks visible; both warpgroups are done with the other buffer
+    __syncthreads();  // tiles and rows visible; both warpgroups are done with the other buffer
     if (ci + 1 < n) load_chunk(ci + 1, buf ^ 1);
     cp_async_commit();
-    const char* cur = tiles + buf * 3 * kDlTile;
+    const char* cur = tiles + buf * kBuf;
 
-    // U^T of the chunk (rows >= L: 0), in flight under the h stores and the D product.
-    float uT[kC / 2];
-    const float* urow = U + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
-#pragma unroll
-    for (int j = 0; j < kC / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 8 * j + 2 * t + e;
-          uT[4 * j + 2 * hh + e] = i < L ? urow[static_cast<size_t>(i) * w_ld + ncol + 8 * hh] : 0.f;
-        }
-    // h[chunk] = the state entering the chunk (fragment-native K x V).
-    float* hc = h + (chunk * Hv + head) * static_cast<size_t>(D) * D;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          hc[gdn_mma::frag_index(8 * j + 2 * t + e, ncol + 8 * hh, D)] = sT[4 * j + 2 * hh + e];
-
-    // D^T = S^T W^T: k step kk takes accumulator column blocks 2 kk, 2 kk + 1 as its A fragment.
+    // dT starts as U^T (rows >= L: 0), loaded under the h stores (and P); the D product adds
+    // (-S^T) W^T to it.
     float dT[kC / 2];
+    load_tile_t(dT, U + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D, w_ld, L, ncol, t);
+    // h[chunk] = the state entering the chunk (fragment-native K x V).
+    if (h != nullptr) store_state_t(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    if constexpr (kOut) wg_p_planes(pplanes, cur + 3 * kDlTile, cur + 2 * kDlTile, rw + 2 * kC, rw + 3 * kC,
+                                    rw + 4 * kC, wgi);
+
+    // D^T = U^T - S^T W^T (kOut: and oT = -S^T q^T, from the same fragments of -S^T).
+    float oT[kC / 2];
     {
       uint32_t ah[D / 16][4], al[D / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int nb = 2 * kk + (q >> 1), hh = q & 1;
-          gdn_mma::split_bf16(sT[4 * nb + 2 * hh], sT[4 * nb + 2 * hh + 1], ah[kk][q], al[kk][q]);
-        }
+      state_frags_t(sT, ah, al, -1.f);
       const uint64_t wh0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
       const uint64_t wl0 = wg::desc_opaque(wg::desc_sw128(cur + kDlTile, 16, 1024));
+      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + 3 * kDlTile, 16, 1024));
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t off = (kk / 4) * kDlPanel + (kk % 4) * 32;
-        wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wh0, off), kk > 0);
+        wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wh0, off), 1);
         wg::mma_m64n64k16_rs<0>(dT, al[kk], wg::desc_advance(wh0, off), 1);
         wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wl0, off), 1);
+        if constexpr (kOut) {
+          wg::mma_m64n64k16_rs<0>(oT, ah[kk], wg::desc_advance(q0, off), kk > 0);
+          wg::mma_m64n64k16_rs<0>(oT, al[kk], wg::desc_advance(q0, off), 1);
+        }
       }
       wg::commit();
       wg::wait<0>();
     }
     wg::fence_operands(dT);
+    if constexpr (kOut) wg::fence_operands(oT);
 
     // D = U - W S out as planes (each 8 x 8 block of D^T transposed by movmatrix, so a lane stores a
-    // pair adjacent in n), and (ks D)^T as the update's A fragments.
-    uint32_t ph[kC / 16][4], pl[kC / 16][4];
+    // pair adjacent in n), (ks D)^T as the update's A fragments, kOut: D^T as the output's, and
+    // oT's columns scaled by -eq_i.
+    const size_t dbase = static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
+    uint32_t ph[kC / 16][4], pl[kC / 16][4], xh[kC / 16][4], xl[kC / 16][4];
 #pragma unroll
-    for (int j = 0; j < kC / 8; ++j)
+    for (int j = 0; j < kC / 8; ++j) {
+      const float2 kv = ld_f2(rw + 8 * j + 2 * t);
+      const float2 ev = ld_f2(rw + kC + 8 * j + 2 * t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float x0 = uT[4 * j + 2 * hh] - dT[4 * j + 2 * hh], x1 = uT[4 * j + 2 * hh + 1] - dT[4 * j + 2 * hh + 1];
-        uint32_t dh, dl;
-        gdn_mma::split_bf16(x0, x1, dh, dl);
-        dh = gdn_mma::movmatrix_trans(dh);
-        dl = gdn_mma::movmatrix_trans(dl);
-        const int ir = 8 * j + g;  // the transposed block: row i = 8 j + g, columns 2 t, 2 t + 1 of its 8
-        if (ir < L) {
-          const size_t o = static_cast<size_t>(c0 + ir) * w_ld + static_cast<size_t>(head) * D + 64 * wgi + 16 * w +
-                           8 * hh + 2 * t;
-          *reinterpret_cast<uint32_t*>(Dgh + o) = dh;
-          *reinterpret_cast<uint32_t*>(Dgl + o) = dl;
+        const float x0 = dT[4 * j + 2 * hh], x1 = dT[4 * j + 2 * hh + 1];
+        if (Dgh != nullptr)
+          store_planes_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
+        const int kk = j >> 1, q = hh + 2 * (j & 1);
+        gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
+        if constexpr (kOut) {
+          gdn_mma::split_bf16(x0, x1, xh[kk][q], xl[kk][q]);
+          oT[4 * j + 2 * hh] *= -ev.x;
+          oT[4 * j + 2 * hh + 1] *= -ev.y;
         }
-        const float2 kv = ld_f2(ksc + 8 * j + 2 * t);
-        gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
       }
+    }
 
-    // S^T = e^{G_L} S^T + (ks D)^T k: B = the raw k rows, N-major (64-column blocks kDlPanel apart).
+    // S^T = e^{G_L} S^T + (ks D)^T k: B = the raw k rows, N-major (64-column blocks kDlPanel apart);
+    // kOut: oT += D^T P^T, B = P's planes, K-major.
     const float egl = expf(gl);
 #pragma unroll
     for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
     {
       const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + 2 * kDlTile, kDlPanel, 1024));
+      const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, 16, 1024));
       wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(k0, kk * 2048), 1);
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(k0, kk * 2048), 1);
+        wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(k0, kk * 2048), 1);
+      }
+      if constexpr (kOut) {
 #pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(k0, kk * 2048), 1);
+        for (int kk = 0; kk < kC / 16; ++kk) {
+          wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kk * 32), 1);
+          wg::mma_m64n64k16_rs<0>(oT, xl[kk], wg::desc_advance(p0, kk * 32), 1);
+          wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kDlPanel + kk * 32), 1);
+        }
+      }
       wg::commit();
       wg::wait<0>();
     }
     wg::fence_operands(sT);
+    if constexpr (kOut) {
+      wg::fence_operands(oT);
+      // O rows i < L as bf16 (8 x 8 blocks of O^T transposed by movmatrix, as the D planes).
+#pragma unroll
+      for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t v = gdn_mma::movmatrix_trans(gdn_mma::pack_bf16(oT[4 * j + 2 * hh], oT[4 * j + 2 * hh + 1]));
+          if (8 * j + g < L)
+            *reinterpret_cast<uint32_t*>(o + dbase + static_cast<size_t>(8 * j + g) * w_ld + 64 * wgi + 16 * w + 8 * hh +
+                                         2 * t) = v;
+        }
+    }
   }
   cp_async_wait<0>();
 }
@@ -1283,6 +1424,209 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
           mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld<true>{Qb, ldr}, LdKs{dOs, lds, eq}, ms);
           mma_acc_m<2, 2>(acc, m0, n0, 0, kC, Ld2<true>{Whs, Wls, ldr}, Ld2<true>{Dh, Dl, lds}, ms);
         });
+  }
+  cp_async_wait<0>();
+}
+
+// ---- backward reverse state scan on wgmma (dk = dv = 128) ------------------------------------------
+// The forward wgmma scan's structure in reverse: warpgroup wg keeps dS^T (its 64 state columns n,
+// transposed) in its m64n128 accumulator. Per chunk, last to first:
+//   dD^T = dD_local^T + (dS^T k^T) diag(ks)  A = dS^T split from the registers, B = raw k (K-major):
+//                                            2 x 8 m64n64k16; the column scales ks after a wait;
+//   dS^T = e^{G_L} dS^T + (diag(eq) dO)^T q - dD^T W
+//                                            A = (eq dO)^T (ldmatrix.trans of the raw dO rows, scaled
+//                                            and split in registers) with B = raw q, then A = -dD^T
+//                                            split from the accumulator with B = W's planes (both
+//                                            N-major): 2 x 4 + 3 x 4 m64n128k16.
+// ks_i = e^{G_L - G_i} rs_k(i), eq_i = e^{G_i} rs_q(i). k, q, W, dO (128-byte-swizzled panels) of
+// chunk c - 1 load during chunk c (two buffers), one barrier per chunk.
+// kFused: dD_local^T = dO^T P is formed here (P = q k^T gated, by each warpgroup for itself: 8
+// m64n64k16 issued ahead of the dS^T k^T product, then split into hi / lo planes in the warpgroup's
+// smem; A = dO^T M-major: 2 x 4 m64n64k16), so there is no dlocal kernel and no dD_local round trip;
+// else dD_local is read from gdn_dlocal_wgmma_kernel's output. 162 / 194 KB of smem.
+constexpr uint32_t kScanBwdBuf = 5 * kDlTile;
+template <bool kFused>
+constexpr size_t scan_bwd_wg_smem() {
+  return 2 * kScanBwdBuf + (kFused ? 2 * 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD,
+                                                                    const bf16* Wh, const bf16* Wl, const bf16* qkv,
+                                                                    const float* rs, const float* Gc, const bf16* d_o,
+                                                                    const int32_t* cu, const int* seq_off,
+                                                                    const int* seq_order, int Hk, int Hv,
+                                                                    int conv_dim) {
+  constexpr int D = kDlD;
+  const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
+  const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  char* tiles = align1024(smem_raw);  // panels 1024-aligned
+  float* rows = reinterpret_cast<float*>(tiles + 2 * kScanBwdBuf + (kFused ? 4 * kDlPanel : 0));  // [parity][kWgRows]
+  const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  char* pplanes = tiles + 2 * kScanBwdBuf + wgi * 2 * kDlPanel;  // fused: this warpgroup's P hi, lo [i][j]
+  const int ncol = 64 * wgi + 16 * w + g;  // this thread's state columns: ncol, ncol + 8
+  const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
+  const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
+  const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * D;
+  const float2* rs2 = reinterpret_cast<const float2*>(rs);
+  // Buffer b: raw k, raw q, W hi, W lo, dO (panels).
+  auto load_chunk = [&](int ci, int b) {
+    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
+    char* dst = tiles + b * kScanBwdBuf;
+    const size_t wo = (static_cast<size_t>(c0) * Hv + head) * D;
+    async_panels<256>(dst, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    async_panels<256>(dst + kDlTile, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    async_panels<256>(dst + 2 * kDlTile, Wh + wo, w_ld, L);
+    async_panels<256>(dst + 3 * kDlTile, Wl + wo, w_ld, L);
+    async_panels<256>(dst + 4 * kDlTile, d_o + wo, w_ld, L);
+  };
+  // Next chunk (in reverse order): G at its last valid row; G and the row scales at row tid.
+  float gl_next = 0.f, gi_next = 0.f;
+  float2 r_next = make_float2(0.f, 0.f);
+  auto next_gates = [&](int ci) {
+    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
+    gl_next = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
+    gi_next = 0.f;
+    r_next = make_float2(0.f, 0.f);
+    if (tid < L) {
+      gi_next = Gc[static_cast<size_t>(c0 + tid) * Hv + head];
+      r_next = rs2[static_cast<size_t>(c0 + tid) * Hk + kh];
+    }
+  };
+  if (n > 0) {
+    load_chunk(n - 1, (n - 1) & 1);
+    next_gates(n - 1);
+  }
+  cp_async_commit();
+  // dS^T: rows ncol (regs 4 j + 0, 1) and ncol + 8 (4 j + 2, 3), columns d = 8 j + 2 t (+1).
+  float sT[2 * D / 4];
+#pragma unroll
+  for (int r = 0; r < 2 * D / 4; ++r) sT[r] = 0.f;
+  for (int ci = n - 1; ci >= 0; --ci) {
+    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
+    const size_t chunk = static_cast<size_t>(first + ci);
+    const float gl = gl_next;
+    const float* ksc = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
+    const float* eqc = ksc + kC;
+    wg_store_rows(rows + buf * kWgRows, L, gl, gi_next, r_next);
+    if (ci > 0) next_gates(ci - 1);
+    cp_async_wait<0>();  // k, q, W, dO of this chunk
+    wg::fence_proxy_async();
+    __syncthreads();  // tiles and row scales visible; both warpgroups are done with the other buffer
+    if (ci > 0) load_chunk(ci - 1, buf ^ 1);
+    cp_async_commit();
+    const char* cur = tiles + buf * kScanBwdBuf;
+
+    // Unfused: dD_local^T of the chunk (rows >= L: 0), in flight under the dh stores and the first product.
+    float dT[kC / 2];
+    if constexpr (!kFused)
+      load_tile_t(dT, dD + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D, w_ld, L, ncol, t);
+    // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V).
+    store_state_t(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
+    // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
+    // product anyway: 0.36 instead of 0.30 ms at 4B.)
+    if constexpr (kFused) wg_p_planes(pplanes, cur + kDlTile, cur, ksc + 2 * kC, ksc + 3 * kC, ksc + 4 * kC, wgi);
+
+    // acc = dS^T k^T (k exact: 2 products per k step).
+    float acc[kC / 2];
+    {
+      uint32_t ah[D / 16][4], al[D / 16][4];
+      state_frags_t(sT, ah, al);
+      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk / 4) * kDlPanel + (kk % 4) * 32;
+        wg::mma_m64n64k16_rs<0>(acc, ah[kk], wg::desc_advance(k0, off), kk > 0);
+        wg::mma_m64n64k16_rs<0>(acc, al[kk], wg::desc_advance(k0, off), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+    }
+    wg::fence_operands(acc);
+    if constexpr (kFused) {
+      // acc = (dS^T k^T) diag(ks) + dO^T P: A = dO^T (the warpgroup's dO panel, M-major), P exact in dO.
+#pragma unroll
+      for (int j = 0; j < kC / 8; ++j) {
+        const float2 kv = ld_f2(ksc + 8 * j + 2 * t);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          acc[4 * j + 2 * hh] *= kv.x;
+          acc[4 * j + 2 * hh + 1] *= kv.y;
+        }
+      }
+      const uint64_t o0 = wg::desc_opaque(wg::desc_sw128(cur + 4 * kDlTile + wgi * kDlPanel, kDlPanel, 1024));
+      const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, kDlPanel, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        wg::mma_m64n64k16<1, 1>(acc, wg::desc_advance(o0, kk * 2048), wg::desc_advance(p0, kk * 2048), 1);
+        wg::mma_m64n64k16<1, 1>(acc, wg::desc_advance(o0, kk * 2048), wg::desc_advance(p0, kDlPanel + kk * 2048), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(acc);
+    }
+
+    // dD = dD_local + diag(ks) k dS out as planes (8 x 8 blocks of dD^T transposed by movmatrix, as in
+    // the forward scan), and -dD^T as the update's A fragments.
+    const size_t dbase = static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
+    uint32_t ph[kC / 16][4], pl[kC / 16][4];
+#pragma unroll
+    for (int j = 0; j < kC / 8; ++j) {
+      const float2 kv = ld_f2(ksc + 8 * j + 2 * t);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float x0 = kFused ? acc[4 * j + 2 * hh] : dT[4 * j + 2 * hh] + kv.x * acc[4 * j + 2 * hh];
+        const float x1 = kFused ? acc[4 * j + 2 * hh + 1] : dT[4 * j + 2 * hh + 1] + kv.y * acc[4 * j + 2 * hh + 1];
+        store_planes_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
+        gdn_mma::split_bf16(-x0, -x1, ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
+      }
+    }
+    // (diag(eq) dO)^T fragments: the raw dO rows by ldmatrix.trans from the warpgroup's swizzled panel
+    // (lane l addresses row 16 kk + 8 (l / 16) + l % 8, 8-column chunk 2 w + (l / 8) % 2), scaled by eq_i.
+    uint32_t oh[kC / 16][4], ol[kC / 16][4];
+    {
+      const char* dO = cur + 4 * kDlTile + wgi * kDlPanel;
+      const int lq = lane >> 3, rr = lane & 7;
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        uint32_t r[4];
+        const int row = 16 * kk + (lq >> 1) * 8 + rr, chunk16 = 2 * w + (lq & 1);
+        gdn_mma::ldmatrix_x4<true>(r, reinterpret_cast<const bf16*>(dO + row * 128 + ((chunk16 ^ (row & 7)) << 4)));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 e = ld_f2(eqc + 16 * kk + 8 * (q >> 1) + 2 * t);
+          gdn_mma::split_bf16(__uint_as_float(r[q] << 16) * e.x, __uint_as_float(r[q] & 0xffff0000u) * e.y, oh[kk][q],
+                              ol[kk][q]);
+        }
+      }
+    }
+
+    // dS^T = e^{G_L} dS^T + (eq dO)^T q - dD^T W: B = raw q, W's planes, N-major.
+    const float egl = expf(gl);
+#pragma unroll
+    for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
+    {
+      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kDlTile, kDlPanel, 1024));
+      const uint64_t wh0 = wg::desc_opaque(wg::desc_sw128(cur + 2 * kDlTile, kDlPanel, 1024));
+      const uint64_t wl0 = wg::desc_opaque(wg::desc_sw128(cur + 3 * kDlTile, kDlPanel, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        const uint32_t off = kk * 2048;
+        wg::mma_m64n128k16_rs<1>(sT, oh[kk], wg::desc_advance(q0, off), 1);
+        wg::mma_m64n128k16_rs<1>(sT, ol[kk], wg::desc_advance(q0, off), 1);
+        wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(wh0, off), 1);
+        wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(wh0, off), 1);
+        wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(wl0, off), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+    }
+    wg::fence_operands(sT);
   }
   cp_async_wait<0>();
 }
@@ -1821,6 +2165,13 @@ int env_knob(const char* name, std::initializer_list<int> allowed) {
   return 0;
 }
 
+// The wgmma scans (one CTA per (sample, head) at every head count) serve dk = dv = 128, Qwen3.5's;
+// QT_GDN_SCAN_MMA_SYNC=1 keeps the mma.sync ones (A/B runs of bench_gdn).
+bool wgmma_scans(int K, int V) {
+  static const bool off = env_knob("QT_GDN_SCAN_MMA_SYNC", {1}) != 0;
+  return K == kDlD && V == kDlD && !off;
+}
+
 // dv columns per scan CTA (16, 32, 64 or 128, dividing V); QT_GDN_BV_FWD / QT_GDN_BV_BWD override
 // the default for tuning runs of bench_gdn. Default: 128 (one 16-warp CTA per (sample, head), W and k
 // read once per chunk) when there are at least 32 value heads and dk <= 128 (the state must fit
@@ -1889,9 +2240,15 @@ void stage_end(const char* name, cudaStream_t stream) {
 }
 
 // The stages shared by forward and backward: chunk table, L2 norm, prep, forward scan (h, D).
-// for_backward: prep also stores T for bwd_chunk (a forward that keeps no state skips those stores).
-void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
-                    bool for_backward, cudaStream_t stream) {
+// for_backward: prep also stores T for bwd_chunk, the scan h and D (a forward that keeps no state
+// skips those stores where the output is formed in the scan). out != nullptr: the forward's output,
+// formed by the wgmma scan where it runs (QT_GDN_OUTPUT_SEPARATE=1 keeps the output kernel, for A/B
+// runs); returns whether it was. When h and D are stored anyway and the scan is a single wave of
+// CTAs (2B: 8 samples x 16 heads on 132 SMs), every CTA's chain is the critical path and the output
+// kernel beside it is cheaper (training path 1.38 against 1.40 ms fused); with more CTAs than SMs,
+// or with nothing to store, the fused output wins (4B: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
+bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
+                    bool for_backward, bf16* out, cudaStream_t stream) {
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
@@ -1916,17 +2273,21 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                                          qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
-  // At dk = dv = 128 (Qwen3.5's) the wgmma scan, one CTA per (sample, head) at every head count;
-  // QT_GDN_SCAN_MMA_SYNC=1 keeps the mma.sync one (A/B runs).
-  static const bool mma_sync_scan = env_knob("QT_GDN_SCAN_MMA_SYNC", {1}) != 0;
-  if (K == kDlD && V == kDlD && !mma_sync_scan) {
-    set_smem(gdn_scan_fwd_wgmma_kernel, kScanWgSmem);
+  if (wgmma_scans(K, V)) {
+    static const bool separate_output = env_knob("QT_GDN_OUTPUT_SEPARATE", {1}) != 0;
+    const bool fuse = out != nullptr && !separate_output &&
+                      (!for_backward || static_cast<int64_t>(a.num_seqs) * Hv > sm_count());
+    const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
+    auto kernel = fuse ? gdn_scan_fwd_wgmma_kernel<true> : gdn_scan_fwd_wgmma_kernel<false>;
+    const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
+    set_smem(kernel, bytes);
     stage_begin(stream);
-    gdn_scan_fwd_wgmma_kernel<<<scan_grid(a, V), 256, kScanWgSmem, stream>>>(
-        w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
+    kernel<<<scan_grid(a, V), 256, bytes, stream>>>(keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr,
+                                                    fuse ? out : nullptr, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc,
+                                                    a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
     QT_LAUNCH_CHECK("gdn_scan_fwd_wgmma_kernel");
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
-    return;
+    return fuse;
   }
   const int bv = column_block(K, V, a.num_v_heads, false), scan_thr = scan_threads(K, bv);
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
@@ -1938,6 +2299,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
       bv);
   QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
   stage_end("gdn_scan_fwd_kernel", stream);
+  return false;
 }
 
 }  // namespace
@@ -1967,7 +2329,7 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const Workspace w = place(a, workspace, state);
   const bf16* x = static_cast<const bf16*>(qkv);
   // A kept state is computed at the backward's precision, so reusing it changes nothing.
-  forward_common(w, x, g, beta, a, state != nullptr, stream);
+  if (forward_common(w, x, g, beta, a, state != nullptr, static_cast<bf16*>(o), stream)) return;
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_output_kernel, bytes);
@@ -1986,18 +2348,20 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const Workspace w = place(a, workspace, const_cast<void*>(state));
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
-  if (state == nullptr) forward_common(w, x, g, beta, a, true, stream);
+  if (state == nullptr) forward_common(w, x, g, beta, a, true, nullptr, stream);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
 
-  // The reverse scan forms dD_local itself where it can (scan_bwd_fused; QT_GDN_DLOCAL_SEPARATE=1 keeps
-  // the separate kernel, for A/B runs). Otherwise at dk = dv = 128 (Qwen3.5's) the wgmma kernel;
-  // QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
+  // A separate dlocal kernel (QT_GDN_DLOCAL_SEPARATE=1, or where no reverse scan forms dD_local) is the
+  // wgmma one at dk = dv = 128; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
   const int bv = column_block(K, V, a.num_v_heads, true), scan_thr = scan_threads(K, bv);
   static const bool separate = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0,  // read once, as column_block's
                     mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;
-  const bool fused = scan_bwd_fused(K, bv) && !separate;
-  if (!fused) {
+  // dD_local is formed inside the reverse scan (the wgmma one, or the mma.sync one where it fits)
+  // unless QT_GDN_DLOCAL_SEPARATE=1; otherwise by a dlocal kernel first.
+  const bool wg_scan = wgmma_scans(K, V), in_scan = !separate && (wg_scan || scan_bwd_fused(K, bv));
+  const bool fused = in_scan && !wg_scan;  // the mma.sync reverse scan's fused variant
+  if (!in_scan) {
     stage_begin(stream);
     if (K == kDlD && V == kDlD && !mma_sync_dlocal) {
       set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
@@ -2017,18 +2381,29 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
-  const size_t sb_bytes =
-      static_cast<size_t>(fused ? scan_bwd_fused_smem_floats(K, bv) : scan_bwd_smem_floats(K, bv)) * sizeof(float);
-  auto scan_bwd = fused                   ? gdn_scan_bwd_kernel<2 * kThreads, true>
-                  : scan_thr > kThreads ? gdn_scan_bwd_kernel<2 * kThreads, false>
-                                          : gdn_scan_bwd_kernel<kThreads, false>;
-  set_smem(scan_bwd, sb_bytes);
-  stage_begin(stream);
-  scan_bwd<<<scan_grid(a, bv), scan_thr, sb_bytes, stream>>>(
-      w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V,
-      conv_dim, bv);
-  QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
-  stage_end("gdn_scan_bwd_kernel", stream);
+  if (wg_scan) {
+    const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
+    auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
+    set_smem(kernel, bytes);
+    stage_begin(stream);
+    kernel<<<scan_grid(a, V), 256, bytes, stream>>>(w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO,
+                                                     a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
+    QT_LAUNCH_CHECK("gdn_scan_bwd_wgmma_kernel");
+    stage_end("gdn_scan_bwd_wgmma_kernel", stream);
+  } else {
+    const size_t sb_bytes =
+        static_cast<size_t>(fused ? scan_bwd_fused_smem_floats(K, bv) : scan_bwd_smem_floats(K, bv)) * sizeof(float);
+    auto scan_bwd = fused                   ? gdn_scan_bwd_kernel<2 * kThreads, true>
+                    : scan_thr > kThreads ? gdn_scan_bwd_kernel<2 * kThreads, false>
+                                            : gdn_scan_bwd_kernel<kThreads, false>;
+    set_smem(scan_bwd, sb_bytes);
+    stage_begin(stream);
+    scan_bwd<<<scan_grid(a, bv), scan_thr, sb_bytes, stream>>>(
+        w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V,
+        conv_dim, bv);
+    QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
+    stage_end("gdn_scan_bwd_kernel", stream);
+  }
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
   set_smem(gdn_bwd_chunk_kernel, bc_bytes);
