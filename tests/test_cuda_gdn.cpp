@@ -111,6 +111,7 @@ struct Case {
   Gate gate = Gate::Normal;
   Beta beta = Beta::Normal;
   uint32_t seed = 1;
+  bool keep_state = false;  // the forward keeps its state for the backward (the training path)
 };
 
 void check_tensor(const char* name, bool bf16_out, const Err& gpu, const Err& floor) {
@@ -190,12 +191,15 @@ void run_case(const Case& c) {
   CK(cudaMemcpy(cu_d.p, cu.data(), cu_d.bytes, cudaMemcpyHostToDevice));
   qt::cuda::GdnArgs a{static_cast<const int32_t*>(cu_d.p), N, max_len, T, Hk, Hv, K, V};
   ws.alloc(qt::cuda::gdn_workspace_bytes(a));
+  DevBuf state;
+  if (c.keep_state) state.alloc(qt::cuda::gdn_state_bytes(a));
 
-  qt::cuda::gdn_forward(o.p, qkv.p, static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr);
+  qt::cuda::gdn_forward(o.p, qkv.p, static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr,
+                        state.p);
   CK(cudaDeviceSynchronize());
-  CK(cudaMemset(ws.p, 0xFF, ws.bytes));  // the backward must not rely on what the forward left
+  CK(cudaMemset(ws.p, 0xFF, ws.bytes));  // the backward must not rely on what the forward left there
   qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
-                         static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr);
+                         static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr, state.p);
   CK(cudaDeviceSynchronize());
 
   std::vector<uint16_t> o_gh(o_d.size()), dqkv_gh(qkv_h.size());
@@ -209,6 +213,7 @@ void run_case(const Case& c) {
   EXPECT_TRUE(dg.guard_ok()) << "write past dg";
   EXPECT_TRUE(dbeta.guard_ok()) << "write past dbeta";
   EXPECT_TRUE(ws.guard_ok()) << "write past the workspace";
+  if (c.keep_state) EXPECT_TRUE(state.guard_ok()) << "write past the kept state";
 
   // Split dqkv into dq, dk, dv (GPU as float, truth, bf16(truth)).
   auto section = [&](int begin, int width, auto get) {
@@ -257,6 +262,19 @@ TEST(CudaGdn, RealHeadDimsSegmentEdgesStrongGates) {
 // at bv = 128 (column_block), one 512-thread CTA per (sample, head).
 TEST(CudaGdn, FourBHeadsDefaultScanOneCtaPerHead) {
   run_case({16, 32, 128, 128, {1, 65, 300, 2, 129}, Gate::Normal, Beta::Normal, 22});
+}
+// The training path: the forward keeps its state (h, D, W, T, ...) and the backward reads it. With
+// 9 samples x 32 heads (more scan CTAs than SMs) the wgmma forward scan forms the output and stores
+// h and D in the same kernel; with the segment edges (fewer CTAs than SMs) the output kernel runs.
+TEST(CudaGdn, FourBHeadsKeptState) {
+  Case c{16, 32, 128, 128, {1, 65, 300, 2, 129, 64, 3, 200, 70}, Gate::Normal, Beta::Normal, 25};
+  c.keep_state = true;
+  run_case(c);
+}
+TEST(CudaGdn, RealHeadDimsSegmentEdgesKeptState) {
+  Case c{2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 26};
+  c.keep_state = true;
+  run_case(c);
 }
 TEST(CudaGdn, ManyShortSegments) {
   std::mt19937 rng(5);

@@ -406,6 +406,8 @@ int prep_smem_floats(int K, int V) {
   return kC * raw_ld(K) / 2 + 2 * kC * kLdC + (prep_v_floats(V) > kC * kLdC ? prep_v_floats(V) : 0) + 4 * kC;
 }
 
+// kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
+template <bool kWU>
 __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
                                                             const int* nchunks, const float* rs, const bf16* qkv,
@@ -455,8 +457,8 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   __syncthreads();
   solve_unit_lower(Ts, As);  // ends with a barrier: A is dead
   // T itself, as hi / lo planes [chunk, Hv, C x C] for bwd_chunk (which reads it by ldmatrix instead
-  // of rebuilding A and solving again; Th == nullptr: no backward will): warp w stores rows w, w + 8,
-  // .., one 128-byte run per plane.
+  // of rebuilding A and solving again) and the wgmma scans (Th == nullptr: neither will): warp w
+  // stores rows w, w + 8, .., one 128-byte run per plane.
   if (Th != nullptr) {
     const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
     const int lane = threadIdx.x & 31;
@@ -465,6 +467,7 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
       store_split(Th, Tl, tb + l * kC + 2 * lane, t.x, t.y);
     }
   }
+  if constexpr (!kWU) return;
   async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
              V);
   cp_async_commit();
@@ -819,13 +822,13 @@ constexpr uint32_t kDlPanel = kC * 128;        // one 64-row x 64-column bf16 pa
 constexpr uint32_t kDlTile = 2 * kDlPanel;     // a 64 x 128 tile
 constexpr size_t kDlSmem = 3 * kDlTile + 3 * kC * sizeof(float) + 1024;
 
-// Rows [0, kC) of a 64 x 128 bf16 tile (row r at src + r * ld) into two 128-byte-swizzled panels
-// (columns 0-63, 64-127); rows >= valid are zero-filled. kThr threads, 1024 / kThr chunks of 16 bytes each.
-template <int kThr = 128>
+// Rows [0, kC) of a 64 x kCols bf16 tile (row r at src + r * ld) into kCols / 64 128-byte-swizzled
+// panels (columns 0-63, 64-127, ..); rows >= valid are zero-filled. kThr threads, 16-byte pieces.
+template <int kThr = 128, int kCols = kDlD>
 __device__ __forceinline__ void async_panels(char* dst, const bf16* src, size_t ld, int valid) {
 #pragma unroll
-  for (int u = 0; u < kC * (kDlD / 8) / kThr; ++u) {
-    const int c = threadIdx.x + u * kThr, row = c / (kDlD / 8), ch = c % (kDlD / 8);
+  for (int u = 0; u < kC * (kCols / 8) / kThr; ++u) {
+    const int c = threadIdx.x + u * kThr, row = c / (kCols / 8), ch = c % (kCols / 8);
     const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(
         dst + (ch / 8) * kDlPanel + row * 128 + (((ch % 8) ^ (row & 7)) << 4)));
     const bool ok = row < valid;
@@ -1029,9 +1032,10 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
 }
 
 // Per chunk parity, the row arrays of the wgmma scans: ks = e^{G_L - G_i} rs_k(i), eq = e^{G_i} rs_q(i),
-// and G (past L: G_L, so e^{G_i - G_j} stays finite), rq, rk for P. Rows >= L: scales 0.
-constexpr int kWgRows = 5 * kC;
-__device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, float gi, float2 r) {
+// G (past L: G_L, so e^{G_i - G_j} stays finite), rq, rk for P, beta and kbs = beta e^{G_i} rs_k(i).
+// Rows >= L: scales and beta 0.
+constexpr int kWgRows = 7 * kC;
+__device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, float gi, float2 r, float b) {
   const int i = threadIdx.x;
   if (i < kC) {
     rows[i] = expf(gl - gi) * r.y;
@@ -1039,33 +1043,68 @@ __device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, floa
     rows[2 * kC + i] = i < L ? gi : gl;
     rows[3 * kC + i] = r.x;
     rows[4 * kC + i] = r.y;
+    rows[5 * kC + i] = b;
+    rows[6 * kC + i] = b * expf(gi) * r.y;
   }
+}
+// The wgmma scans' next chunk (in either direction): G at its last valid row; G, the row scales and
+// beta at row threadIdx.x (0 past the chunk).
+struct WgGates {
+  float gl = 0.f, gi = 0.f, b = 0.f;
+  float2 r = make_float2(0.f, 0.f);
+  __device__ void load(const float* Gc, const float* rs, const float* beta, int c0, int L, int Hk, int Hv, int head,
+                       int kh) {
+    const int i = threadIdx.x;
+    gl = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
+    gi = 0.f;
+    b = 0.f;
+    r = make_float2(0.f, 0.f);
+    if (i < L) {
+      gi = Gc[static_cast<size_t>(c0 + i) * Hv + head];
+      b = beta[static_cast<size_t>(c0 + i) * Hv + head];
+      r = reinterpret_cast<const float2*>(rs)[static_cast<size_t>(c0 + i) * Hk + kh];
+    }
+  }
+};
+
+// The raw v rows of a chunk (plain [i][n] rows, stride kVLd: the transposed 2-byte reads below hit
+// 16 distinct banks per warp) and the x^T layout of load_tile_t read from them: v[i][ncol + 8 hh].
+constexpr int kVLd = kDlD + 8;
+__device__ __forceinline__ void v_tile_t(float (&x)[kC / 2], const bf16* vs, int ncol, int t) {
+#pragma unroll
+  for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) x[4 * j + 2 * hh + e] = to_f(vs[(8 * j + 2 * t + e) * kVLd + ncol + 8 * hh]);
 }
 
 // kOut: the output O = diag(e^G rq) q S + P D of each chunk is formed here too (no output kernel,
-// and h is not read back in the forward): O^T = diag-scaled (S^T q^T) + D^T P^T, with A = S^T (the
-// fragments the D product takes) and B = raw q (K-major), then A = D^T with B = P's planes
+// and h is not read back in the forward): O^T = (S^T q^T) diag(eq) + D^T P^T, with A = S^T (the
+// fragments of the first product) and B = raw q (K-major), then A = D^T with B = P's planes
 // (K-major): 2 x 8 + 3 x 4 more m64n64k16 per chunk, the q tile in each buffer and P per warpgroup.
 // h and the D planes are stored only when given (the backward needs them; a forward that keeps no
 // state passes nullptr).
 template <bool kOut>
-constexpr uint32_t scan_fwd_wg_buf() {
-  return (kOut ? 4 : 3) * kDlTile;  // W hi, W lo, raw k (, raw q)
+constexpr uint32_t scan_fwd_wg_buf() {  // T hi, T lo (one panel each), raw k (, raw q) panels, raw v rows
+  return 2 * kDlPanel + (kOut ? 2 : 1) * kDlTile + kC * kVLd * 2;
 }
 template <bool kOut>
 constexpr size_t scan_fwd_wg_smem() {
   return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
 }
+static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 1024 == 0, "panels 1024-aligned");
 
 template <bool kOut>
 __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, bf16* o,
-                                                                    const float* U, const bf16* Wh, const bf16* Wl,
-                                                                    const bf16* qkv, const float* rs, const float* Gc,
-                                                                    const int32_t* cu, const int* seq_off,
-                                                                    const int* seq_order, int Hk, int Hv,
-                                                                    int conv_dim) {
+                                                                    const bf16* Th, const bf16* Tl, const bf16* qkv,
+                                                                    const float* rs, const float* Gc,
+                                                                    const float* beta, const int32_t* cu,
+                                                                    const int* seq_off, const int* seq_order, int Hk,
+                                                                    int Hv, int conv_dim) {
   constexpr int D = kDlD;
-  constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>();
+  constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
+  constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
   const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -1077,32 +1116,21 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
   const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
   const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * D;
-  const float2* rs2 = reinterpret_cast<const float2*>(rs);
+  const bf16* vraw = qkv + 2 * static_cast<size_t>(Hk) * D + static_cast<size_t>(head) * D;
   auto load_chunk = [&](int ci, int b) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     char* dst = tiles + b * kBuf;
-    const size_t wo = (static_cast<size_t>(c0) * Hv + head) * D;
-    async_panels<256>(dst, Wh + wo, w_ld, L);
-    async_panels<256>(dst + kDlTile, Wl + wo, w_ld, L);
-    async_panels<256>(dst + 2 * kDlTile, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
-    if constexpr (kOut) async_panels<256>(dst + 3 * kDlTile, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    const size_t tb = (static_cast<size_t>(first + ci) * Hv + head) * kC * kC;
+    async_panels<256, kC>(dst, Th + tb, kC, kC);  // every row: T's padded rows are identity rows
+    async_panels<256, kC>(dst + kDlPanel, Tl + tb, kC, kC);
+    async_panels<256>(dst + kTk, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    if constexpr (kOut) async_panels<256>(dst + kTq, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    async_rows(reinterpret_cast<bf16*>(dst + kTv), kVLd, vraw + static_cast<size_t>(c0) * x_ld, x_ld, L, D);
   };
-  // Next chunk: gl_next = G at its last valid row; gi_next, r_next = G and the row scales at row tid.
-  float gl_next = 0.f, gi_next = 0.f;
-  float2 r_next = make_float2(0.f, 0.f);
-  auto next_gates = [&](int ci) {
-    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
-    gl_next = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
-    gi_next = 0.f;
-    r_next = make_float2(0.f, 0.f);
-    if (tid < L) {
-      gi_next = Gc[static_cast<size_t>(c0 + tid) * Hv + head];
-      r_next = rs2[static_cast<size_t>(c0 + tid) * Hk + kh];
-    }
-  };
+  WgGates nx;
   if (n > 0) {
     load_chunk(0, 0);
-    next_gates(0);
+    nx.load(Gc, rs, beta, bos, min(kC, len), Hk, Hv, head, kh);
   }
   cp_async_commit();
   // S^T: rows ncol (regs 4 j + 0, 1) and ncol + 8 (4 j + 2, 3), columns d = 8 j + 2 t (+1).
@@ -1112,10 +1140,10 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
-    const float gl = gl_next;
+    const float gl = nx.gl;
     const float* rw = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
-    wg_store_rows(rows + buf * kWgRows, L, gl, gi_next, r_next);
-    if (ci + 1 < n) next_gates(ci + 1);
+    wg_store_rows(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b);
+    if (ci + 1 < n) nx.load(Gc, rs, beta, c0 + kC, min(kC, len - (ci + 1) * kC), Hk, Hv, head, kh);
     cp_async_wait<0>();  // this chunk's tiles
     wg::fence_proxy_async();
     __syncthreads();  // tiles and rows visible; both warpgroups are done with the other buffer
@@ -1123,30 +1151,24 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     cp_async_commit();
     const char* cur = tiles + buf * kBuf;
 
-    // dT starts as U^T (rows >= L: 0), loaded under the h stores (and P); the D product adds
-    // (-S^T) W^T to it.
-    float dT[kC / 2];
-    load_tile_t(dT, U + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D, w_ld, L, ncol, t);
     // h[chunk] = the state entering the chunk (fragment-native K x V).
     if (h != nullptr) store_state_t(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
-    if constexpr (kOut) wg_p_planes(pplanes, cur + 3 * kDlTile, cur + 2 * kDlTile, rw + 2 * kC, rw + 3 * kC,
-                                    rw + 4 * kC, wgi);
+    if constexpr (kOut) wg_p_planes(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
-    // D^T = U^T - S^T W^T (kOut: and oT = -S^T q^T, from the same fragments of -S^T).
-    float oT[kC / 2];
+    // D = U - W S = T Y with Y = diag(b) V - diag(kbs) k S (W = T diag(kbs) k and U = T diag(b) V are
+    // never formed). First acc = S^T k^T (kOut: and oT = S^T q^T, same fragments; k, q exact).
+    float acc[kC / 2], oT[kC / 2];
     {
       uint32_t ah[D / 16][4], al[D / 16][4];
-      state_frags_t(sT, ah, al, -1.f);
-      const uint64_t wh0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
-      const uint64_t wl0 = wg::desc_opaque(wg::desc_sw128(cur + kDlTile, 16, 1024));
-      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + 3 * kDlTile, 16, 1024));
+      state_frags_t(sT, ah, al);
+      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + kTk, 16, 1024));
+      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kTq, 16, 1024));
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t off = (kk / 4) * kDlPanel + (kk % 4) * 32;
-        wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wh0, off), 1);
-        wg::mma_m64n64k16_rs<0>(dT, al[kk], wg::desc_advance(wh0, off), 1);
-        wg::mma_m64n64k16_rs<0>(dT, ah[kk], wg::desc_advance(wl0, off), 1);
+        wg::mma_m64n64k16_rs<0>(acc, ah[kk], wg::desc_advance(k0, off), kk > 0);
+        wg::mma_m64n64k16_rs<0>(acc, al[kk], wg::desc_advance(k0, off), 1);
         if constexpr (kOut) {
           wg::mma_m64n64k16_rs<0>(oT, ah[kk], wg::desc_advance(q0, off), kk > 0);
           wg::mma_m64n64k16_rs<0>(oT, al[kk], wg::desc_advance(q0, off), 1);
@@ -1155,12 +1177,40 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
       wg::commit();
       wg::wait<0>();
     }
-    wg::fence_operands(dT);
+    wg::fence_operands(acc);
     if constexpr (kOut) wg::fence_operands(oT);
+    // Y^T = V^T diag(b) - acc diag(kbs) as A fragments, then D^T = Y^T T^T (B = T's planes, K-major).
+    float dT[kC / 2];
+    {
+      uint32_t yh[kC / 16][4], yl[kC / 16][4];
+      float vT[kC / 2];
+      v_tile_t(vT, reinterpret_cast<const bf16*>(cur + kTv), ncol, t);
+#pragma unroll
+      for (int j = 0; j < kC / 8; ++j) {
+        const float2 bv = ld_f2(rw + 5 * kC + 8 * j + 2 * t), kv = ld_f2(rw + 6 * kC + 8 * j + 2 * t);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          gdn_mma::split_bf16(bv.x * vT[4 * j + 2 * hh] - kv.x * acc[4 * j + 2 * hh],
+                              bv.y * vT[4 * j + 2 * hh + 1] - kv.y * acc[4 * j + 2 * hh + 1],
+                              yh[j >> 1][hh + 2 * (j & 1)], yl[j >> 1][hh + 2 * (j & 1)]);
+      }
+      const uint64_t th0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
+      const uint64_t tl0 = wg::desc_opaque(wg::desc_sw128(cur + kDlPanel, 16, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        wg::mma_m64n64k16_rs<0>(dT, yh[kk], wg::desc_advance(th0, kk * 32), kk > 0);
+        wg::mma_m64n64k16_rs<0>(dT, yl[kk], wg::desc_advance(th0, kk * 32), 1);
+        wg::mma_m64n64k16_rs<0>(dT, yh[kk], wg::desc_advance(tl0, kk * 32), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+    }
+    wg::fence_operands(dT);
 
-    // D = U - W S out as planes (each 8 x 8 block of D^T transposed by movmatrix, so a lane stores a
-    // pair adjacent in n), (ks D)^T as the update's A fragments, kOut: D^T as the output's, and
-    // oT's columns scaled by -eq_i.
+    // D out as planes (each 8 x 8 block of D^T transposed by movmatrix, so a lane stores a pair
+    // adjacent in n), (ks D)^T as the update's A fragments, kOut: D^T as the output's, and oT's
+    // columns scaled by eq_i.
     const size_t dbase = static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
     uint32_t ph[kC / 16][4], pl[kC / 16][4], xh[kC / 16][4], xl[kC / 16][4];
 #pragma unroll
@@ -1176,8 +1226,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
         gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
         if constexpr (kOut) {
           gdn_mma::split_bf16(x0, x1, xh[kk][q], xl[kk][q]);
-          oT[4 * j + 2 * hh] *= -ev.x;
-          oT[4 * j + 2 * hh + 1] *= -ev.y;
+          oT[4 * j + 2 * hh] *= ev.x;
+          oT[4 * j + 2 * hh + 1] *= ev.y;
         }
       }
     }
@@ -1188,7 +1238,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
 #pragma unroll
     for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
     {
-      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + 2 * kDlTile, kDlPanel, 1024));
+      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + kTk, kDlPanel, 1024));
       const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, 16, 1024));
       wg::fence();
 #pragma unroll
@@ -1433,18 +1483,19 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 // transposed) in its m64n128 accumulator. Per chunk, last to first:
 //   dD^T = dD_local^T + (dS^T k^T) diag(ks)  A = dS^T split from the registers, B = raw k (K-major):
 //                                            2 x 8 m64n64k16; the column scales ks after a wait;
-//   dS^T = e^{G_L} dS^T + (diag(eq) dO)^T q - dD^T W
+//   dS^T = e^{G_L} dS^T + (diag(eq) dO)^T q - dD^T W,  with W^T dD = k^T diag(kbs) T^T dD:
 //                                            A = (eq dO)^T (ldmatrix.trans of the raw dO rows, scaled
-//                                            and split in registers) with B = raw q, then A = -dD^T
-//                                            split from the accumulator with B = W's planes (both
-//                                            N-major): 2 x 4 + 3 x 4 m64n128k16.
-// ks_i = e^{G_L - G_i} rs_k(i), eq_i = e^{G_i} rs_q(i). k, q, W, dO (128-byte-swizzled panels) of
-// chunk c - 1 load during chunk c (two buffers), one barrier per chunk.
+//                                            and split in registers) with B = raw q (N-major): 2 x 4
+//                                            m64n128k16; Z^T = -dD^T T (A = -dD^T split from the
+//                                            accumulator, B = T's planes, N-major: 3 x 4 m64n64k16),
+//                                            then A = Z^T diag(kbs) with B = raw k: 2 x 4 m64n128k16.
+// ks_i = e^{G_L - G_i} rs_k(i), eq_i = e^{G_i} rs_q(i), kbs_i = b_i e^{G_i} rs_k(i). k, q, T, dO
+// (128-byte-swizzled panels) of chunk c - 1 load during chunk c (two buffers), one barrier per chunk.
 // kFused: dD_local^T = dO^T P is formed here (P = q k^T gated, by each warpgroup for itself: 8
 // m64n64k16 issued ahead of the dS^T k^T product, then split into hi / lo planes in the warpgroup's
 // smem; A = dO^T M-major: 2 x 4 m64n64k16), so there is no dlocal kernel and no dD_local round trip;
-// else dD_local is read from gdn_dlocal_wgmma_kernel's output. 162 / 194 KB of smem.
-constexpr uint32_t kScanBwdBuf = 5 * kDlTile;
+// else dD_local is read from gdn_dlocal_wgmma_kernel's output. 131 / 163 KB of smem.
+constexpr uint32_t kScanBwdBuf = 4 * kDlTile;  // raw k, raw q, T hi + lo, dO
 template <bool kFused>
 constexpr size_t scan_bwd_wg_smem() {
   return 2 * kScanBwdBuf + (kFused ? 2 * 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
@@ -1452,11 +1503,13 @@ constexpr size_t scan_bwd_wg_smem() {
 
 template <bool kFused>
 __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD,
-                                                                    const bf16* Wh, const bf16* Wl, const bf16* qkv,
-                                                                    const float* rs, const float* Gc, const bf16* d_o,
+                                                                    const bf16* Th, const bf16* Tl, const bf16* qkv,
+                                                                    const float* rs, const float* Gc,
+                                                                    const float* beta, const bf16* d_o,
                                                                     const int32_t* cu, const int* seq_off,
                                                                     const int* seq_order, int Hk, int Hv,
                                                                     int conv_dim) {
+  constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
   const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
@@ -1469,30 +1522,21 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
   const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
   const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
   const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * D;
-  const float2* rs2 = reinterpret_cast<const float2*>(rs);
-  // Buffer b: raw k, raw q, W hi, W lo, dO (panels).
   auto load_chunk = [&](int ci, int b) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     char* dst = tiles + b * kScanBwdBuf;
     const size_t wo = (static_cast<size_t>(c0) * Hv + head) * D;
+    const size_t tb = (static_cast<size_t>(first + ci) * Hv + head) * kC * kC;
     async_panels<256>(dst, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
-    async_panels<256>(dst + kDlTile, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
-    async_panels<256>(dst + 2 * kDlTile, Wh + wo, w_ld, L);
-    async_panels<256>(dst + 3 * kDlTile, Wl + wo, w_ld, L);
-    async_panels<256>(dst + 4 * kDlTile, d_o + wo, w_ld, L);
+    async_panels<256>(dst + kTq, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+    async_panels<256, kC>(dst + kTt, Th + tb, kC, kC);  // every row: T's padded rows are identity rows
+    async_panels<256, kC>(dst + kTt + kDlPanel, Tl + tb, kC, kC);
+    async_panels<256>(dst + kTo, d_o + wo, w_ld, L);
   };
-  // Next chunk (in reverse order): G at its last valid row; G and the row scales at row tid.
-  float gl_next = 0.f, gi_next = 0.f;
-  float2 r_next = make_float2(0.f, 0.f);
+  // The next chunk in reverse order (every chunk but a sample's last is full).
+  WgGates nx;
   auto next_gates = [&](int ci) {
-    const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
-    gl_next = Gc[static_cast<size_t>(c0 + L - 1) * Hv + head];
-    gi_next = 0.f;
-    r_next = make_float2(0.f, 0.f);
-    if (tid < L) {
-      gi_next = Gc[static_cast<size_t>(c0 + tid) * Hv + head];
-      r_next = rs2[static_cast<size_t>(c0 + tid) * Hk + kh];
-    }
+    nx.load(Gc, rs, beta, bos + ci * kC, min(kC, len - ci * kC), Hk, Hv, head, kh);
   };
   if (n > 0) {
     load_chunk(n - 1, (n - 1) & 1);
@@ -1506,12 +1550,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
   for (int ci = n - 1; ci >= 0; --ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
-    const float gl = gl_next;
+    const float gl = nx.gl;
     const float* ksc = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
     const float* eqc = ksc + kC;
-    wg_store_rows(rows + buf * kWgRows, L, gl, gi_next, r_next);
+    wg_store_rows(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b);
     if (ci > 0) next_gates(ci - 1);
-    cp_async_wait<0>();  // k, q, W, dO of this chunk
+    cp_async_wait<0>();  // k, q, T, dO of this chunk
     wg::fence_proxy_async();
     __syncthreads();  // tiles and row scales visible; both warpgroups are done with the other buffer
     if (ci > 0) load_chunk(ci - 1, buf ^ 1);
@@ -1527,7 +1571,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
     // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
     // product anyway: 0.36 instead of 0.30 ms at 4B.)
-    if constexpr (kFused) wg_p_planes(pplanes, cur + kDlTile, cur, ksc + 2 * kC, ksc + 3 * kC, ksc + 4 * kC, wgi);
+    if constexpr (kFused) wg_p_planes(pplanes, cur + kTq, cur, ksc + 2 * kC, ksc + 3 * kC, ksc + 4 * kC, wgi);
 
     // acc = dS^T k^T (k exact: 2 products per k step).
     float acc[kC / 2];
@@ -1557,7 +1601,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
           acc[4 * j + 2 * hh + 1] *= kv.y;
         }
       }
-      const uint64_t o0 = wg::desc_opaque(wg::desc_sw128(cur + 4 * kDlTile + wgi * kDlPanel, kDlPanel, 1024));
+      const uint64_t o0 = wg::desc_opaque(wg::desc_sw128(cur + kTo + wgi * kDlPanel, kDlPanel, 1024));
       const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, kDlPanel, 1024));
       wg::fence();
 #pragma unroll
@@ -1589,7 +1633,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     // (lane l addresses row 16 kk + 8 (l / 16) + l % 8, 8-column chunk 2 w + (l / 8) % 2), scaled by eq_i.
     uint32_t oh[kC / 16][4], ol[kC / 16][4];
     {
-      const char* dO = cur + 4 * kDlTile + wgi * kDlPanel;
+      const char* dO = cur + kTo + wgi * kDlPanel;
       const int lq = lane >> 3, rr = lane & 7;
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
@@ -1605,23 +1649,46 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       }
     }
 
-    // dS^T = e^{G_L} dS^T + (eq dO)^T q - dD^T W: B = raw q, W's planes, N-major.
+    // dS^T = e^{G_L} dS^T + (eq dO)^T q (B = raw q, N-major), with Z^T = -dD^T T (B = T's planes,
+    // N-major) in the same batch; then dS^T += Z^T diag(kbs) k (B = raw k, N-major).
     const float egl = expf(gl);
 #pragma unroll
     for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
+    float zT[kC / 2];
     {
-      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kDlTile, kDlPanel, 1024));
-      const uint64_t wh0 = wg::desc_opaque(wg::desc_sw128(cur + 2 * kDlTile, kDlPanel, 1024));
-      const uint64_t wl0 = wg::desc_opaque(wg::desc_sw128(cur + 3 * kDlTile, kDlPanel, 1024));
+      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kTq, kDlPanel, 1024));
+      const uint64_t th0 = wg::desc_opaque(wg::desc_sw128(cur + kTt, kDlPanel, 1024));
+      const uint64_t tl0 = wg::desc_opaque(wg::desc_sw128(cur + kTt + kDlPanel, kDlPanel, 1024));
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
         const uint32_t off = kk * 2048;
+        wg::mma_m64n64k16_rs<1>(zT, ph[kk], wg::desc_advance(th0, off), kk > 0);
+        wg::mma_m64n64k16_rs<1>(zT, pl[kk], wg::desc_advance(th0, off), 1);
+        wg::mma_m64n64k16_rs<1>(zT, ph[kk], wg::desc_advance(tl0, off), 1);
         wg::mma_m64n128k16_rs<1>(sT, oh[kk], wg::desc_advance(q0, off), 1);
         wg::mma_m64n128k16_rs<1>(sT, ol[kk], wg::desc_advance(q0, off), 1);
-        wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(wh0, off), 1);
-        wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(wh0, off), 1);
-        wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(wl0, off), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+    }
+    wg::fence_operands(zT);
+    {
+      uint32_t zh[kC / 16][4], zl[kC / 16][4];
+#pragma unroll
+      for (int j = 0; j < kC / 8; ++j) {
+        const float2 kv = ld_f2(ksc + 6 * kC + 8 * j + 2 * t);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          gdn_mma::split_bf16(kv.x * zT[4 * j + 2 * hh], kv.y * zT[4 * j + 2 * hh + 1], zh[j >> 1][hh + 2 * (j & 1)],
+                              zl[j >> 1][hh + 2 * (j & 1)]);
+      }
+      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur, kDlPanel, 1024));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) {
+        wg::mma_m64n128k16_rs<1>(sT, zh[kk], wg::desc_advance(k0, kk * 2048), 1);
+        wg::mma_m64n128k16_rs<1>(sT, zl[kk], wg::desc_advance(k0, kk * 2048), 1);
       }
       wg::commit();
       wg::wait<0>();
@@ -2096,6 +2163,8 @@ int max_chunks(const GdnArgs& a) {
 // Lays the forward state (chunk table, Gc, W, D, h, rs: what the backward reuses when the
 // forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
 // only). Returns {state bytes, scratch bytes}.
+bool wgmma_scans(int K, int V);
+
 std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
   size_t off = 0;
   char* base = state;
@@ -2116,8 +2185,10 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.seq_off = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 1) * sizeof(int)));
   ws.seq_order = reinterpret_cast<int*>(take(static_cast<size_t>(a.num_seqs) * sizeof(int)));
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
-  ws.Wh = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
-  ws.Wl = reinterpret_cast<bf16*>(take(T * Hv * K * sizeof(bf16)));
+  // W's planes: only the mma.sync scans read them (the wgmma ones form W S from T).
+  const size_t w_bytes = wgmma_scans(a.k_head_dim, a.v_head_dim) ? 0 : T * Hv * K * sizeof(bf16);
+  ws.Wh = reinterpret_cast<bf16*>(take(w_bytes));
+  ws.Wl = reinterpret_cast<bf16*>(take(w_bytes));
   ws.Dh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.Dl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.h = reinterpret_cast<float*>(take(states));
@@ -2265,15 +2336,18 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
       w.rs, qkv, T, Hk, K, conv_dim, vec ? lpr8 : 0);
   QT_LAUNCH_CHECK("gdn_l2norm_kernel");
   stage_end("gdn_l2norm_kernel", stream);
+  // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
+  const bool wg_scans = wgmma_scans(K, V);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
-  set_smem(gdn_prep_kernel, prep_bytes);
+  auto prep = wg_scans ? gdn_prep_kernel<false> : gdn_prep_kernel<true>;
+  set_smem(prep, prep_bytes);
   stage_begin(stream);
-  gdn_prep_kernel<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.dD, for_backward ? w.Th : nullptr,
-                                                                         w.Tl, w.table, w.nchunks, w.rs,
-                                                                         qkv, g, beta, Hk, Hv, K, V, conv_dim);
+  prep<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.dD,
+                                                             for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table,
+                                                             w.nchunks, w.rs, qkv, g, beta, Hk, Hv, K, V, conv_dim);
   QT_LAUNCH_CHECK("gdn_prep_kernel");
   stage_end("gdn_prep_kernel", stream);
-  if (wgmma_scans(K, V)) {
+  if (wg_scans) {
     static const bool separate_output = env_knob("QT_GDN_OUTPUT_SEPARATE", {1}) != 0;
     const bool fuse = out != nullptr && !separate_output &&
                       (!for_backward || static_cast<int64_t>(a.num_seqs) * Hv > sm_count());
@@ -2283,7 +2357,7 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     set_smem(kernel, bytes);
     stage_begin(stream);
     kernel<<<scan_grid(a, V), 256, bytes, stream>>>(keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr,
-                                                    fuse ? out : nullptr, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc,
+                                                    fuse ? out : nullptr, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
                                                     a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
     QT_LAUNCH_CHECK("gdn_scan_fwd_wgmma_kernel");
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
@@ -2386,7 +2460,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
     set_smem(kernel, bytes);
     stage_begin(stream);
-    kernel<<<scan_grid(a, V), 256, bytes, stream>>>(w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO,
+    kernel<<<scan_grid(a, V), 256, bytes, stream>>>(w.dh, w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO,
                                                      a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
     QT_LAUNCH_CHECK("gdn_scan_bwd_wgmma_kernel");
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
