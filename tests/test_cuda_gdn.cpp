@@ -213,7 +213,9 @@ void run_case(const Case& c) {
   EXPECT_TRUE(dg.guard_ok()) << "write past dg";
   EXPECT_TRUE(dbeta.guard_ok()) << "write past dbeta";
   EXPECT_TRUE(ws.guard_ok()) << "write past the workspace";
-  if (c.keep_state) EXPECT_TRUE(state.guard_ok()) << "write past the kept state";
+  if (c.keep_state) {
+    EXPECT_TRUE(state.guard_ok()) << "write past the kept state";
+  }
 
   // Split dqkv into dq, dk, dv (GPU as float, truth, bf16(truth)).
   auto section = [&](int begin, int width, auto get) {
