@@ -14,11 +14,15 @@
 //   D = U - W S0                 ("v_new", the per-token delta vectors)
 //   O = diag(e^G) Q S0 + (Q K^T . Gam . M_incl) D
 //   S_end = e^{G_L} S0 + (diag(e^{G_L - G}) K)^T D
-// Forward:  chunk table -> L2 norm -> prep (G, W, U; T for the backward) -> state scan (h, D) -> output.
-// Backward: the same up to the scan, then dD_local = P^T dO -> reverse scan (dh, full dD) ->
-//           per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta) -> group sum + L2-norm bwd;
-//           at dk = 128 with one scan CTA per (sample, head) (the 4B / 27B shapes) the reverse scan
-//           forms dD_local itself (scan_bwd_fused).
+// At dk = dv = 128 (Qwen3.5's; wgmma_scans) D = T Y with Y = diag(b) V - diag(b e^G) K S0: W and U
+// are never formed, and the scans run on wgmma with the state in their accumulators.
+// Forward:  chunk table -> L2 norm -> prep (G, T) -> state scan on wgmma (h, D when kept; the output
+//           formed in the scan) [-> output kernel when h, D are kept and the scan is one wave].
+// Backward: the same up to the scan, then the reverse scan on wgmma (dh, full dD, dD_local formed
+//           inside) -> per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta; T from prep) ->
+//           group sum + L2-norm bwd.
+// Other head dims: prep also forms W, U; mma.sync scans (h, D), then the output kernel; in the
+// backward dD_local = P^T dO by its own kernel unless the mma.sync reverse scan can form it.
 // Per-(chunk, head) kernels: 256 threads; row reductions go through fixed-order per-tile partials
 // (gdn_mma.cuh's for_tiles*), so every result is deterministic.
 #include <cuda_bf16.h>
@@ -2146,11 +2150,11 @@ struct Workspace {
   int* nchunks;
   int* seq_off;
   int* seq_order;  // samples longest first (the scans' CTA order)
-  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U in the forward, dD_local in the backward
-  bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K]
+  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+  bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K] (mma.sync scans only)
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
-  bf16 *Th, *Tl;    // T = (I + A)^-1 per (chunk, head), planes [chunk, Hv, C x C] (prep -> bwd_chunk)
+  bf16 *Th, *Tl;    // T = (I + A)^-1 per (chunk, head), planes [chunk, Hv, C x C] (prep -> wgmma scans, bwd_chunk)
   int nc_max;
 };
 

@@ -21,8 +21,9 @@ struct GdnArgs {
 };
 // Scratch for forward and backward (chunk states etc.), bytes.
 size_t gdn_workspace_bytes(const GdnArgs& a);
-// The part of it the forward can leave for the backward (chunk table, gates, W, U - W S, chunk
-// states, L2 row scales of q/k): the caller's `state` buffer, when given, takes that part.
+// The part of it the forward can leave for the backward (chunk table, gates, T = (I + A)^-1, D,
+// chunk states, L2 row scales of q/k; W too where the mma.sync scans read it): the caller's `state`
+// buffer, when given, takes that part.
 size_t gdn_state_bytes(const GdnArgs& a);
 // o [T, Hv, dv] bf16; qkv [T, 2*Hk*dk + Hv*dv] bf16 (q | k | v, raw: L2 norm and dk^-1/2 inside);
 // g, beta f32 [T, Hv]. With `state` (gdn_state_bytes), the forward state is kept there, computed
