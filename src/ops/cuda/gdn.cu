@@ -925,16 +925,19 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
 // ---- forward state scan on wgmma (dk = dv = 128) -------------------------------------------------
 // One CTA of two warpgroups per (sample, value head). Warpgroup wg owns the state columns
 // n = 64 wg .. 64 wg + 63 and keeps them transposed, S^T (64 x K), in its m64n128 accumulator, which
-// is also the m64nNk16 A-fragment layout of a product over d. Per chunk:
-//   D^T = U^T - S^T W^T              A = S^T split hi / lo in registers, B = W's planes (K-major):
-//                                    3 x 8 m64n64k16;
+// is also the m64nNk16 A-fragment layout of a product over d. Per chunk (D = U - W S = T Y with
+// Y = diag(b) V - diag(kbs) k S, so W and U are never formed):
+//   acc = S^T k^T                    A = S^T split hi / lo in registers, B = raw k (K-major):
+//                                    2 x 8 m64n64k16;
+//   D^T = Y^T T^T                    Y^T = V^T diag(b) - acc diag(kbs) split in registers, B = T's
+//                                    planes (K-major): 3 x 4 m64n64k16;
 //   S^T = e^{G_L} S^T + (ks D)^T k   A = (ks D)^T split from the D^T accumulator, B = raw k
 //                                    (N-major): 2 x 4 m64n128k16; ks_i = e^{G_L - G_i} rs_k(i).
 // So neither S nor D passes through shared memory (the mma.sync kernel writes and reads both as
-// planes every chunk): W's planes and the raw k rows are the only tiles, loaded by cp.async into
-// 128-byte-swizzled panels, two buffers (chunk c+1 loads during chunk c), one barrier per chunk.
-// The two warpgroups share nothing else. U^T comes from global into registers under the product.
-// Same products and splits as the mma.sync kernel (fp32 sums in another order). 97 KB of smem.
+// planes every chunk): T's planes, raw k (and q) as 128-byte-swizzled panels and the raw v rows are
+// the only tiles (cp.async, two buffers: chunk c+1 loads during chunk c), one barrier per chunk; the
+// two warpgroups share nothing else. Every fp32 x fp32 product is split hi / lo as in the mma.sync
+// kernels (the sums run in another order). 103 KB of smem, 167 KB with the output.
 // The wgmma scans keep transposed tiles in accumulators: register 4 j + 2 hh + e of a thread holds
 // row ncol + 8 hh (the thread's state column) and column 8 j + 2 t + e (t = lane % 4).
 
@@ -961,16 +964,16 @@ __device__ __forceinline__ void store_state_t(float* dst, const float (&sT)[kDlD
       for (int e = 0; e < 2; ++e)
         dst[gdn_mma::frag_index(8 * j + 2 * t + e, ncol + 8 * hh, kDlD)] = sT[4 * j + 2 * hh + e];
 }
-// The hi / lo A fragments of a product over the columns of the transposed state (times sign, +-1:
-// exact): k step kk takes its column blocks 2 kk, 2 kk + 1 (the m64nNk16 A layout).
+// The hi / lo A fragments of a product over the columns of the transposed state: k step kk takes
+// its column blocks 2 kk, 2 kk + 1 (the m64nNk16 A layout).
 __device__ __forceinline__ void state_frags_t(const float (&sT)[kDlD / 2], uint32_t (&ah)[kDlD / 16][4],
-                                              uint32_t (&al)[kDlD / 16][4], float sign = 1.f) {
+                                              uint32_t (&al)[kDlD / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < kDlD / 16; ++kk)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int nb = 2 * kk + (q >> 1), hh = q & 1;
-      gdn_mma::split_bf16(sign * sT[4 * nb + 2 * hh], sign * sT[4 * nb + 2 * hh + 1], ah[kk][q], al[kk][q]);
+      gdn_mma::split_bf16(sT[4 * nb + 2 * hh], sT[4 * nb + 2 * hh + 1], ah[kk][q], al[kk][q]);
     }
 }
 // Row n of an 8 x 8 block of a transposed tile, (x0, x1) at columns i, i + 1, out as hi / lo planes
@@ -1498,7 +1501,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 // kFused: dD_local^T = dO^T P is formed here (P = q k^T gated, by each warpgroup for itself: 8
 // m64n64k16 issued ahead of the dS^T k^T product, then split into hi / lo planes in the warpgroup's
 // smem; A = dO^T M-major: 2 x 4 m64n64k16), so there is no dlocal kernel and no dD_local round trip;
-// else dD_local is read from gdn_dlocal_wgmma_kernel's output. 131 / 163 KB of smem.
+// else dD_local is read from gdn_dlocal_wgmma_kernel's output. 133 / 165 KB of smem.
 constexpr uint32_t kScanBwdBuf = 4 * kDlTile;  // raw k, raw q, T hi + lo, dO
 template <bool kFused>
 constexpr size_t scan_bwd_wg_smem() {
