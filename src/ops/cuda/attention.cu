@@ -2092,8 +2092,6 @@ template <int D>
 void launch_forward(void* o, float* lse, const void* q, const void* k, const void* v, const AttnArgs& a,
                     void* workspace, cudaStream_t stream) {
   using Tr = FwdTraits<D>;
-  // Opt in above 48 KB of dynamic smem (cheap; repeated per call so every device gets it).
-  cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
   static_assert(Tr::kBlockM >= 64, "the work-list workspace is sized for tiles of at least 64 rows");
   const int2* tiles = build_tile_table(workspace, a, Tr::kBlockM, false, stream);
   FwdParams p{static_cast<bf16*>(o), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
@@ -2108,23 +2106,19 @@ void launch_forward(void* o, float* lse, const void* q, const void* k, const voi
         const FwdMaps maps{panel_map(q, T, int64_t(a.num_q_heads) * D, kWgBM, "q"),
                            panel_map(k, T, int64_t(a.num_kv_heads) * D, kWgBN, "k"),
                            panel_map(v, T, int64_t(a.num_kv_heads) * D, kWgBN, "v")};
-        cudaFuncSetAttribute(attn_fwd_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWsSmem));
         // Persistent: one CTA per SM (the smem allows no second), each walking its share of the
         // (slot, head) items; the grid still depends only on T and the sample bound.
         const int slots = tile_slots(a, kWgBM);
         const int ctas = static_cast<int>(std::min<int64_t>(sm_count(), int64_t(slots) * a.num_q_heads));
-        attn_fwd_tma_wgmma_kernel<<<ctas, kWsThreads, kWsSmem, stream>>>(p, maps, slots);
-        QT_LAUNCH_CHECK("attn_fwd_tma_wgmma_kernel");
+        launch_smem(attn_fwd_tma_wgmma_kernel, "attn_fwd_tma_wgmma_kernel", ctas, kWsThreads, kWsSmem, stream, p, maps,
+                    slots);
         return;
       }
-      cudaFuncSetAttribute(attn_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
-      attn_fwd_wgmma_kernel<<<grid, kThreads, kWgSmem, stream>>>(p);
-      QT_LAUNCH_CHECK("attn_fwd_wgmma_kernel");
+      launch_smem(attn_fwd_wgmma_kernel, "attn_fwd_wgmma_kernel", grid, kThreads, kWgSmem, stream, p);
       return;
     }
   }
-  attn_fwd_kernel<D><<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
-  QT_LAUNCH_CHECK("attn_fwd_kernel");
+  launch_smem(attn_fwd_kernel<D>, "attn_fwd_kernel", grid, kThreads, Tr::kSmemBytes, stream, p);
 }
 
 template <int D>
@@ -2157,19 +2151,13 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
     if (wgmma_bwd && !a.cp_async && dkv_tma_enabled()) {
       static_assert(Tr::kBlockN == 64, "the wgmma dK / dV kernels use the same key tiles");
       const BwdMaps maps = bwd_maps(q, d_o, k, v, a, 64);
-      cudaFuncSetAttribute(attn_bwd_dkv_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kDkvTmaSmem));
-      attn_bwd_dkv_tma_wgmma_kernel<<<grid, kWsThreads, kDkvTmaSmem, stream>>>(p, maps);
-      QT_LAUNCH_CHECK("attn_bwd_dkv_tma_wgmma_kernel");
+      launch_smem(attn_bwd_dkv_tma_wgmma_kernel, "attn_bwd_dkv_tma_wgmma_kernel", grid, kWsThreads, kDkvTmaSmem,
+                  stream, p, maps);
     } else if (wgmma_bwd) {
-      cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgBwdSmem));
-      attn_bwd_dkv_wgmma_kernel<<<grid, kThreads, kWgBwdSmem, stream>>>(p);
-      QT_LAUNCH_CHECK("attn_bwd_dkv_wgmma_kernel");
+      launch_smem(attn_bwd_dkv_wgmma_kernel, "attn_bwd_dkv_wgmma_kernel", grid, kThreads, kWgBwdSmem, stream, p);
     } else {
       auto bwd_kernel = a.deterministic ? attn_bwd_kernel<D, false> : attn_bwd_kernel<D, true>;
-      cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kSmemBytes));
-      bwd_kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(p);
-      QT_LAUNCH_CHECK("attn_bwd_kernel");
+      launch_smem(bwd_kernel, "attn_bwd_kernel", grid, kThreads, Tr::kSmemBytes, stream, p);
     }
     if (splits > 1) {
       const int64_t n4 = static_cast<int64_t>(a.total_tokens) * a.num_kv_heads * D / 4;
@@ -2191,19 +2179,12 @@ void launch_backward(void* dq, void* dk, void* dv, const void* d_o, const void* 
     const dim3 dq_grid(a.num_q_heads, tile_slots(a, Dq::kBlockM));
     if (dq_tma) {
       const BwdMaps maps = bwd_maps(q, d_o, k, v, a, kWgBM);
-      cudaFuncSetAttribute(attn_bwd_dq_tma_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kDqTmaSmem));
-      attn_bwd_dq_tma_wgmma_kernel<<<dq_grid, kWsThreads, kDqTmaSmem, stream>>>(dp, maps);
-      QT_LAUNCH_CHECK("attn_bwd_dq_tma_wgmma_kernel");
+      launch_smem(attn_bwd_dq_tma_wgmma_kernel, "attn_bwd_dq_tma_wgmma_kernel", dq_grid, kWsThreads, kDqTmaSmem,
+                  stream, dp, maps);
     } else if (wgmma_bwd) {
-      cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgDqSmem));
-      attn_bwd_dq_wgmma_kernel<<<dq_grid, kThreads, kWgDqSmem, stream>>>(dp);
-      QT_LAUNCH_CHECK("attn_bwd_dq_wgmma_kernel");
+      launch_smem(attn_bwd_dq_wgmma_kernel, "attn_bwd_dq_wgmma_kernel", dq_grid, kThreads, kWgDqSmem, stream, dp);
     } else {
-      cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(Dq::kSmemBytes));
-      attn_bwd_dq_kernel<D><<<dq_grid, kThreads, Dq::kSmemBytes, stream>>>(dp);
-      QT_LAUNCH_CHECK("attn_bwd_dq_kernel");
+      launch_smem(attn_bwd_dq_kernel<D>, "attn_bwd_dq_kernel", dq_grid, kThreads, Dq::kSmemBytes, stream, dp);
     }
   };
   if (dq_tma) {  // the TMA dQ kernel writes Dsum and lse2 for the dK / dV kernel: no preprocess

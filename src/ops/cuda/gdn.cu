@@ -2227,11 +2227,6 @@ Workspace place(const GdnArgs& a, void* workspace, void* state) {
   return w;
 }
 
-template <typename Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 // A tuning knob of bench_gdn: the integer the environment variable names when it is one of
 // `allowed`, else 0 (keep the default). Read once per process.
 int env_knob(const char* name, std::initializer_list<int> allowed) {
@@ -2347,12 +2342,10 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const bool wg_scans = wgmma_scans(K, V);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
   auto prep = wg_scans ? gdn_prep_kernel<false> : gdn_prep_kernel<true>;
-  set_smem(prep, prep_bytes);
   stage_begin(stream);
-  prep<<<dim3(w.nc_max, Hv), kThreads, prep_bytes, stream>>>(w.Gc, w.Wh, w.Wl, w.dD,
-                                                             for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table,
-                                                             w.nchunks, w.rs, qkv, g, beta, Hk, Hv, K, V, conv_dim);
-  QT_LAUNCH_CHECK("gdn_prep_kernel");
+  launch_smem(prep, "gdn_prep_kernel", dim3(w.nc_max, Hv), kThreads, prep_bytes, stream, w.Gc, w.Wh, w.Wl, w.dD,
+              for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table, w.nchunks, w.rs, qkv, g, beta, Hk, Hv, K, V,
+              conv_dim);
   stage_end("gdn_prep_kernel", stream);
   if (wg_scans) {
     static const bool separate_output = env_knob("QT_GDN_OUTPUT_SEPARATE", {1}) != 0;
@@ -2361,24 +2354,19 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     auto kernel = fuse ? gdn_scan_fwd_wgmma_kernel<true> : gdn_scan_fwd_wgmma_kernel<false>;
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
-    set_smem(kernel, bytes);
     stage_begin(stream);
-    kernel<<<scan_grid(a, V), 256, bytes, stream>>>(keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr,
-                                                    fuse ? out : nullptr, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
-                                                    a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
-    QT_LAUNCH_CHECK("gdn_scan_fwd_wgmma_kernel");
+    launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, keep ? w.h : nullptr,
+                keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, fuse ? out : nullptr, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
+                a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return fuse;
   }
   const int bv = column_block(K, V, a.num_v_heads, false), scan_thr = scan_threads(K, bv);
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
   auto scan_fwd = scan_thr > kThreads ? gdn_scan_fwd_kernel<2 * kThreads> : gdn_scan_fwd_kernel<kThreads>;
-  set_smem(scan_fwd, scan_bytes);
   stage_begin(stream);
-  scan_fwd<<<scan_grid(a, bv), scan_thr, scan_bytes, stream>>>(
-      w.h, w.Dh, w.Dl, w.dD, w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim,
-      bv);
-  QT_LAUNCH_CHECK("gdn_scan_fwd_kernel");
+  launch_smem(scan_fwd, "gdn_scan_fwd_kernel", scan_grid(a, bv), scan_thr, scan_bytes, stream, w.h, w.Dh, w.Dl, w.dD,
+              w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
   stage_end("gdn_scan_fwd_kernel", stream);
   return false;
 }
@@ -2413,12 +2401,10 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   if (forward_common(w, x, g, beta, a, state != nullptr, static_cast<bf16*>(o), stream)) return;
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
-  set_smem(gdn_output_kernel, bytes);
   stage_begin(stream);
-  gdn_output_kernel<<<dim3(w.nc_max, Hv), kThreads, bytes, stream>>>(
-      static_cast<bf16*>(o), w.table, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
-      2 * Hk * K + Hv * V);
-  QT_LAUNCH_CHECK("gdn_output_kernel");
+  launch_smem(gdn_output_kernel, "gdn_output_kernel", dim3(w.nc_max, Hv), kThreads, bytes, stream,
+              static_cast<bf16*>(o), w.table, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
+              2 * Hk * K + Hv * V);
   stage_end("gdn_output_kernel", stream);
 }
 
@@ -2445,16 +2431,12 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   if (!in_scan) {
     stage_begin(stream);
     if (K == kDlD && V == kDlD && !mma_sync_dlocal) {
-      set_smem(gdn_dlocal_wgmma_kernel, kDlSmem);
-      gdn_dlocal_wgmma_kernel<<<dim3(w.nc_max, Hv), 128, kDlSmem, stream>>>(w.dD, w.table, w.nchunks, w.rs, x,
-                                                                             w.Gc, dO, Hk, Hv, conv_dim);
-      QT_LAUNCH_CHECK("gdn_dlocal_wgmma_kernel");
+      launch_smem(gdn_dlocal_wgmma_kernel, "gdn_dlocal_wgmma_kernel", dim3(w.nc_max, Hv), 128, kDlSmem, stream, w.dD,
+                  w.table, w.nchunks, w.rs, x, w.Gc, dO, Hk, Hv, conv_dim);
     } else {
       const size_t dl_bytes = static_cast<size_t>(dlocal_smem_floats(K, V)) * sizeof(float);
-      set_smem(gdn_dlocal_kernel, dl_bytes);
-      gdn_dlocal_kernel<<<dim3(w.nc_max, Hv), kThreads, dl_bytes, stream>>>(w.dD, w.table, w.nchunks, w.rs, x, w.Gc,
-                                                                            dO, Hk, Hv, K, V, conv_dim);
-      QT_LAUNCH_CHECK("gdn_dlocal_kernel");
+      launch_smem(gdn_dlocal_kernel, "gdn_dlocal_kernel", dim3(w.nc_max, Hv), kThreads, dl_bytes, stream, w.dD, w.table,
+                  w.nchunks, w.rs, x, w.Gc, dO, Hk, Hv, K, V, conv_dim);
     }
     stage_end("gdn_dlocal_kernel", stream);
   }
@@ -2465,11 +2447,9 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
     auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
-    set_smem(kernel, bytes);
     stage_begin(stream);
-    kernel<<<scan_grid(a, V), 256, bytes, stream>>>(w.dh, w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO,
-                                                     a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
-    QT_LAUNCH_CHECK("gdn_scan_bwd_wgmma_kernel");
+    launch_smem(kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh, w.dDh, w.dDl, w.dD,
+                w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
@@ -2477,22 +2457,17 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     auto scan_bwd = fused                   ? gdn_scan_bwd_kernel<2 * kThreads, true>
                     : scan_thr > kThreads ? gdn_scan_bwd_kernel<2 * kThreads, false>
                                             : gdn_scan_bwd_kernel<kThreads, false>;
-    set_smem(scan_bwd, sb_bytes);
     stage_begin(stream);
-    scan_bwd<<<scan_grid(a, bv), scan_thr, sb_bytes, stream>>>(
-        w.dh, w.dDh, w.dDl, w.dD, w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V,
-        conv_dim, bv);
-    QT_LAUNCH_CHECK("gdn_scan_bwd_kernel");
+    launch_smem(scan_bwd, "gdn_scan_bwd_kernel", scan_grid(a, bv), scan_thr, sb_bytes, stream, w.dh, w.dDh, w.dDl, w.dD,
+                w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
     stage_end("gdn_scan_bwd_kernel", stream);
   }
 
   const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
-  set_smem(gdn_bwd_chunk_kernel, bc_bytes);
   stage_begin(stream);
-  gdn_bwd_chunk_kernel<<<dim3(w.nc_max, Hv), kThreads, bc_bytes, stream>>>(
-      w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh, w.dDl, w.h, w.dh, dO,
-      w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
-  QT_LAUNCH_CHECK("gdn_bwd_chunk_kernel");
+  launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
+              w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh, w.dDl,
+              w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
   stage_end("gdn_bwd_chunk_kernel", stream);
 
   const int warps = T * Hk * 2;

@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "ops/cuda/cuda_check.h"
 
 namespace qt::cuda::dev {
 
@@ -185,5 +188,20 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t g = ceil_div(n, threads);
   return static_cast<unsigned>(g < 1 ? 1 : (g > 65536 ? 65536 : g));
+}
+// Lets `kernel` take `bytes` of dynamic shared memory (the opt-in above 48 KB; cheap, and repeated
+// per call so every device has it).
+template <typename Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+// Launches `kernel` on `stream` with `smem` bytes of dynamic shared memory (set_smem first), then
+// checks the launch under the kernel's name `what`.
+template <class... P, class... A>
+void launch_smem(void (*kernel)(P...), const char* what, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                 A&&... args) {
+  set_smem(kernel, smem);
+  kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
+  QT_LAUNCH_CHECK(what);
 }
 }  // namespace qt::cuda
