@@ -869,13 +869,7 @@ __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const 
 
   // S^T[j][i] = k_j . q_i (exact bf16 products, fp32 sums).
   float st[kC / 2];
-  {
-    wg::fence();
-    wg::mma_abt<kC, kDlD / 16>(st, sK, kDlPanel, sQ, kDlPanel);
-    wg::commit();
-    wg::wait<0>();
-  }
-  wg::fence_operands(st);
+  wg::mma_abt_sync<kC, kDlD / 16>(st, sK, kDlPanel, sQ, kDlPanel);
 
   // P^T in the accumulator: thread (warp w, lane g, t) holds rows j = 16 w + g (+ 8), columns
   // i = 8 nb + 2 t (+ 1) at st[4 nb + 2 hh + e]; its A fragment for k step kk is nb = 2 kk, 2 kk + 1.
@@ -1018,11 +1012,7 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
                                             const float* rqc, const float* rkc, int wgi) {
   const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   float pacc[kC / 2];
-  wg::fence();
-  wg::mma_abt<kC, kDlD / 16>(pacc, qt, kDlPanel, kt, kDlPanel);
-  wg::commit();
-  wg::wait<0>();
-  wg::fence_operands(pacc);
+  wg::mma_abt_sync<kC, kDlD / 16>(pacc, qt, kDlPanel, kt, kDlPanel);
 #pragma unroll
   for (int nb = 0; nb < kC / 8; ++nb)
 #pragma unroll

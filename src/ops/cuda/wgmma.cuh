@@ -208,6 +208,18 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kN / 2], const void* a, uin
   }
 }
 
+// mma_abt bracketed for a warpgroup with no other product in flight: fence, issue, commit, wait,
+// and the accumulator fenced for the reads that follow.
+template <int kN, int kSteps>
+__device__ __forceinline__ void mma_abt_sync(float (&acc)[kN / 2], const void* a, uint32_t a_panel, const void* b,
+                                             uint32_t b_panel) {
+  fence();
+  mma_abt<kN, kSteps>(acc, a, a_panel, b, b_panel);
+  commit();
+  wait<0>();
+  fence_operands(acc);
+}
+
 #undef QT_WG_D32_REGS
 #undef QT_WG_D32_OUT
 #undef QT_WG_D64_REGS
