@@ -312,52 +312,13 @@ __device__ __forceinline__ ScanBlock scan_block(const int* seq_order, int Hv, in
   return {seq_order[rest / Hv], rest % Hv, col * bv};
 }
 
-// ---- L2 norm -----------------------------------------------------------------------------------
-// Row `row` of the q / k part of qkv: rows are (token, key head, q or k) in that order.
-__device__ __forceinline__ const bf16* l2_row_ptr(const bf16* qkv, int row, int Hk, int K, int conv_dim) {
-  const int which = row & 1, th = row >> 1, t = th / Hk, kh = th - t * Hk;
-  return qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K;
-}
-// The scale of a row with squared norm ss: (ss + eps)^-1/2, times K^-1/2 for q.
-__device__ __forceinline__ float l2_scale(float ss, int row, int K) {
-  return (1.f / sqrtf(ss + kL2Eps)) * ((row & 1) == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
-}
-
+// ---- L2 norm (formed in prep) -------------------------------------------------------------------
 // rs [T, Hk, 2]: the L2 scales of q (times K^-1/2) and k (q^ = q rs[., 0], k^ = k rs[., 1]), part
 // of the kept state: every kernel stages the raw bf16 rows (exact bf16 mma operands) and applies
-// the scale per row. lpr > 0 (K / 8, a power of two, 16-byte aligned rows; every head dim in use):
-// lpr lanes per row, one 16-byte load each, 32 / lpr rows per warp (a warp per 256-byte row with
-// 2-byte loads took 48 us at 4B); lpr == 0: one warp per row, K <= 128.
-__global__ void gdn_l2norm_kernel(float* rs, const bf16* qkv, int T, int Hk, int K, int conv_dim, int lpr) {
-  const int64_t gt = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int rows = T * Hk * 2;
-  if (lpr == 0) {
-    const int row = static_cast<int>(gt >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const bf16* x = l2_row_ptr(qkv, row, Hk, K, conv_dim);
-    float ss = 0.f;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float f = lane + 32 * r < K ? to_f(x[lane + 32 * r]) : 0.f;
-      ss += f * f;
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) rs[row] = l2_scale(ss, row, K);
-    return;
-  }
-  const int row = static_cast<int>(gt / lpr), sub = static_cast<int>(gt % lpr);
-  float ss = 0.f;
-  if (row < rows) {
-    const uint4 u = *reinterpret_cast<const uint4*>(l2_row_ptr(qkv, row, Hk, K, conv_dim) + 8 * sub);
-    const bf16* e = reinterpret_cast<const bf16*>(&u);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float f = to_f(e[j]);
-      ss += f * f;
-    }
-  }
-  for (int o = lpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // every lane takes part
-  if (row < rows && sub == 0) rs[row] = l2_scale(ss, row, K);
+// the scale per row. The scale of a row with squared norm ss: (ss + eps)^-1/2, times K^-1/2 for q
+// (row even).
+__device__ __forceinline__ float l2_scale(float ss, int row, int K) {
+  return (1.f / sqrtf(ss + kL2Eps)) * ((row & 1) == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f);
 }
 
 // Row stride (bf16 elements) of raw q / k / v tiles: 16-byte rows, and the fragment reads of both
@@ -400,7 +361,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // ---- prep: G, W, U per (chunk, value head) -----------------------------------------------------
 // Gc [T, Hv] = chunk-local cumsum of g; W [T, Hv, K] = T diag(b e^G) K^; U [T, Hv, V] = T diag(b) V,
 // per (chunk, value head), from the raw bf16 k and v rows (cp.async, 16-byte pieces) and the row
-// scales rs of gdn_l2norm_kernel: A's k k^T products are exact (1 mma per k step), W's and U's B
+// scales rs (formed here, below): A's k k^T products are exact (1 mma per k step), W's and U's B
 // operands too (the k-index scales b e^G rs_k and b go into T's columns), so the split costs 2 mma
 // there; W is stored as its hi / lo planes for the scans. The raw v rows load into A's region once
 // the solve has consumed A (under the W product): 54.0 KB of smem at K = V = 128, 4 CTAs per SM
@@ -414,7 +375,7 @@ int prep_smem_floats(int K, int V) {
 template <bool kWU>
 __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
-                                                            const int* nchunks, const float* rs, const bf16* qkv,
+                                                            const int* nchunks, float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
                                                             int K, int V, int conv_dim) {
   const int c = blockIdx.x, head = blockIdx.y;
@@ -434,15 +395,41 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   float* kbs = cv.take(kC);
   float* rk = cv.take(kC);
   const size_t x_ld = static_cast<size_t>(conv_dim);
+  // The L2 row scales rs are formed here (no separate pass over q and k): every CTA forms its k rows'
+  // for A; the first value head of each key head's group also loads the q rows (into A's region,
+  // before A exists) and stores both scales for every later kernel.
+  const bool lead = head % (Hv / Hk) == 0;
+  bf16* Qb = reinterpret_cast<bf16*>(As);
   async_rows(Kb, ldk, qkv + static_cast<size_t>(bos) * x_ld + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
+  if (lead) async_rows(Qb, ldk, qkv + static_cast<size_t>(bos) * x_ld + static_cast<size_t>(kh) * K, x_ld, len, K);
   cp_async_commit();
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
-  if (threadIdx.x < kC) {
-    const int i = threadIdx.x;
-    rk[i] = i < len ? rs[(static_cast<size_t>(bos + i) * Hk + kh) * 2 + 1] : 0.f;
-  }
   cp_async_wait<0>();
   __syncthreads();
+  {
+    // 4 threads per row, 16-byte pieces p, p + 4, .. of it, then the xor tree: a fixed order.
+    const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
+    auto sumsq = [&](const bf16* X) {
+      float ss = 0.f;
+      for (int pc = part; pc < K / 8; pc += 4) {
+        const uint4 u = *reinterpret_cast<const uint4*>(X + row * ldk + 8 * pc);
+        const bf16* e = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += to_f(e[j]) * to_f(e[j]);
+      }
+      ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+      return ss + __shfl_xor_sync(0xffffffffu, ss, 2);
+    };
+    // sumsq's shuffles need every lane: evaluated unconditionally (rows >= len are zero-filled).
+    const float ssk = sumsq(Kb), r_k = row < len ? l2_scale(ssk, 1, K) : 0.f;
+    if (part == 0) rk[row] = r_k;
+    if (lead) {
+      const float r_q = l2_scale(sumsq(Qb), 0, K);
+      if (part == 0 && row < len)
+        reinterpret_cast<float2*>(rs)[static_cast<size_t>(bos + row) * Hk + kh] = make_float2(r_q, r_k);
+    }
+  }
+  __syncthreads();  // rk complete; q's rows dead (A is written over them below)
   if (threadIdx.x < kC) {
     const int i = threadIdx.x;
     kbs[i] = bs[i] * expf(gs[i]) * rk[i];
@@ -594,7 +581,7 @@ __device__ __forceinline__ void scan_update_state(ScanState& st, int K, int bv, 
 
 // h[chunk, Hv, K x V] = state entering each chunk (fp32, fragment-native); D = U - W S out as its
 // planes Dgh, Dgl [T, Hv, V]; W as its planes Wh, Wl [T, Hv, K]. k^ = k rs[., 1] (rs from
-// gdn_l2norm_kernel): the update takes the raw k rows as its A operand and folds e^{G_L - G_i} rs_i
+// gdn_prep_kernel): the update takes the raw k rows as its A operand and folds e^{G_L - G_i} rs_i
 // into D's rows. Two barriers per chunk: W, U and k of chunk c+1 load (cp.async, one group) during
 // chunk c's update and are waited on at the top of chunk c+1; the gates and row scales of chunk c+1
 // are read into registers during chunk c.
@@ -1298,7 +1285,7 @@ bool scan_bwd_fused(int K, int bv) {
 // dh[chunk] = dL/d(state leaving the chunk); full dD = dD_local + diag(e^{G_L-G}) K^ dS, as its planes
 // dDgh, dDgl [T, Hv, V];
 // dS <- e^{G_L} dS + (Q^ . e^G)^T dO - W^T dD. q^ = q rs[., 0], k^ = k rs[., 1] (rs from
-// gdn_l2norm_kernel, kept in the state): the dD product takes the raw k and scales its rows in the
+// gdn_prep_kernel, kept in the state): the dD product takes the raw k and scales its rows in the
 // epilogue, the dS product folds e^{G_i} rs_i into the dO rows.
 // Pipelined, two barriers per chunk: q, W, dO of chunk c load (cp.async) during the dD product and
 // are waited on before (B), k and dD_local of chunk c-1 during the dS update (waited on before the
@@ -1721,7 +1708,7 @@ int bwd_chunk_smem_floats(int K, int V) {
 }
 
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
-// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_l2norm_kernel); D, dD as their planes [T, Hv, V].
+// k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_prep_kernel); D, dD as their planes [T, Hv, V].
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl, const bf16* dDgh, const bf16* dDgl,
@@ -2312,22 +2299,13 @@ void stage_end(const char* name, cudaStream_t stream) {
 // or with nothing to store, the fused output wins (4B: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
 bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream) {
-  const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
+  const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
   gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
                                                           a.num_seqs);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
-  const int rows = T * Hk * 2, lpr8 = K / 8;
-  const bool vec = K % 8 == 0 && (lpr8 & (lpr8 - 1)) == 0 && lpr8 <= 32 && conv_dim % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
-  const int64_t threads = static_cast<int64_t>(rows) * (vec ? lpr8 : 32);
-  stage_begin(stream);
-  gdn_l2norm_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      w.rs, qkv, T, Hk, K, conv_dim, vec ? lpr8 : 0);
-  QT_LAUNCH_CHECK("gdn_l2norm_kernel");
-  stage_end("gdn_l2norm_kernel", stream);
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
   const bool wg_scans = wgmma_scans(K, V);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
@@ -2431,7 +2409,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     stage_end("gdn_dlocal_kernel", stream);
   }
 
-  // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_l2norm_kernel into the
+  // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_prep_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
   if (wg_scan) {
