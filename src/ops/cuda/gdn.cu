@@ -71,6 +71,7 @@ constexpr int kThreads = 256;  // per block, every kernel but the chunk table
 constexpr float kL2Eps = 1e-6f;
 
 using dev::to_f;
+using dev::ex2_ftz;
 using dev::warp_sum;
 
 // Bump allocator over dynamic shared memory (floats); the host mirrors each kernel's sequence.
@@ -2071,6 +2072,647 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   }
 }
 
+// ---- backward per-chunk gradients on wgmma (dk = dv = 128) ---------------------------------------
+// One CTA of two warpgroups per (chunk, value head), 1 CTA per SM (221 KB of smem, 240 registers).
+// Every operand is a 128-byte-swizzled smem tile (cp.async panels, or planes this kernel writes) or
+// a register A fragment; nothing is gathered by ldmatrix. The C x K results (dq^, dk^) are formed
+// transposed, rows d, columns i: warpgroup wgi owns d = 64 wgi .. + 63 of both, so the state
+// products take the state rows as register A fragments from the fragment-native h / dh (staged in
+// smem: 16-byte loads), and dk^ collects all its terms in one accumulator (written once, no
+// read-modify-write). The C x C products split their 64 columns between the warpgroups (m64n32,
+// B rows 32 wgi..: a K-major B may start at any row of its panel). Per CTA, in order:
+//   F^T  = dS D^T, E^T = S0 dO^T, dW^T = -S0 dD^T    (<S0, dS> on the way; q, k, v, T land meanwhile)
+//   E^T diag(e^G), F^T diag(e^{G_L-G}) with their dG / xi column sums; dW^T -> planes [d][m];
+//   dk^T += (dW^T T) diag(b e^G)
+//   P1   dP = dO D^T, q k^T                         -> Y = dP . Gam; planes Yk = Y diag(rk),
+//                                                      Yq = diag(rq) Y; dP . P row / column sums (dG)
+//   dq^T = E^T + k^T Yk (A = k M-major) -> dqn;  dk^T += q^T Yq
+//   dT   = diag . (dD v^T, dW k^T) (l < m)         -> planes [m][l]   (dk^T waits in smem meanwhile)
+//   X1^T = T dT^T                                   -> planes [j][m]
+//   Mx   = -(T^T X1) . Gam (j < i), k k^T           -> F row / column sums (dG, dbeta); planes
+//          Pa = diag(b) Mx diag(rk), Pb = diag(b rk) Mx
+//   dk^T += k^T Pa + (k^T Pb^T)                      -> dkn
+//   dv   = diag(b) T^T dD (columns 64 wgi..)        -> dqkv; v . (T^T dD) row dots (dbeta)
+// fp32 x fp32 products are split hi / lo (3 products; 2 where one side is an exact bf16 tile), as in
+// the mma.sync kernel; every row / column sum reduces per thread, per warp (xor tree), then across
+// warps in a fixed order, so the result is deterministic.
+constexpr uint32_t kBcQ = 0, kBcK = kDlTile, kBcO = 2 * kDlTile, kBcD = 3 * kDlTile, kBcDD = 5 * kDlTile,
+                   kBcV = 7 * kDlTile, kBcT = 8 * kDlTile, kBcY = 9 * kDlTile, kBcW = 11 * kDlTile,
+                   kBcTiles = 13 * kDlTile;
+// Row arrays and reduction partials (floats) after the tiles.
+constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 * kC, kBcRk = 5 * kC,
+              kBcRowA = 6 * kC /* [2][C] */, kBcColA = 8 * kC /* [4][C] */, kBcRedE = 12 * kC /* [8][C] */,
+              kBcRedXi = 20 * kC, kBcRedS2 = 28 * kC, kBcRowF = 36 * kC /* [2][C] */, kBcColF = 38 * kC /* [4][C] */,
+              kBcRowV = 42 * kC /* [2][C] */, kBcDg = 44 * kC, kBcDb = 45 * kC, kBcXi = 46 * kC, kBcG2 = 47 * kC /* G log2(e) */,
+              kBcSdot = 48 * kC /* [8] */, kBcFloats = 48 * kC + 8;
+constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
+
+// The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, `panel` bytes
+// apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
+template <int kMN>
+__device__ __forceinline__ uint32_t k_step(int kk) {
+  return kMN ? kk * 2048u : (kk >> 2) * kDlPanel + (kk & 3) * 32u;
+}
+// acc (+)= A B over kSteps k16 steps, both from smem (kTA / kTB: 1 = MN-major); no fence or commit.
+template <int kN, int kTB, int kTA, int kSteps>
+__device__ __forceinline__ void bc_ss(float (&acc)[kN / 2], const void* a, const void* b, bool accumulate) {
+  const uint64_t da = wg::desc_opaque(wg::desc_sw128(a, kTA ? kDlPanel : 16, 1024));
+  const uint64_t db = wg::desc_opaque(wg::desc_sw128(b, kTB ? kDlPanel : 16, 1024));
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint64_t ak = wg::desc_advance(da, k_step<kTA>(kk)), bk = wg::desc_advance(db, k_step<kTB>(kk));
+    const int sc = (accumulate || kk > 0) ? 1 : 0;
+    if constexpr (kN == 32)
+      wg::mma_m64n32k16<kTB, kTA>(acc, ak, bk, sc);
+    else
+      wg::mma_m64n64k16<kTB, kTA>(acc, ak, bk, sc);
+  }
+}
+// acc (+)= A B, A from registers (kSteps k16 fragments), B from smem.
+template <int kTB, int kSteps>
+__device__ __forceinline__ void bc_rs(float (&acc)[kC / 2], const uint32_t (&a)[kSteps][4], const void* b,
+                                      bool accumulate) {
+  const uint64_t db = wg::desc_opaque(wg::desc_sw128(b, kTB ? kDlPanel : 16, 1024));
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+    wg::mma_m64n64k16_rs<kTB>(acc, a[kk], wg::desc_advance(db, k_step<kTB>(kk)), (accumulate || kk > 0) ? 1 : 0);
+}
+// The hi / lo A fragments of an m64n64 accumulator as the A operand of a product over its columns.
+__device__ __forceinline__ void acc_frags(const float (&x)[kC / 2], uint32_t (&ah)[kC / 16][4],
+                                          uint32_t (&al)[kC / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kC / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int nb = 2 * kk + (q >> 1), hh = q & 1;
+      gdn_mma::split_bf16(x[4 * nb + 2 * hh], x[4 * nb + 2 * hh + 1], ah[kk][q], al[kk][q]);
+    }
+}
+// The accumulator's element (r, c) of thread (warp w of its warpgroup, g, t): register 4 nb + 2 hh + e
+// holds row 16 w + g + 8 hh, column 8 nb + 2 t + e. f(v, r, c) per element, in that order.
+template <int kN, class F>
+__device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
+  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int nb = 0; nb < kN / 8; ++nb)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) f(acc[4 * nb + 2 * hh + e], 16 * w + g + 8 * hh, 8 * nb + 2 * t + e);
+}
+// hi / lo planes (row r at r * 128 bytes, 128-byte swizzle) of f(v, r, c) over the accumulator,
+// rows r0 + r, columns c0 + c (pairs of columns per 32-bit word).
+template <int kN, class F>
+__device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
+  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int nb = 0; nb < kN / 8; ++nb)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * w + g + 8 * hh, c = 8 * nb + 2 * t;
+      uint32_t h2, l2;
+      gdn_mma::split_bf16(f(acc[4 * nb + 2 * hh], r, c), f(acc[4 * nb + 2 * hh + 1], r, c + 1), h2, l2);
+      *reinterpret_cast<uint32_t*>(hi + wg::sw128(r0 + r, c0 + c)) = h2;
+      *reinterpret_cast<uint32_t*>(lo + wg::sw128(r0 + r, c0 + c)) = l2;
+    }
+}
+// Sums each of a thread's kV values over the 8 lanes sharing lane % 4 (lane bits 2-4) by halving
+// exchanges: each xor step sends half of the values still held and adds the other half received, so
+// 8 + 4 + 2 shuffles reduce 16 values (the plain xor tree takes 48). On return v[k], k < kV / 8,
+// holds the full sum of value halving_index<kV>(k).
+template <int kV, int kStep = 0>
+__device__ __forceinline__ void xor_halving_sum(float (&v)[kV]) {
+  constexpr int n = (kV >> kStep) / 2;
+  const bool up = ((threadIdx.x & 31) >> (2 + kStep)) & 1;
+#pragma unroll
+  for (int k = 0; k < n; ++k) {
+    const float send = up ? v[k] : v[k + n], keep = up ? v[k + n] : v[k];
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << kStep);
+  }
+  if constexpr (kStep < 2) xor_halving_sum<kV, kStep + 1>(v);
+}
+// The value index whose sum xor_halving_sum leaves in v[k] of this lane: the upper half at step s
+// when lane bit 2 + s is set, so index = k + (kV / 2) b0 + (kV / 4) b1 + (kV / 8) b2.
+template <int kV>
+__device__ __forceinline__ int halving_index(int k) {
+  const int g = (threadIdx.x & 31) >> 2;
+  return k + (kV / 2) * (g & 1) + (kV / 4) * ((g >> 1) & 1) + (kV / 8) * ((g >> 2) & 1);
+}
+// red[c0 + c] (this warp's slot: the caller offsets red by warp * kC) = sum over the warp's 16 rows
+// of f(v, r, c): per thread its two rows, then xor_halving_sum over g (each lane stores kN / 32).
+template <int kN, class F>
+__device__ __forceinline__ void acc_col_sums(float* red, const float (&acc)[kN / 2], int c0, F&& f) {
+  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  float p[kN / 4];  // value 2 nb + e: column 8 nb + 2 t + e
+#pragma unroll
+  for (int nb = 0; nb < kN / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 16 * w + g, c = 8 * nb + 2 * t + e;
+      p[2 * nb + e] = f(acc[4 * nb + e], r, c) + f(acc[4 * nb + 2 + e], r + 8, c);
+    }
+  xor_halving_sum(p);
+#pragma unroll
+  for (int k = 0; k < kN / 32; ++k) {
+    const int u = halving_index<kN / 4>(k);
+    red[c0 + 8 * (u >> 1) + 2 * t + (u & 1)] = p[k];
+  }
+}
+// red[r] (the caller offsets red by its warpgroup's slot) = sum over the accumulator's kN columns of
+// f(v, r, c): per thread, then the xor tree over t.
+template <int kN, class F>
+__device__ __forceinline__ void acc_row_sums(float* red, const float (&acc)[kN / 2], F&& f) {
+  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * w + g + 8 * hh;
+    float s = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < kN / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s += f(acc[4 * nb + 2 * hh + e], r, 8 * nb + 2 * t + e);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if (t == 0) red[r] = s;
+  }
+}
+// bf16 element (r, c) of a 64-row tile stored as 128-byte-swizzled 64-column panels.
+__device__ __forceinline__ float panel_at(const char* tile, int r, int c) {
+  return to_f(*reinterpret_cast<const bf16*>(tile + (c >> 6) * kDlPanel + wg::sw128(r, c & 63)));
+}
+// Writes a transposed C x K result acc^T (rows d = d0 + r, columns i) to out rows i < len (fp32, row
+// stride ld): each store instruction of a warp covers 4 rows x 32 contiguous bytes.
+// The base pointer is hidden from the optimizer (as desc_opaque does for descriptors), so that the 32
+// addresses are formed here instead of hoisted to the kernel's start and spilled.
+__device__ __forceinline__ void store_t(float* out, size_t ld, const float (&acc)[kC / 2], int d0, int len) {
+  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  float* p = out + static_cast<size_t>(2 * t) * ld + d0 + 16 * w + g;  // row 2 t, column d0 + 16 w + g
+  asm volatile("" : "+l"(p));
+#pragma unroll
+  for (int nb = 0; nb < kC / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int i = 8 * nb + 2 * t + e;
+      float* row = p + static_cast<size_t>(8 * nb + e) * ld;
+      if (i < len) {
+        row[0] = acc[4 * nb + e];
+        row[8] = acc[4 * nb + 2 + e];
+      }
+    }
+}
+
+__global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
+    float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
+    const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
+    const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
+    const bf16* Tl, int Hk, int Hv, int conv_dim) {
+  constexpr int D = kDlD;
+  const int c = blockIdx.x, head = blockIdx.y;
+  if (c >= *nchunks) return;
+  const int4 ch = table[c];
+  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  char* sm = align1024(smem_raw);
+  char *sQ = sm + kBcQ, *sK = sm + kBcK, *sO = sm + kBcO, *sD = sm + kBcD, *sDD = sm + kBcDD, *sV = sm + kBcV,
+       *sT = sm + kBcT, *sY = sm + kBcY, *sW = sm + kBcW;
+  float* fl = reinterpret_cast<float*>(sm + kBcTiles);
+  float *gs = fl + kBcGs, *bs = fl + kBcBs, *eg = fl + kBcEg, *ekl = fl + kBcEkl, *rq = fl + kBcRq, *rk = fl + kBcRk;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // warp-uniform by construction (a shuffle from lane 0), so the descriptors built from them can sit
+  // in uniform registers
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), wgi = warp >> 2;
+  const int d0 = 64 * wgi;  // this warpgroup's rows d of the transposed results
+  const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
+  const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
+  const size_t ro = (static_cast<size_t>(bos) * Hv + head) * D;  // row 0 of this head in [T, Hv, D] tensors
+
+  // Tiles by cp.async in three groups. The state products come first, so their operands land first:
+  // D and dS_end (64 KB, fragment-native: warpgroup 0's rows in the q, k regions, warpgroup 1's in
+  // the v, T regions), then S0 (into the Y and dW regions) with dO and dD; q, k, v and T follow into
+  // dS's regions once its fragments are read, and land while the state products run.
+  const size_t so = (static_cast<size_t>(c) * Hv + head) * D * D;
+  auto async_state = [&](char* lo_half, char* hi_half, const float* src) {  // rows 0-63, 64-127
+#pragma unroll 4
+    for (int u = 0; u < D * D / 4 / 256; ++u) {
+      const int e4 = tid + 256 * u;
+      char* dst = e4 < D * D / 8 ? lo_half + 16 * e4 : hi_half + 16 * (e4 - D * D / 8);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst)), "l"(src + so + 4 * e4)
+                   : "memory");
+    }
+  };
+  async_panels<256>(sD, Dgh + ro, vh_ld, len);
+  async_panels<256>(sD + kDlTile, Dgl + ro, vh_ld, len);
+  async_state(sQ, sV, dh);
+  cp_async_commit();
+  async_state(sY, sY + D * D / 2 * sizeof(float), h);
+  async_panels<256>(sO, d_o + ro, vh_ld, len);
+  async_panels<256>(sDD, dDgh + ro, vh_ld, len);
+  async_panels<256>(sDD + kDlTile, dDgl + ro, vh_ld, len);
+  cp_async_commit();
+  load_gates(gs, bs, g, beta, bos, len, Hv, head);
+  if (tid < kC) {
+    const float2 r = tid < len ? reinterpret_cast<const float2*>(rs)[static_cast<size_t>(bos + tid) * Hk + kh]
+                               : make_float2(0.f, 0.f);
+    rq[tid] = r.x;
+    rk[tid] = r.y;
+  }
+  __syncthreads();
+  const float egl = expf(gs[kC - 1]);
+  if (tid < kC) {
+    eg[tid] = expf(gs[tid]);
+    ekl[tid] = expf(gs[kC - 1] - gs[tid]);
+    fl[kBcG2 + tid] = gs[tid] * 1.4426950408889634f;
+  }
+  cp_async_wait<0>();
+  wg::fence_proxy_async();
+  __syncthreads();
+
+  // The state products, rows d of this warpgroup: F^T = dS D^T, then E^T = S0 dO^T, dW^T = S0 dD^T;
+  // the A fragments from the staged rows (this thread's: r0 + g, + 8), <S0, dS_end> on the way.
+  const int r0 = d0 + 16 * (warp & 3);
+  const float* s0s = reinterpret_cast<const float*>(sY);
+  const float* dss = reinterpret_cast<const float*>(wgi ? sV : sQ) - static_cast<size_t>(d0) * D;  // row d at d * D
+  float fT[kC / 2], eT[kC / 2], wT[kC / 2];
+  float sdot = 0.f;
+  {
+    uint32_t ah[D / 16][4], al[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int o = gdn_mma::frag_index(r0 + 8 * hh, 16 * kk, D) + 4 * lane;
+        const float4 x = *reinterpret_cast<const float4*>(s0s + o), y = *reinterpret_cast<const float4*>(dss + o);
+        sdot += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+        gdn_mma::split_bf16(y.x, y.y, ah[kk][hh], al[kk][hh]);
+        gdn_mma::split_bf16(y.z, y.w, ah[kk][hh + 2], al[kk][hh + 2]);
+      }
+    // Reduced and stored here, before the barrier: left to the compiler, the sum sinks to its use
+    // at the end and keeps its 128 inputs alive (spilled) through the whole kernel.
+    sdot = warp_sum(sdot);
+    if (lane == 0) fl[kBcSdot + warp] = sdot;
+    __syncthreads();  // dS read by both warpgroups: q, k, v, T into its regions
+    {
+      const bf16* xr = xrow;  // formed here, not hoisted (see store_t)
+      asm volatile("" : "+l"(xr));
+      async_panels<256>(sQ, xr + static_cast<size_t>(kh) * D, x_ld, len);
+      async_panels<256>(sK, xr + static_cast<size_t>(Hk + kh) * D, x_ld, len);
+      async_panels<256>(sV, xr + 2 * static_cast<size_t>(Hk) * D + static_cast<size_t>(head) * D, x_ld, len);
+      const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;  // T's planes: every row (padded rows identity)
+      const bf16 *th = Th + tb, *tl = Tl + tb;
+      asm volatile("" : "+l"(th), "+l"(tl));
+      async_panels<256, kC>(sT, th, kC, kC);
+      async_panels<256, kC>(sT + kDlPanel, tl, kC, kC);
+    }
+    cp_async_commit();
+    wg::fence();
+    bc_rs<0, D / 16>(fT, ah, sD, false);
+    bc_rs<0, D / 16>(fT, al, sD, true);
+    bc_rs<0, D / 16>(fT, ah, sD + kDlTile, true);
+    wg::commit();
+    wg::wait<0>();
+  }
+  {
+    uint32_t ah[D / 16][4], al[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float4 x = *reinterpret_cast<const float4*>(s0s + gdn_mma::frag_index(r0 + 8 * hh, 16 * kk, D) + 4 * lane);
+        gdn_mma::split_bf16(x.x, x.y, ah[kk][hh], al[kk][hh]);
+        gdn_mma::split_bf16(x.z, x.w, ah[kk][hh + 2], al[kk][hh + 2]);
+      }
+    wg::fence();
+    bc_rs<0, D / 16>(eT, ah, sO, false);
+    bc_rs<0, D / 16>(eT, al, sO, true);
+    bc_rs<0, D / 16>(wT, ah, sDD, false);
+    bc_rs<0, D / 16>(wT, al, sDD, true);
+    bc_rs<0, D / 16>(wT, ah, sDD + kDlTile, true);
+    wg::commit();
+    cp_async_wait<0>();
+    wg::fence_proxy_async();
+    __syncthreads();  // q, k, v, T landed; both warpgroups' S0 fragments read (the Y, dW regions free)
+    wg::wait<0>();
+  }
+  wg::fence_operands(fT);
+  wg::fence_operands(eT);
+  wg::fence_operands(wT);
+
+  // E^T diag(e^G), with dG's q_i . (e^{G_i} S0 dO_i) (column sums over d); F^T diag(e^{G_L - G})
+  // with xi's k_i . (that) (rk_i, rq_i in the combine).
+  float* red8 = fl + warp * kC;  // + an array's offset: this warp's slot of a [8][C] partial
+  acc_each<kC>(eT, [&](float& v, int, int i) { v *= eg[i]; });
+  acc_col_sums<kC>(red8 + kBcRedE, eT, 0, [&](float v, int r, int i) { return panel_at(sQ, i, d0 + r) * v; });
+  acc_each<kC>(fT, [&](float& v, int, int i) { v *= ekl[i]; });
+  acc_col_sums<kC>(red8 + kBcRedXi, fT, 0, [&](float v, int r, int i) { return panel_at(sK, i, d0 + r) * v; });
+  // dW^T = -S0 dD^T: planes [d][m] for dT, and the A fragments of (T^T dW)^T = dW^T T; dk^ gets
+  // b_i e^{G_i} (T^T dW)_i, s2_i = rk_i k_i . (T^T dW)_i.
+  {
+    acc_each<kC>(wT, [](float& v, int, int) { v = -v; });
+    acc_planes<kC>(sW, sW + kDlTile, wT, d0, 0, [](float v, int, int) { return v; });
+    float tw[kC / 2];
+    uint32_t ah[kC / 16][4], al[kC / 16][4];
+    acc_frags(wT, ah, al);
+    wg::fence();
+    bc_rs<1, kC / 16>(tw, ah, sT, false);
+    bc_rs<1, kC / 16>(tw, al, sT, true);
+    bc_rs<1, kC / 16>(tw, ah, sT + kDlPanel, true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(tw);
+    acc_col_sums<kC>(red8 + kBcRedS2, tw, 0, [&](float v, int r, int i) { return panel_at(sK, i, d0 + r) * v; });
+    acc_each<kC>(tw, [&](float& v, int, int i) { v *= bs[i] * eg[i]; });
+#pragma unroll
+    for (int r = 0; r < kC / 2; ++r) fT[r] += tw[r];
+  }
+
+  // P1 (columns j = 32 wgi ..): dP = dO D^T (D split: 2 products), q k^T (exact).
+  {
+    float dp[16], qk[16];
+    wg::fence();
+    bc_ss<32, 0, 0, D / 16>(dp, sO, sD + 32 * wgi * 128, false);
+    bc_ss<32, 0, 0, D / 16>(dp, sO, sD + kDlTile + 32 * wgi * 128, true);
+    bc_ss<32, 0, 0, D / 16>(qk, sQ, sK + 32 * wgi * 128, false);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(dp);
+    wg::fence_operands(qk);
+    // Y_ij = dP_ij e^{G_i - G_j} (j <= i); the dP . P sums leave the diagonal out (it cancels in
+    // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
+    // thread's 2 rows and 8 columns are read once.
+    const int j0 = 32 * wgi, i0 = 16 * (warp & 3) + (lane >> 2), t = lane & 3;
+    const float* g2 = fl + kBcG2;
+    float g2i[2], rqi[2], g2j[8], rkj[8];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      g2i[hh] = g2[i0 + 8 * hh];
+      rqi[hh] = rq[i0 + 8 * hh];
+    }
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      const float2 a = ld_f2(g2 + j0 + 8 * nb + 2 * t), r = ld_f2(rk + j0 + 8 * nb + 2 * t);
+      g2j[2 * nb] = a.x;
+      g2j[2 * nb + 1] = a.y;
+      rkj[2 * nb] = r.x;
+      rkj[2 * nb + 1] = r.y;
+    }
+    float rsum[2] = {0.f, 0.f}, csum[8];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 2 * nb + e, j = j0 + 8 * nb + 2 * t + e;
+        csum[c] = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int q = 4 * nb + 2 * hh + e, i = i0 + 8 * hh;
+          const float y = j <= i ? dp[q] * ex2_ftz(g2i[hh] - g2j[c]) : 0.f;
+          const float pp = j < i ? y * qk[q] * rqi[hh] * rkj[c] : 0.f;
+          dp[q] = y;
+          rsum[hh] += pp;
+          csum[c] += pp;
+        }
+      }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float r = rsum[hh];
+      r += __shfl_xor_sync(0xffffffffu, r, 1);
+      r += __shfl_xor_sync(0xffffffffu, r, 2);
+      if (t == 0) fl[kBcRowA + wgi * kC + i0 + 8 * hh] = r;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float x = csum[c];
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if ((lane >> 2) == 0) fl[kBcColA + (warp & 3) * kC + j0 + 8 * (c >> 1) + 2 * t + (c & 1)] = x;
+    }
+    acc_planes<32>(sY, sY + kDlPanel, dp, 0, j0, [&](float v, int, int j) { return v * rkj[2 * (j >> 3) + (j & 1)]; });
+    acc_planes<32>(sY + 2 * kDlPanel, sY + 3 * kDlPanel, dp, 0, j0,
+                   [&](float v, int i, int) { return v * rqi[(i >> 3) & 1]; });
+  }
+
+  wg::fence_proxy_async();
+  __syncthreads();  // Y and dW^T planes complete
+
+  // dq^T = E^T diag(e^G) + k^T Yk; dk^T += q^T Yq.
+  wg::fence();
+  bc_ss<kC, 0, 1, kC / 16>(eT, sK + wgi * kDlPanel, sY, true);
+  bc_ss<kC, 0, 1, kC / 16>(eT, sK + wgi * kDlPanel, sY + kDlPanel, true);
+  bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + 2 * kDlPanel, true);
+  bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + 3 * kDlPanel, true);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(eT);
+  wg::fence_operands(fT);
+  store_t(dqn + ro, dk_ld, eT, d0, len);
+
+  // dT (columns l = 32 wgi ..): dT_ml = b_l (dD_m . v_l + e^{G_l} rk_l dW_m . k_l) for l < m, l < len.
+  {
+    float a1[16], a2[16];
+    wg::fence();
+    bc_ss<32, 0, 0, D / 16>(a1, sDD, sV + 32 * wgi * 128, false);
+    bc_ss<32, 0, 0, D / 16>(a1, sDD + kDlTile, sV + 32 * wgi * 128, true);
+    bc_ss<32, 0, 1, D / 16>(a2, sW, sK + 32 * wgi * 128, false);
+    bc_ss<32, 0, 1, D / 16>(a2, sW + kDlTile, sK + 32 * wgi * 128, true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(a1);
+    wg::fence_operands(a2);
+    const int l0 = 32 * wgi, m0 = 16 * (warp & 3) + (lane >> 2), t = lane & 3;
+    float dt[16];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = 4 * nb + 2 * hh + e, m = m0 + 8 * hh, l = l0 + 8 * nb + 2 * t + e;
+          dt[q] = (l < m && l < len) ? bs[l] * (a1[q] + eg[l] * rk[l] * a2[q]) : 0.f;
+        }
+    acc_planes<32>(sO, sO + kDlPanel, dt, 0, l0, [](float v, int, int) { return v; });
+  }
+  wg::fence_proxy_async();
+  __syncthreads();  // dT planes complete; the Y planes are dead
+  // dk^T so far waits in the Y region (accumulator-native, 16-byte slots) through the C x C phases.
+  float4* stash = reinterpret_cast<float4*>(sY);
+#pragma unroll
+  for (int q = 0; q < kC / 8; ++q) stash[q * 256 + tid] = make_float4(fT[4 * q], fT[4 * q + 1], fT[4 * q + 2], fT[4 * q + 3]);
+  // X1^T = T dT^T (columns m = 32 wgi ..): planes [j][m] (into D's region).
+  {
+    float x1[16];
+    wg::fence();
+    bc_ss<32, 0, 0, kC / 16>(x1, sT, sO + 32 * wgi * 128, false);
+    bc_ss<32, 0, 0, kC / 16>(x1, sT + kDlPanel, sO + 32 * wgi * 128, true);
+    bc_ss<32, 0, 0, kC / 16>(x1, sT, sO + kDlPanel + 32 * wgi * 128, true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(x1);
+    acc_planes<32>(sD, sD + kDlPanel, x1, 0, 32 * wgi, [](float v, int, int) { return v; });
+  }
+  wg::fence_proxy_async();
+  __syncthreads();
+  // Mx = -(T^T X1) . Gam (j < i), k k^T (columns j = 32 wgi ..); F = Mx . (k^ k^T): row sums (dbeta,
+  // dG) and the column sums of diag(b) F (dG); planes Pa = Mx_ij b_i rk_j, Pb = Mx_ij b_i rk_i.
+  {
+    float mx[16], kq[16];
+    wg::fence();
+    bc_ss<32, 0, 1, kC / 16>(mx, sT, sD + 32 * wgi * 128, false);
+    bc_ss<32, 0, 1, kC / 16>(mx, sT + kDlPanel, sD + 32 * wgi * 128, true);
+    bc_ss<32, 0, 1, kC / 16>(mx, sT, sD + kDlPanel + 32 * wgi * 128, true);
+    bc_ss<32, 0, 0, D / 16>(kq, sK, sK + 32 * wgi * 128, false);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(mx);
+    wg::fence_operands(kq);
+    const int j0 = 32 * wgi, i0 = 16 * (warp & 3) + (lane >> 2), t = lane & 3;
+    const float* g2 = fl + kBcG2;
+    float g2i[2], bi[2], rki[2], g2j[8], rkj[8];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      g2i[hh] = g2[i0 + 8 * hh];
+      bi[hh] = bs[i0 + 8 * hh];
+      rki[hh] = rk[i0 + 8 * hh];
+    }
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      const float2 a = ld_f2(g2 + j0 + 8 * nb + 2 * t), r = ld_f2(rk + j0 + 8 * nb + 2 * t);
+      g2j[2 * nb] = a.x;
+      g2j[2 * nb + 1] = a.y;
+      rkj[2 * nb] = r.x;
+      rkj[2 * nb + 1] = r.y;
+    }
+    float rsum[2] = {0.f, 0.f}, csum[8];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 2 * nb + e, j = j0 + 8 * nb + 2 * t + e;
+        csum[c] = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int q = 4 * nb + 2 * hh + e, i = i0 + 8 * hh;
+          const float m = j < i ? -mx[q] * ex2_ftz(g2i[hh] - g2j[c]) : 0.f;
+          const float f = m * kq[q] * rki[hh] * rkj[c];
+          mx[q] = m;
+          rsum[hh] += f;
+          csum[c] += bi[hh] * f;
+        }
+      }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float r = rsum[hh];
+      r += __shfl_xor_sync(0xffffffffu, r, 1);
+      r += __shfl_xor_sync(0xffffffffu, r, 2);
+      if (t == 0) fl[kBcRowF + wgi * kC + i0 + 8 * hh] = r;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float x = csum[c];
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if ((lane >> 2) == 0) fl[kBcColF + (warp & 3) * kC + j0 + 8 * (c >> 1) + 2 * t + (c & 1)] = x;
+    }
+    acc_planes<32>(sO, sO + kDlPanel, mx, 0, j0,
+                   [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * rkj[2 * (j >> 3) + (j & 1)]; });
+    acc_planes<32>(sQ, sQ + kDlPanel, mx, 0, j0,
+                   [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
+  }
+  wg::fence_proxy_async();
+  __syncthreads();
+  // dk^T (back from the stash) += k^T Pa (B K-major: B[j][i] = Pa[i][j]) + k^T Pb (B N-major: B[l][i] = Pb[l][i]).
+#pragma unroll
+  for (int q = 0; q < kC / 8; ++q) {
+    const float4 x = stash[q * 256 + tid];
+    fT[4 * q] = x.x;
+    fT[4 * q + 1] = x.y;
+    fT[4 * q + 2] = x.z;
+    fT[4 * q + 3] = x.w;
+  }
+  wg::fence();
+  bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO, true);
+  bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO + kDlPanel, true);
+  bc_ss<kC, 1, 1, kC / 16>(fT, sK + wgi * kDlPanel, sQ, true);
+  bc_ss<kC, 1, 1, kC / 16>(fT, sK + wgi * kDlPanel, sQ + kDlPanel, true);
+  wg::commit();
+  // dv = diag(b) T^T dD (columns n = 64 wgi ..), and v . (T^T dD) per row (dbeta).
+  float r[kC / 2];
+  bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + wgi * kDlPanel, false);
+  bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + wgi * kDlPanel, true);
+  bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + wgi * kDlPanel, true);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(fT);
+  wg::fence_operands(r);
+  store_t(dkn + ro, dk_ld, fT, d0, len);
+  acc_row_sums<kC>(fl + kBcRowV + wgi * kC, r, [&](float v, int i, int n) { return panel_at(sV, i, d0 + n) * v; });
+  {
+    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + d0;
+    const int w = warp & 3, gg = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nb = 0; nb < kC / 8; ++nb)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = 16 * w + gg + 8 * hh;
+        if (i < len)
+          store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + 8 * nb + 2 * t, bs[i] * r[4 * nb + 2 * hh],
+                       bs[i] * r[4 * nb + 2 * hh + 1]);
+      }
+  }
+  __syncthreads();
+
+  // Combine (fixed order), the G_L terms into row C-1, reverse cumsum -> dg.
+  float* dGa = fl + kBcDg;
+  float* dbv = fl + kBcDb;
+  if (tid < kC) {
+    const int i = tid;
+    float s = 0.f, qa = 0.f, xi = 0.f, s2 = 0.f, rf = 0.f, cf = 0.f, sv = 0.f;
+    for (int p = 0; p < 2; ++p) {
+      s += fl[kBcRowA + p * kC + i];
+      rf += fl[kBcRowF + p * kC + i];
+      sv += fl[kBcRowV + p * kC + i];
+    }
+    for (int p = 0; p < 4; ++p) {
+      s -= fl[kBcColA + p * kC + i];
+      cf += fl[kBcColF + p * kC + i];
+    }
+    for (int p = 0; p < 8; ++p) {
+      qa += fl[kBcRedE + p * kC + i];
+      xi += fl[kBcRedXi + p * kC + i];
+      s2 += fl[kBcRedS2 + p * kC + i];
+    }
+    xi *= rk[i];
+    s2 *= rk[i];
+    const float b = bs[i], e = eg[i];
+    dGa[i] = s + rq[i] * qa - xi + b * rf - cf + b * e * s2;
+    dbv[i] = rf + e * s2 + sv;
+    fl[kBcXi + i] = xi;
+  }
+  __syncthreads();
+  if (tid < 32) {  // warp 0: the G_L sums, then the reverse cumsum (lane l: rows 63-2l, 62-2l)
+    float xs = fl[kBcXi + tid] + fl[kBcXi + tid + 32], sd = 0.f;
+    for (int q = 0; q < 8; ++q) sd += fl[kBcSdot + q];
+    xs = warp_sum(xs);
+    const int r0 = kC - 1 - 2 * tid, r1 = r0 - 1;
+    const float a = dGa[r0] + (tid == 0 ? xs + egl * sd : 0.f), b = dGa[r1];
+    float incl = a + b;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (tid >= o) incl += v;
+    }
+    const float excl = incl - (a + b);
+    __syncwarp();
+    dGa[r0] = excl + a;
+    dGa[r1] = incl;
+  }
+  __syncthreads();
+  if (tid < len) {
+    dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
+    dbeta[static_cast<size_t>(bos + tid) * Hv + head] = dbv[tid];
+  }
+}
+
 // ---- backward: sum over each key head's value heads, then the L2-norm backward -------------------
 // One warp per (token, key head, q or k): dx = s (r dy - r^3 (x . dy) x), s = K^-1/2 for q. Lane l
 // owns the 4 elements 4l.. (K <= 128): one 16-byte load per value head, one 8-byte x load and store.
@@ -2431,11 +3073,19 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     stage_end("gdn_scan_bwd_kernel", stream);
   }
 
-  const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
+  // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
+  static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
   stage_begin(stream);
-  launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
-              w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh, w.dDl,
-              w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
+  if (K == kDlD && V == kDlD && !mma_sync_bc) {
+    launch_smem(gdn_bwd_chunk_wgmma_kernel, "gdn_bwd_chunk_wgmma_kernel", dim3(w.nc_max, Hv), 256, kBcSmem, stream,
+                w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl,
+                w.dDh, w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim);
+  } else {
+    const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
+    launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
+                w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
+                w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
+  }
   stage_end("gdn_bwd_chunk_kernel", stream);
 
   const int warps = T * Hk * 2;
