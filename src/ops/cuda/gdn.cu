@@ -816,11 +816,14 @@ constexpr size_t kDlSmem = 3 * kDlTile + 3 * kC * sizeof(float) + 1024;
 
 // Rows [0, kC) of a 64 x kCols bf16 tile (row r at src + r * ld) into kCols / 64 128-byte-swizzled
 // panels (columns 0-63, 64-127, ..); rows >= valid are zero-filled. kThr threads, 16-byte pieces.
+// tid: the thread's index (the persistent bwd_chunk passes tid_x(), so that the offsets are not hoisted
+// out of its item loop).
 template <int kThr = 128, int kCols = kDlD>
-__device__ __forceinline__ void async_panels(char* dst, const bf16* src, size_t ld, int valid) {
+__device__ __forceinline__ void async_panels(char* dst, const bf16* src, size_t ld, int valid,
+                                             int tid = threadIdx.x) {
 #pragma unroll
   for (int u = 0; u < kC * (kCols / 8) / kThr; ++u) {
-    const int c = threadIdx.x + u * kThr, row = c / (kCols / 8), ch = c % (kCols / 8);
+    const int c = tid + u * kThr, row = c / (kCols / 8), ch = c % (kCols / 8);
     const uint32_t sp = static_cast<uint32_t>(__cvta_generic_to_shared(
         dst + (ch / 8) * kDlPanel + row * 128 + (((ch % 8) ^ (row & 7)) << 4)));
     const bool ok = row < valid;
@@ -2087,7 +2090,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 //   P1   dP = dO D^T, q k^T                         -> Y = dP . Gam; planes Yk = Y diag(rk),
 //                                                      Yq = diag(rq) Y; dP . P row / column sums (dG)
 //   dq^T = E^T + k^T Yk (A = k M-major) -> dqn;  dk^T += q^T Yq
-//   dT   = diag . (dD v^T, dW k^T) (l < m)         -> planes [m][l]   (dk^T waits in smem meanwhile)
+//   dT   = diag . (dD v^T, dW k^T) (l < m)         -> planes [m][l]
 //   X1^T = T dT^T                                   -> planes [j][m]
 //   Mx   = -(T^T X1) . Gam (j < i), k k^T           -> F row / column sums (dG, dbeta); planes
 //          Pa = diag(b) Mx diag(rk), Pb = diag(b rk) Mx
@@ -2096,8 +2099,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 // fp32 x fp32 products are split hi / lo (3 products; 2 where one side is an exact bf16 tile), as in
 // the mma.sync kernel; every row / column sum reduces per thread, per warp (xor tree), then across
 // warps in a fixed order, so the result is deterministic.
-constexpr uint32_t kBcQ = 0, kBcK = kDlTile, kBcO = 2 * kDlTile, kBcD = 3 * kDlTile, kBcDD = 5 * kDlTile,
-                   kBcV = 7 * kDlTile, kBcT = 8 * kDlTile, kBcY = 9 * kDlTile, kBcW = 11 * kDlTile,
+// Regions (16 KB tiles): W / S0's second half 0-1, dO 2, D 3-4, dD 5-6, v 7, T 8 (v, T: dS's second
+// half first), Y / S0's first half 9-10, q, k 11-12 (dS's first half first).
+constexpr uint32_t kBcW = 0, kBcO = 2 * kDlTile, kBcD = 3 * kDlTile, kBcDD = 5 * kDlTile, kBcV = 7 * kDlTile,
+                   kBcT = 8 * kDlTile, kBcY = 9 * kDlTile, kBcQ = 11 * kDlTile, kBcK = 12 * kDlTile,
                    kBcTiles = 13 * kDlTile;
 // Row arrays and reduction partials (floats) after the tiles.
 constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 * kC, kBcRk = 5 * kC,
@@ -2107,6 +2112,13 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcSdot = 48 * kC /* [8] */, kBcFloats = 48 * kC + 8;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 
+// threadIdx.x read by a volatile asm: the persistent kernel's per-item code would otherwise have
+// every thread-dependent offset hoisted out of its item loop and kept live (spilled) across it.
+__device__ __forceinline__ int tid_x() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
 // The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, `panel` bytes
 // apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
 template <int kMN>
@@ -2152,7 +2164,7 @@ __device__ __forceinline__ void acc_frags(const float (&x)[kC / 2], uint32_t (&a
 // holds row 16 w + g + 8 hh, column 8 nb + 2 t + e. f(v, r, c) per element, in that order.
 template <int kN, class F>
 __device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
-  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
 #pragma unroll
   for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
@@ -2164,7 +2176,7 @@ __device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
 // rows r0 + r, columns c0 + c (pairs of columns per 32-bit word).
 template <int kN, class F>
 __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
-  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
 #pragma unroll
   for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
@@ -2183,7 +2195,7 @@ __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc
 template <int kV, int kStep = 0>
 __device__ __forceinline__ void xor_halving_sum(float (&v)[kV]) {
   constexpr int n = (kV >> kStep) / 2;
-  const bool up = ((threadIdx.x & 31) >> (2 + kStep)) & 1;
+  const bool up = ((tid_x() & 31) >> (2 + kStep)) & 1;
 #pragma unroll
   for (int k = 0; k < n; ++k) {
     const float send = up ? v[k] : v[k + n], keep = up ? v[k + n] : v[k];
@@ -2195,14 +2207,14 @@ __device__ __forceinline__ void xor_halving_sum(float (&v)[kV]) {
 // when lane bit 2 + s is set, so index = k + (kV / 2) b0 + (kV / 4) b1 + (kV / 8) b2.
 template <int kV>
 __device__ __forceinline__ int halving_index(int k) {
-  const int g = (threadIdx.x & 31) >> 2;
+  const int g = (tid_x() & 31) >> 2;
   return k + (kV / 2) * (g & 1) + (kV / 4) * ((g >> 1) & 1) + (kV / 8) * ((g >> 2) & 1);
 }
 // red[c0 + c] (this warp's slot: the caller offsets red by warp * kC) = sum over the warp's 16 rows
 // of f(v, r, c): per thread its two rows, then xor_halving_sum over g (each lane stores kN / 32).
 template <int kN, class F>
 __device__ __forceinline__ void acc_col_sums(float* red, const float (&acc)[kN / 2], int c0, F&& f) {
-  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
   float p[kN / 4];  // value 2 nb + e: column 8 nb + 2 t + e
 #pragma unroll
   for (int nb = 0; nb < kN / 8; ++nb)
@@ -2222,7 +2234,7 @@ __device__ __forceinline__ void acc_col_sums(float* red, const float (&acc)[kN /
 // f(v, r, c): per thread, then the xor tree over t.
 template <int kN, class F>
 __device__ __forceinline__ void acc_row_sums(float* red, const float (&acc)[kN / 2], F&& f) {
-  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = 16 * w + g + 8 * hh;
@@ -2245,7 +2257,7 @@ __device__ __forceinline__ float panel_at(const char* tile, int r, int c) {
 // The base pointer is hidden from the optimizer (as desc_opaque does for descriptors), so that the 32
 // addresses are formed here instead of hoisted to the kernel's start and spilled.
 __device__ __forceinline__ void store_t(float* out, size_t ld, const float (&acc)[kC / 2], int d0, int len) {
-  const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
   float* p = out + static_cast<size_t>(2 * t) * ld + d0 + 16 * w + g;  // row 2 t, column d0 + 16 w + g
   asm volatile("" : "+l"(p));
 #pragma unroll
@@ -2267,47 +2279,76 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
     const bf16* Tl, int Hk, int Hv, int conv_dim) {
   constexpr int D = kDlD;
-  const int c = blockIdx.x, head = blockIdx.y;
-  if (c >= *nchunks) return;
-  const int4 ch = table[c];
-  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* sm = align1024(smem_raw);
   char *sQ = sm + kBcQ, *sK = sm + kBcK, *sO = sm + kBcO, *sD = sm + kBcD, *sDD = sm + kBcDD, *sV = sm + kBcV,
        *sT = sm + kBcT, *sY = sm + kBcY, *sW = sm + kBcW;
   float* fl = reinterpret_cast<float*>(sm + kBcTiles);
   float *gs = fl + kBcGs, *bs = fl + kBcBs, *eg = fl + kBcEg, *ekl = fl + kBcEkl, *rq = fl + kBcRq, *rk = fl + kBcRk;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
+  // cp.async of the fp32 state rows 64 half .. + 63 of (chunk, head) item (32 KB, fragment-native).
+  auto async_state_half = [&](char* dst, const float* src, int item, int half) {
+    const float* p = src + static_cast<size_t>(item) * D * D + half * (D * D / 2);
+#pragma unroll 4
+    for (int u = 0; u < D * D / 8 / 256; ++u) {
+      const int e4 = tid_x() + 256 * u;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst + 16 * e4)), "l"(p + 4 * e4)
+                   : "memory");
+    }
+  };
+  // The next item's operands that can land while this one finishes, each as soon as its region is
+  // free: S0's second half (W's region, after dT), dD (after dv), D and dS's second half (D's, v's and
+  // T's regions, after Mx). One cp.async group each.
+  auto item_rows = [&](int item) {
+    const int cc = item / Hv, hd = item - cc * Hv;
+    const int4 chn = table[cc];
+    return make_int2(static_cast<int>((static_cast<size_t>(chn.x) * Hv + hd)), chn.y);  // row index / D, len
+  };
+  auto async_early_s0 = [&](int item) {
+    async_state_half(sY, h, item, 0);
+    async_state_half(sW, h, item, 1);
+    cp_async_commit();
+  };
+  auto async_early_dd = [&](int item) {
+    const int2 rl = item_rows(item);
+    const size_t r = static_cast<size_t>(rl.x) * D;
+    async_panels<256>(sDD, dDgh + r, vh_ld, rl.y, tid_x());
+    async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, rl.y, tid_x());
+    cp_async_commit();
+  };
+  auto async_early_d = [&](int item) {
+    const int2 rl = item_rows(item);
+    const size_t r = static_cast<size_t>(rl.x) * D;
+    async_panels<256>(sD, Dgh + r, vh_ld, rl.y, tid_x());
+    async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, rl.y, tid_x());
+    async_state_half(sV, dh, item, 1);
+    cp_async_commit();
+  };
+  // Persistent: items (chunk, head) = blockIdx.x, + gridDim.x, ..; chunk-major.
+  const int total = *nchunks * Hv;
+  if (static_cast<int>(blockIdx.x) < total) {
+    async_early_s0(blockIdx.x);
+    async_early_dd(blockIdx.x);
+    async_early_d(blockIdx.x);
+  }
+  for (int item = blockIdx.x; item < total; item += gridDim.x) {
+  const int tid = tid_x(), lane = tid & 31;
   // warp-uniform by construction (a shuffle from lane 0), so the descriptors built from them can sit
   // in uniform registers
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), wgi = warp >> 2;
   const int d0 = 64 * wgi;  // this warpgroup's rows d of the transposed results
-  const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
+  const int c = item / Hv, head = item - c * Hv;
+  const int4 ch = table[c];
+  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
   const size_t ro = (static_cast<size_t>(bos) * Hv + head) * D;  // row 0 of this head in [T, Hv, D] tensors
 
-  // Tiles by cp.async in three groups. The state products come first, so their operands land first:
-  // D and dS_end (64 KB, fragment-native: warpgroup 0's rows in the q, k regions, warpgroup 1's in
-  // the v, T regions), then S0 (into the Y and dW regions) with dO and dD; q, k, v and T follow into
+  // Tiles by cp.async. S0, dD, D and dS's second half were issued during the previous item; now dS's
+  // first half (q, k regions; F^T waits for it) and dO (E^T waits for it). q, k, v and T follow into
   // dS's regions once its fragments are read, and land while the state products run.
-  const size_t so = (static_cast<size_t>(c) * Hv + head) * D * D;
-  auto async_state = [&](char* lo_half, char* hi_half, const float* src) {  // rows 0-63, 64-127
-#pragma unroll 4
-    for (int u = 0; u < D * D / 4 / 256; ++u) {
-      const int e4 = tid + 256 * u;
-      char* dst = e4 < D * D / 8 ? lo_half + 16 * e4 : hi_half + 16 * (e4 - D * D / 8);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst)), "l"(src + so + 4 * e4)
-                   : "memory");
-    }
-  };
-  async_panels<256>(sD, Dgh + ro, vh_ld, len);
-  async_panels<256>(sD + kDlTile, Dgl + ro, vh_ld, len);
-  async_state(sQ, sV, dh);
+  async_state_half(sQ, dh, item, 0);
   cp_async_commit();
-  async_state(sY, sY + D * D / 2 * sizeof(float), h);
-  async_panels<256>(sO, d_o + ro, vh_ld, len);
-  async_panels<256>(sDD, dDgh + ro, vh_ld, len);
-  async_panels<256>(sDD + kDlTile, dDgl + ro, vh_ld, len);
+  async_panels<256>(sO, d_o + ro, vh_ld, len, tid_x());
   cp_async_commit();
   load_gates(gs, bs, g, beta, bos, len, Hv, head);
   if (tid < kC) {
@@ -2323,15 +2364,16 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     ekl[tid] = expf(gs[kC - 1] - gs[tid]);
     fl[kBcG2 + tid] = gs[tid] * 1.4426950408889634f;
   }
-  cp_async_wait<0>();
+  cp_async_wait<1>();
   wg::fence_proxy_async();
-  __syncthreads();
+  __syncthreads();  // all but dO landed
 
   // The state products, rows d of this warpgroup: F^T = dS D^T, then E^T = S0 dO^T, dW^T = S0 dD^T;
   // the A fragments from the staged rows (this thread's: r0 + g, + 8), <S0, dS_end> on the way.
   const int r0 = d0 + 16 * (warp & 3);
-  const float* s0s = reinterpret_cast<const float*>(sY);
-  const float* dss = reinterpret_cast<const float*>(wgi ? sV : sQ) - static_cast<size_t>(d0) * D;  // row d at d * D
+  // row d at d * D: this warpgroup's half of S0 and of dS
+  const float* s0s = reinterpret_cast<const float*>(wgi ? sW : sY) - static_cast<size_t>(d0) * D;
+  const float* dss = reinterpret_cast<const float*>(wgi ? sV : sQ) - static_cast<size_t>(d0) * D;
   float fT[kC / 2], eT[kC / 2], wT[kC / 2];
   float sdot = 0.f;
   {
@@ -2354,14 +2396,14 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     {
       const bf16* xr = xrow;  // formed here, not hoisted (see store_t)
       asm volatile("" : "+l"(xr));
-      async_panels<256>(sQ, xr + static_cast<size_t>(kh) * D, x_ld, len);
-      async_panels<256>(sK, xr + static_cast<size_t>(Hk + kh) * D, x_ld, len);
-      async_panels<256>(sV, xr + 2 * static_cast<size_t>(Hk) * D + static_cast<size_t>(head) * D, x_ld, len);
+      async_panels<256>(sQ, xr + static_cast<size_t>(kh) * D, x_ld, len, tid_x());
+      async_panels<256>(sK, xr + static_cast<size_t>(Hk + kh) * D, x_ld, len, tid_x());
+      async_panels<256>(sV, xr + 2 * static_cast<size_t>(Hk) * D + static_cast<size_t>(head) * D, x_ld, len, tid_x());
       const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;  // T's planes: every row (padded rows identity)
       const bf16 *th = Th + tb, *tl = Tl + tb;
       asm volatile("" : "+l"(th), "+l"(tl));
-      async_panels<256, kC>(sT, th, kC, kC);
-      async_panels<256, kC>(sT + kDlPanel, tl, kC, kC);
+      async_panels<256, kC>(sT, th, kC, kC, tid_x());
+      async_panels<256, kC>(sT + kDlPanel, tl, kC, kC, tid_x());
     }
     cp_async_commit();
     wg::fence();
@@ -2369,6 +2411,9 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     bc_rs<0, D / 16>(fT, al, sD, true);
     bc_rs<0, D / 16>(fT, ah, sD + kDlTile, true);
     wg::commit();
+    cp_async_wait<1>();
+    wg::fence_proxy_async();
+    __syncthreads();  // dO landed
     wg::wait<0>();
   }
   {
@@ -2533,11 +2578,33 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     acc_planes<32>(sO, sO + kDlPanel, dt, 0, l0, [](float v, int, int) { return v; });
   }
   wg::fence_proxy_async();
-  __syncthreads();  // dT planes complete; the Y planes are dead
-  // dk^T so far waits in the Y region (accumulator-native, 16-byte slots) through the C x C phases.
-  float4* stash = reinterpret_cast<float4*>(sY);
+  __syncthreads();  // dT planes complete; the Y planes and dW's are dead
+  const int next = item + static_cast<int>(gridDim.x);
+  if (next < total) async_early_s0(next);
+  // dv = diag(b) T^T dD (columns n = 64 wgi ..), and v . (T^T dD) per row (dbeta): here, so that dD's
+  // and v's regions are free for the next item before this one's last phase.
+  {
+    float r[kC / 2];
+    wg::fence();
+    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + wgi * kDlPanel, false);
+    bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + wgi * kDlPanel, true);
+    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + wgi * kDlPanel, true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(r);
+    acc_row_sums<kC>(fl + kBcRowV + wgi * kC, r, [&](float v, int i, int n) { return panel_at(sV, i, d0 + n) * v; });
+    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + d0;
+    const int w = warp & 3, gg = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int q = 0; q < kC / 8; ++q) stash[q * 256 + tid] = make_float4(fT[4 * q], fT[4 * q + 1], fT[4 * q + 2], fT[4 * q + 3]);
+    for (int nb = 0; nb < kC / 8; ++nb)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = 16 * w + gg + 8 * hh;
+        if (i < len)
+          store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + 8 * nb + 2 * t, bs[i] * r[4 * nb + 2 * hh],
+                       bs[i] * r[4 * nb + 2 * hh + 1]);
+      }
+  }
   // X1^T = T dT^T (columns m = 32 wgi ..): planes [j][m] (into D's region).
   {
     float x1[16];
@@ -2551,7 +2618,8 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     acc_planes<32>(sD, sD + kDlPanel, x1, 0, 32 * wgi, [](float v, int, int) { return v; });
   }
   wg::fence_proxy_async();
-  __syncthreads();
+  __syncthreads();  // X1's planes complete; dv done: dD's region is free
+  if (next < total) async_early_dd(next);
   // Mx = -(T^T X1) . Gam (j < i), k k^T (columns j = 32 wgi ..); F = Mx . (k^ k^T): row sums (dbeta,
   // dG) and the column sums of diag(b) F (dG); planes Pa = Mx_ij b_i rk_j, Pb = Mx_ij b_i rk_i.
   {
@@ -2620,46 +2688,18 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
                    [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
   }
   wg::fence_proxy_async();
-  __syncthreads();
-  // dk^T (back from the stash) += k^T Pa (B K-major: B[j][i] = Pa[i][j]) + k^T Pb (B N-major: B[l][i] = Pb[l][i]).
-#pragma unroll
-  for (int q = 0; q < kC / 8; ++q) {
-    const float4 x = stash[q * 256 + tid];
-    fT[4 * q] = x.x;
-    fT[4 * q + 1] = x.y;
-    fT[4 * q + 2] = x.z;
-    fT[4 * q + 3] = x.w;
-  }
+  __syncthreads();  // Mx's planes complete; D's (X1's), dD's, v's and T's regions are free
+  if (next < total) async_early_d(next);
+  // dk^T += k^T Pa (B K-major: B[j][i] = Pa[i][j]) + k^T Pb (B N-major: B[l][i] = Pb[l][i]).
   wg::fence();
   bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO, true);
   bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO + kDlPanel, true);
   bc_ss<kC, 1, 1, kC / 16>(fT, sK + wgi * kDlPanel, sQ, true);
   bc_ss<kC, 1, 1, kC / 16>(fT, sK + wgi * kDlPanel, sQ + kDlPanel, true);
   wg::commit();
-  // dv = diag(b) T^T dD (columns n = 64 wgi ..), and v . (T^T dD) per row (dbeta).
-  float r[kC / 2];
-  bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + wgi * kDlPanel, false);
-  bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + wgi * kDlPanel, true);
-  bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + wgi * kDlPanel, true);
-  wg::commit();
   wg::wait<0>();
   wg::fence_operands(fT);
-  wg::fence_operands(r);
   store_t(dkn + ro, dk_ld, fT, d0, len);
-  acc_row_sums<kC>(fl + kBcRowV + wgi * kC, r, [&](float v, int i, int n) { return panel_at(sV, i, d0 + n) * v; });
-  {
-    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + d0;
-    const int w = warp & 3, gg = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nb = 0; nb < kC / 8; ++nb)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = 16 * w + gg + 8 * hh;
-        if (i < len)
-          store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + 8 * nb + 2 * t, bs[i] * r[4 * nb + 2 * hh],
-                       bs[i] * r[4 * nb + 2 * hh + 1]);
-      }
-  }
   __syncthreads();
 
   // Combine (fixed order), the G_L terms into row C-1, reverse cumsum -> dg.
@@ -2711,6 +2751,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
     dbeta[static_cast<size_t>(bos + tid) * Hv + head] = dbv[tid];
   }
+  }  // items
 }
 
 // ---- backward: sum over each key head's value heads, then the L2-norm backward -------------------
@@ -3077,7 +3118,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
   stage_begin(stream);
   if (K == kDlD && V == kDlD && !mma_sync_bc) {
-    launch_smem(gdn_bwd_chunk_wgmma_kernel, "gdn_bwd_chunk_wgmma_kernel", dim3(w.nc_max, Hv), 256, kBcSmem, stream,
+    // persistent: one CTA per SM walks the (chunk, head) items, so the next item's first tiles land
+    // while the current one finishes
+    const int grid = std::min(w.nc_max * Hv, sm_count());
+    launch_smem(gdn_bwd_chunk_wgmma_kernel, "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream,
                 w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl,
                 w.dDh, w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim);
   } else {
