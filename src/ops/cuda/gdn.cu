@@ -2211,18 +2211,15 @@ __device__ __forceinline__ int halving_index(int k) {
   return k + (kV / 2) * (g & 1) + (kV / 4) * ((g >> 1) & 1) + (kV / 8) * ((g >> 2) & 1);
 }
 // red[c0 + c] (this warp's slot: the caller offsets red by warp * kC) = sum over the warp's 16 rows
-// of f(v, r, c): per thread its two rows, then xor_halving_sum over g (each lane stores kN / 32).
+// of f(v, q) (v the accumulator's register q): per thread its two rows, then xor_halving_sum over g.
 template <int kN, class F>
 __device__ __forceinline__ void acc_col_sums(float* red, const float (&acc)[kN / 2], int c0, F&& f) {
-  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
+  const int t = tid_x() & 3;
   float p[kN / 4];  // value 2 nb + e: column 8 nb + 2 t + e
 #pragma unroll
   for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int r = 16 * w + g, c = 8 * nb + 2 * t + e;
-      p[2 * nb + e] = f(acc[4 * nb + e], r, c) + f(acc[4 * nb + 2 + e], r + 8, c);
-    }
+    for (int e = 0; e < 2; ++e) p[2 * nb + e] = f(acc[4 * nb + e], 4 * nb + e) + f(acc[4 * nb + 2 + e], 4 * nb + 2 + e);
   xor_halving_sum(p);
 #pragma unroll
   for (int k = 0; k < kN / 32; ++k) {
@@ -2231,7 +2228,7 @@ __device__ __forceinline__ void acc_col_sums(float* red, const float (&acc)[kN /
   }
 }
 // red[r] (the caller offsets red by its warpgroup's slot) = sum over the accumulator's kN columns of
-// f(v, r, c): per thread, then the xor tree over t.
+// f(v, q) (v its register q): per thread, then the xor tree over t.
 template <int kN, class F>
 __device__ __forceinline__ void acc_row_sums(float* red, const float (&acc)[kN / 2], F&& f) {
   const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
@@ -2242,15 +2239,35 @@ __device__ __forceinline__ void acc_row_sums(float* red, const float (&acc)[kN /
 #pragma unroll
     for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) s += f(acc[4 * nb + 2 * hh + e], r, 8 * nb + 2 * t + e);
+      for (int e = 0; e < 2; ++e) s += f(acc[4 * nb + 2 * hh + e], 4 * nb + 2 * hh + e);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     if (t == 0) red[r] = s;
   }
 }
-// bf16 element (r, c) of a 64-row tile stored as 128-byte-swizzled 64-column panels.
-__device__ __forceinline__ float panel_at(const char* tile, int r, int c) {
-  return to_f(*reinterpret_cast<const bf16*>(tile + (c >> 6) * kDlPanel + wg::sw128(r, c & 63)));
+// The bf16 values of a 64-row panel tile at this thread's m64n64 accumulator positions (row r, column
+// c as acc_each), packed x[2 nb + hh] = the pair at columns 8 nb + 2 t, + 1 of row 16 w + g + 8 hh, by
+// 4 ldmatrix.x4: kTrans, the tile holds rows c, columns base + r (X^T: q, k against dq^T, dk^T);
+// otherwise rows r, columns base + c (v against dv). Matrix mm of block kb is (hh, nb) = (mm & 1,
+// 2 kb + mm / 2); its row lane % 8 is addressed by lane.
+template <bool kTrans>
+__device__ __forceinline__ void panel_frag(uint32_t (&x)[kC / 4], const char* tile, int base) {
+  const int w = (tid_x() >> 5) & 3, lane = tid_x() & 31, mm = lane >> 3, rr = lane & 7;
+#pragma unroll
+  for (int kb = 0; kb < kC / 16; ++kb) {
+    const int ar = 16 * w + 8 * (mm & 1), ac = 16 * kb + 8 * (mm >> 1);  // the matrix's first acc row, column
+    const int row = kTrans ? ac + rr : ar + rr, col = kTrans ? base + ar : base + ac;
+    uint32_t r[4];
+    gdn_mma::ldmatrix_x4<kTrans>(
+        r, reinterpret_cast<const bf16*>(tile + (col >> 6) * kDlPanel + wg::sw128(row, col & 63)));
+#pragma unroll
+    for (int m = 0; m < 4; ++m) x[2 * (2 * kb + (m >> 1)) + (m & 1)] = r[m];
+  }
+}
+// Element e of packed pair x[2 nb + hh] (the acc_each order: register 4 nb + 2 hh + e).
+__device__ __forceinline__ float pair_at(const uint32_t (&x)[kC / 4], int q) {
+  const uint32_t v = x[q >> 1];
+  return __uint_as_float((q & 1) ? (v & 0xffff0000u) : (v << 16));
 }
 // Writes a transposed C x K result acc^T (rows d = d0 + r, columns i) to out rows i < len (fp32, row
 // stride ld): each store instruction of a warp covers 4 rows x 32 contiguous bytes.
@@ -2324,12 +2341,42 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     async_state_half(sV, dh, item, 1);
     cp_async_commit();
   };
+  // An item's chunk (first row, length) and gate rows, read ahead like its tiles: at an item's start
+  // they would be the only global reads left in its chain. Lanes of warp 0 hold the gates and beta
+  // of rows 2 lane, 2 lane + 1 (load_gates' layout), threads < kC the L2 scales of row tid.
+  struct ItemGates {
+    int4 ch;
+    float g0, g1, b0, b1;
+    float2 r;
+  };
+  auto item_gates = [&](int item) {
+    ItemGates x;
+    const int cc = item / Hv, hd = item - cc * Hv, t = tid_x();
+    x.ch = table[cc];
+    x.g0 = x.g1 = x.b0 = x.b1 = 0.f;
+    x.r = make_float2(0.f, 0.f);
+    const size_t row0 = static_cast<size_t>(x.ch.x);
+    if (t < 32) {
+      if (2 * t < x.ch.y) {
+        x.g0 = g[(row0 + 2 * t) * Hv + hd];
+        x.b0 = beta[(row0 + 2 * t) * Hv + hd];
+      }
+      if (2 * t + 1 < x.ch.y) {
+        x.g1 = g[(row0 + 2 * t + 1) * Hv + hd];
+        x.b1 = beta[(row0 + 2 * t + 1) * Hv + hd];
+      }
+    }
+    if (t < x.ch.y) x.r = reinterpret_cast<const float2*>(rs)[(row0 + t) * Hk + hd / (Hv / Hk)];
+    return x;
+  };
   // Persistent: items (chunk, head) = blockIdx.x, + gridDim.x, ..; chunk-major.
   const int total = *nchunks * Hv;
+  ItemGates ig{};
   if (static_cast<int>(blockIdx.x) < total) {
     async_early_s0(blockIdx.x);
     async_early_dd(blockIdx.x);
     async_early_d(blockIdx.x);
+    ig = item_gates(blockIdx.x);
   }
   for (int item = blockIdx.x; item < total; item += gridDim.x) {
   const int tid = tid_x(), lane = tid & 31;
@@ -2338,7 +2385,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), wgi = warp >> 2;
   const int d0 = 64 * wgi;  // this warpgroup's rows d of the transposed results
   const int c = item / Hv, head = item - c * Hv;
-  const int4 ch = table[c];
+  const int4 ch = ig.ch;
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
   const size_t ro = (static_cast<size_t>(bos) * Hv + head) * D;  // row 0 of this head in [T, Hv, D] tensors
@@ -2350,12 +2397,20 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   cp_async_commit();
   async_panels<256>(sO, d_o + ro, vh_ld, len, tid_x());
   cp_async_commit();
-  load_gates(gs, bs, g, beta, bos, len, Hv, head);
+  if (tid < 32) {  // G = the chunk-local cumsum of g (load_gates' scan, from the prefetched rows)
+    float incl = ig.g0 + ig.g1;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (tid >= o) incl += v;
+    }
+    gs[2 * tid] = incl - ig.g1;
+    gs[2 * tid + 1] = incl;
+    bs[2 * tid] = ig.b0;
+    bs[2 * tid + 1] = ig.b1;
+  }
   if (tid < kC) {
-    const float2 r = tid < len ? reinterpret_cast<const float2*>(rs)[static_cast<size_t>(bos + tid) * Hk + kh]
-                               : make_float2(0.f, 0.f);
-    rq[tid] = r.x;
-    rk[tid] = r.y;
+    rq[tid] = ig.r.x;
+    rk[tid] = ig.r.y;
   }
   __syncthreads();
   const float egl = expf(gs[kC - 1]);
@@ -2445,10 +2500,16 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // E^T diag(e^G), with dG's q_i . (e^{G_i} S0 dO_i) (column sums over d); F^T diag(e^{G_L - G})
   // with xi's k_i . (that) (rk_i, rq_i in the combine).
   float* red8 = fl + warp * kC;  // + an array's offset: this warp's slot of a [8][C] partial
-  acc_each<kC>(eT, [&](float& v, int, int i) { v *= eg[i]; });
-  acc_col_sums<kC>(red8 + kBcRedE, eT, 0, [&](float v, int r, int i) { return panel_at(sQ, i, d0 + r) * v; });
+  uint32_t kx[kC / 4];  // k^T at the accumulator positions (xi, then s2)
+  {
+    uint32_t qx[kC / 4];
+    panel_frag<true>(qx, sQ, d0);
+    acc_each<kC>(eT, [&](float& v, int, int i) { v *= eg[i]; });
+    acc_col_sums<kC>(red8 + kBcRedE, eT, 0, [&](float v, int q) { return pair_at(qx, q) * v; });
+  }
+  panel_frag<true>(kx, sK, d0);
   acc_each<kC>(fT, [&](float& v, int, int i) { v *= ekl[i]; });
-  acc_col_sums<kC>(red8 + kBcRedXi, fT, 0, [&](float v, int r, int i) { return panel_at(sK, i, d0 + r) * v; });
+  acc_col_sums<kC>(red8 + kBcRedXi, fT, 0, [&](float v, int q) { return pair_at(kx, q) * v; });
   // dW^T = -S0 dD^T: planes [d][m] for dT, and the A fragments of (T^T dW)^T = dW^T T; dk^ gets
   // b_i e^{G_i} (T^T dW)_i, s2_i = rk_i k_i . (T^T dW)_i.
   {
@@ -2464,7 +2525,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(tw);
-    acc_col_sums<kC>(red8 + kBcRedS2, tw, 0, [&](float v, int r, int i) { return panel_at(sK, i, d0 + r) * v; });
+    acc_col_sums<kC>(red8 + kBcRedS2, tw, 0, [&](float v, int q) { return pair_at(kx, q) * v; });
     acc_each<kC>(tw, [&](float& v, int, int i) { v *= bs[i] * eg[i]; });
 #pragma unroll
     for (int r = 0; r < kC / 2; ++r) fT[r] += tw[r];
@@ -2592,7 +2653,11 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(r);
-    acc_row_sums<kC>(fl + kBcRowV + wgi * kC, r, [&](float v, int i, int n) { return panel_at(sV, i, d0 + n) * v; });
+    {
+      uint32_t vx[kC / 4];
+      panel_frag<false>(vx, sV, d0);
+      acc_row_sums<kC>(fl + kBcRowV + wgi * kC, r, [&](float v, int q) { return pair_at(vx, q) * v; });
+    }
     bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + d0;
     const int w = warp & 3, gg = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -2689,7 +2754,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   }
   wg::fence_proxy_async();
   __syncthreads();  // Mx's planes complete; D's (X1's), dD's, v's and T's regions are free
-  if (next < total) async_early_d(next);
+  if (next < total) {
+    async_early_d(next);
+    ig = item_gates(next);
+  }
   // dk^T += k^T Pa (B K-major: B[j][i] = Pa[i][j]) + k^T Pb (B N-major: B[l][i] = Pb[l][i]).
   wg::fence();
   bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO, true);
