@@ -16,13 +16,15 @@
 //   S_end = e^{G_L} S0 + (diag(e^{G_L - G}) K)^T D
 // At dk = dv = 128 (Qwen3.5's; wgmma_scans) D = T Y with Y = diag(b) V - diag(b e^G) K S0: W and U
 // are never formed, and the scans run on wgmma with the state in their accumulators.
-// Forward:  chunk table -> L2 norm -> prep (G, T) -> state scan on wgmma (h, D when kept; the output
-//           formed in the scan) [-> output kernel when h, D are kept and the scan is one wave].
+// Forward:  chunk table -> prep (G, T, the q / k L2 row scales) -> state scan on wgmma (h, D when
+//           kept; the output formed in the scan) [-> output kernel when h, D are kept and the scan
+//           is one wave].
 // Backward: the same up to the scan, then the reverse scan on wgmma (dh, full dD, dD_local formed
-//           inside) -> per-chunk gradients (dq^, dk^ per value head, dv, dg, dbeta; T from prep) ->
-//           group sum + L2-norm bwd.
+//           inside) -> per-chunk gradients on wgmma, one persistent kernel (dq^, dk^ per value head,
+//           dv, dg, dbeta; T from prep) -> group sum + L2-norm bwd.
 // Other head dims: prep also forms W, U; mma.sync scans (h, D), then the output kernel; in the
-// backward dD_local = P^T dO by its own kernel unless the mma.sync reverse scan can form it.
+// backward dD_local = P^T dO by its own kernel unless the mma.sync reverse scan can form it, and
+// the mma.sync per-chunk gradient kernel.
 // Per-(chunk, head) kernels: 256 threads; row reductions go through fixed-order per-tile partials
 // (gdn_mma.cuh's for_tiles*), so every result is deterministic.
 #include <cuda_bf16.h>
