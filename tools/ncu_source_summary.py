@@ -18,13 +18,18 @@ import re
 import sys
 
 
-def main(path, top):
+def read_source_page(path):
+    """The source page's column index by header name, and its instruction rows (also used by
+    tools/ncu_phase_summary.py)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
         rows = list(csv.reader(f))
     hdr_at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    hdr, data = rows[hdr_at], rows[hdr_at + 1:]
-    ix = {h: i for i, h in enumerate(hdr)}
+    return {h: i for i, h in enumerate(rows[hdr_at])}, rows[hdr_at + 1:]
+
+
+def main(path, top):
+    ix, data = read_source_page(path)
 
     def val(r, key):
         i = ix.get(key)
@@ -34,7 +39,7 @@ def main(path, top):
             return 0.0
 
     samples_key = "Warp Stall Sampling (All Samples)"
-    stalls = [h for h in hdr if h.startswith("stall_") and "(" not in h]
+    stalls = [h for h in ix if h.startswith("stall_") and "(" not in h]
     total = sum(val(r, samples_key) for r in data) or 1.0
     per_op = collections.defaultdict(lambda: collections.Counter())
     for r in data:
