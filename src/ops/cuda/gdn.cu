@@ -2365,6 +2365,15 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     async_state_half(sV, dh, item, 1);
     cp_async_commit();
   };
+  // dS's first half (q, k regions) and dO (dO's region), the last of an item's state-product
+  // operands: issued once the previous item's final dk^ product has read k, Pa and Pb there.
+  auto async_late = [&](int item, int4 chn) {
+    async_state_half(sQ, dh, item, 0);
+    cp_async_commit();
+    const int hd = item - (item / Hv) * Hv;
+    async_panels<256>(sO, d_o + (static_cast<size_t>(chn.x) * Hv + hd) * D, vh_ld, chn.y, tid_x());
+    cp_async_commit();
+  };
   // An item's chunk (first row, length) and gate rows, read ahead like its tiles: at an item's start
   // they would be the only global reads left in its chain. Lanes of warp 0 hold the gates and beta
   // of rows 2 lane, 2 lane + 1 (load_gates' layout), threads < kC the L2 scales of row tid.
@@ -2401,6 +2410,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     async_early_dd(blockIdx.x);
     async_early_d(blockIdx.x);
     ig = item_gates(blockIdx.x);
+    async_late(blockIdx.x, ig.ch);
   }
   for (int item = blockIdx.x; item < total; item += gridDim.x) {
   const int tid = tid_x(), lane = tid & 31;
@@ -2414,13 +2424,9 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
   const size_t ro = (static_cast<size_t>(bos) * Hv + head) * D;  // row 0 of this head in [T, Hv, D] tensors
 
-  // Tiles by cp.async. S0, dD, D and dS's second half were issued during the previous item; now dS's
-  // first half (q, k regions; F^T waits for it) and dO (E^T waits for it). q, k, v and T follow into
-  // dS's regions once its fragments are read, and land while the state products run.
-  async_state_half(sQ, dh, item, 0);
-  cp_async_commit();
-  async_panels<256>(sO, d_o + ro, vh_ld, len, tid_x());
-  cp_async_commit();
+  // Every tile of the state products was issued during the previous item (the last two, dS's first
+  // half and dO, in separate groups: F^T waits for all but dO). q, k, v and T follow into dS's
+  // regions once its fragments are read, and land while the state products run.
   if (tid < 32) {  // G = the chunk-local cumsum of g (load_gates' scan, from the prefetched rows)
     float incl = ig.g0 + ig.g1;
     for (int o = 1; o < 32; o <<= 1) {
@@ -2792,7 +2798,8 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   wg::wait<0>();
   wg::fence_operands(fT);
   store_t(dkn + ro, dk_ld, fT, d0, len);
-  __syncthreads();
+  __syncthreads();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
+  if (next < total) async_late(next, ig.ch);
 
   // Combine (fixed order), the G_L terms into row C-1, reverse cumsum -> dg.
   float* dGa = fl + kBcDg;
