@@ -2100,14 +2100,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 }
 
 // ---- backward per-chunk gradients on wgmma (dk = dv = 128) ---------------------------------------
-// One CTA of two warpgroups per (chunk, value head), 1 CTA per SM (221 KB of smem, 240 registers).
-// Every operand is a 128-byte-swizzled smem tile (cp.async panels, or planes this kernel writes) or
-// a register A fragment; nothing is gathered by ldmatrix. The C x K results (dq^, dk^) are formed
+// Persistent: one CTA of two warpgroups per SM (221 KB of smem, 254 registers) walks the (chunk,
+// value head) items. Every product operand is a 128-byte-swizzled smem tile (cp.async panels, or
+// planes this kernel writes) or a register A fragment. The C x K results (dq^, dk^) are formed
 // transposed, rows d, columns i: warpgroup wgi owns d = 64 wgi .. + 63 of both, so the state
 // products take the state rows as register A fragments from the fragment-native h / dh (staged in
 // smem: 16-byte loads), and dk^ collects all its terms in one accumulator (written once, no
 // read-modify-write). The C x C products split their 64 columns between the warpgroups (m64n32,
-// B rows 32 wgi..: a K-major B may start at any row of its panel). Per CTA, in order:
+// B rows 32 wgi..: a K-major B may start at any row of its panel). Per item, in order:
 //   F^T  = dS D^T, E^T = S0 dO^T, dW^T = -S0 dD^T    (<S0, dS> on the way; q, k, v, T land meanwhile)
 //   E^T diag(e^G), F^T diag(e^{G_L-G}) with their dG / xi column sums; dW^T -> planes [d][m];
 //   dk^T += (dW^T T) diag(b e^G)
@@ -2115,14 +2115,17 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 //                                                      Yq = diag(rq) Y; dP . P row / column sums (dG)
 //   dq^T = E^T + k^T Yk (A = k M-major) -> dqn;  dk^T += q^T Yq
 //   dT   = diag . (dD v^T, dW k^T) (l < m)         -> planes [m][l]
+//   dv   = diag(b) T^T dD (columns 64 wgi..)        -> dqkv; v . (T^T dD) row dots (dbeta)
 //   X1^T = T dT^T                                   -> planes [j][m]
 //   Mx   = -(T^T X1) . Gam (j < i), k k^T           -> F row / column sums (dG, dbeta); planes
 //          Pa = diag(b) Mx diag(rk), Pb = diag(b rk) Mx
 //   dk^T += k^T Pa + (k^T Pb^T)                      -> dkn
-//   dv   = diag(b) T^T dD (columns 64 wgi..)        -> dqkv; v . (T^T dD) row dots (dbeta)
-// fp32 x fp32 products are split hi / lo (3 products; 2 where one side is an exact bf16 tile), as in
-// the mma.sync kernel; every row / column sum reduces per thread, per warp (xor tree), then across
-// warps in a fixed order, so the result is deterministic.
+// and the next item's operands are issued as their regions free up (after dT, dv, Mx, and the final
+// dk^ product), so an item starts with all of them in flight. The q / k / v values the row dots
+// multiply are read at the accumulator positions by ldmatrix. fp32 x fp32 products are split hi / lo
+// (3 products; 2 where one side is an exact bf16 tile), as in the mma.sync kernel; every row /
+// column sum reduces per thread, per warp (xor tree), then across warps in a fixed order, so the
+// result is deterministic.
 // Regions (16 KB tiles): W / S0's second half 0-1, dO 2, D 3-4, dD 5-6, v 7, T 8 (v, T: dS's second
 // half first), Y / S0's first half 9-10, q, k 11-12 (dS's first half first).
 constexpr uint32_t kBcW = 0, kBcO = 2 * kDlTile, kBcD = 3 * kDlTile, kBcDD = 5 * kDlTile, kBcV = 7 * kDlTile,
