@@ -1735,6 +1735,27 @@ int bwd_chunk_smem_floats(int K, int V) {
          kThreads / 32;
 }
 
+// The end of both bwd_chunk kernels, by warp 0: the G_L terms (sum_i xi_i + e^{G_L} <S0, dS_end>,
+// from the per-row xi and the 8 per-warp partials of the state dot) go into row C-1 of dG, then the
+// reverse cumsum dg_i = sum_{l >= i} dG_l in place (lane l: rows 63 - 2l, 62 - 2l), fixed order.
+__device__ __forceinline__ void dg_reverse_cumsum(float* dGa, const float* xi, const float* sdot8, float egl) {
+  const int lane = threadIdx.x & 31;
+  float xs = xi[lane] + xi[lane + 32], sd = 0.f;
+  for (int q = 0; q < 8; ++q) sd += sdot8[q];
+  xs = warp_sum(xs);
+  const int r0 = kC - 1 - 2 * lane, r1 = r0 - 1;
+  const float a = dGa[r0] + (lane == 0 ? xs + egl * sd : 0.f), b = dGa[r1];
+  float incl = a + b;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  const float excl = incl - (a + b);
+  __syncwarp();
+  dGa[r0] = excl + a;
+  dGa[r1] = incl;
+}
+
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
 // k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_prep_kernel); D, dD as their planes [T, Hv, V].
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
@@ -2076,22 +2097,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
     sva[tid] = rf + e * s2 + sva[tid];  // dbeta
   }
   __syncthreads();
-  if (tid < 32) {  // warp 0: the G_L sums, then the reverse cumsum (lane l: rows 63-2l, 62-2l)
-    float xs = xia[tid] + xia[tid + 32], sd = 0.f;
-    for (int q = 0; q < kThreads / 32; ++q) sd += red[q];
-    xs = warp_sum(xs);
-    const int r0 = kC - 1 - 2 * tid, r1 = r0 - 1;
-    const float a = dGa[r0] + (tid == 0 ? xs + egl * sd : 0.f), b = dGa[r1];
-    float incl = a + b;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (tid >= o) incl += v;
-    }
-    const float excl = incl - (a + b);
-    __syncwarp();
-    dGa[r0] = excl + a;
-    dGa[r1] = incl;
-  }
+  if (tid < 32) dg_reverse_cumsum(dGa, xia, red, egl);
   __syncthreads();
   if (tid < len) {
     dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
@@ -2316,6 +2322,49 @@ __device__ __forceinline__ void store_t(float* out, size_t ld, const float (&acc
       }
     }
 }
+
+// A C x C epilogue's thread (P1, Mx: m64n32, columns j0..j0 + 31 of the warpgroup): its rows
+// i0, i0 + 8 (i0 = 16 w + g) and columns j0 + 8 nb + 2 t + e (value c = 2 nb + e), with G log2(e)
+// and rk at them, read once. gam(hh, c) = e^{G_i - G_j}; i(hh), j(c) the indices.
+struct CcThread {
+  int i0, j0, t;
+  float g2i[2], g2j[8], rkj[8];
+  __device__ CcThread(const float* g2, const float* rk, int j0_, int w, int lane)
+      : i0(16 * w + (lane >> 2)), j0(j0_), t(lane & 3) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) g2i[hh] = g2[i0 + 8 * hh];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      const float2 a = ld_f2(g2 + j0 + 8 * nb + 2 * t), r = ld_f2(rk + j0 + 8 * nb + 2 * t);
+      g2j[2 * nb] = a.x;
+      g2j[2 * nb + 1] = a.y;
+      rkj[2 * nb] = r.x;
+      rkj[2 * nb + 1] = r.y;
+    }
+  }
+  __device__ int i(int hh) const { return i0 + 8 * hh; }
+  __device__ int j(int c) const { return j0 + 8 * (c >> 1) + 2 * t + (c & 1); }
+  __device__ float gam(int hh, int c) const { return ex2_ftz(g2i[hh] - g2j[c]); }
+  // rows[i] = the row sums over the warpgroup's 32 columns (xor over t); cols[j] (this warp's slot)
+  // = the column sums over the warp's 16 rows (xor over g).
+  __device__ void store_sums(float (&rsum)[2], float (&csum)[8], float* rows, float* cols) const {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float r = rsum[hh];
+      r += __shfl_xor_sync(0xffffffffu, r, 1);
+      r += __shfl_xor_sync(0xffffffffu, r, 2);
+      if (t == 0) rows[i(hh)] = r;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float x = csum[c];
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if ((i0 & 15) == 0) cols[j(c)] = x;  // g == 0
+    }
+  }
+};
 
 __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
@@ -2578,55 +2627,25 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     // Y_ij = dP_ij e^{G_i - G_j} (j <= i); the dP . P sums leave the diagonal out (it cancels in
     // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
     // thread's 2 rows and 8 columns are read once.
-    const int j0 = 32 * wgi, i0 = 16 * (warp & 3) + (lane >> 2), t = lane & 3;
-    const float* g2 = fl + kBcG2;
-    float g2i[2], rqi[2], g2j[8], rkj[8];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      g2i[hh] = g2[i0 + 8 * hh];
-      rqi[hh] = rq[i0 + 8 * hh];
-    }
-#pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
-      const float2 a = ld_f2(g2 + j0 + 8 * nb + 2 * t), r = ld_f2(rk + j0 + 8 * nb + 2 * t);
-      g2j[2 * nb] = a.x;
-      g2j[2 * nb + 1] = a.y;
-      rkj[2 * nb] = r.x;
-      rkj[2 * nb + 1] = r.y;
-    }
+    const int j0 = 32 * wgi;
+    const CcThread ct(fl + kBcG2, rk, j0, warp & 3, lane);
+    const float rqi[2] = {rq[ct.i(0)], rq[ct.i(1)]};
     float rsum[2] = {0.f, 0.f}, csum[8];
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 2 * nb + e, j = j0 + 8 * nb + 2 * t + e;
-        csum[c] = 0.f;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int q = 4 * nb + 2 * hh + e, i = i0 + 8 * hh;
-          const float y = j <= i ? dp[q] * ex2_ftz(g2i[hh] - g2j[c]) : 0.f;
-          const float pp = j < i ? y * qk[q] * rqi[hh] * rkj[c] : 0.f;
-          dp[q] = y;
-          rsum[hh] += pp;
-          csum[c] += pp;
-        }
-      }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float r = rsum[hh];
-      r += __shfl_xor_sync(0xffffffffu, r, 1);
-      r += __shfl_xor_sync(0xffffffffu, r, 2);
-      if (t == 0) fl[kBcRowA + wgi * kC + i0 + 8 * hh] = r;
-    }
-#pragma unroll
     for (int c = 0; c < 8; ++c) {
-      float x = csum[c];
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if ((lane >> 2) == 0) fl[kBcColA + (warp & 3) * kC + j0 + 8 * (c >> 1) + 2 * t + (c & 1)] = x;
+      csum[c] = 0.f;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int q = 4 * (c >> 1) + 2 * hh + (c & 1), i = ct.i(hh), j = ct.j(c);
+        const float y = j <= i ? dp[q] * ct.gam(hh, c) : 0.f;
+        const float pp = j < i ? y * qk[q] * rqi[hh] * ct.rkj[c] : 0.f;
+        dp[q] = y;
+        rsum[hh] += pp;
+        csum[c] += pp;
+      }
     }
-    acc_planes<32>(sY, sY + kDlPanel, dp, 0, j0, [&](float v, int, int j) { return v * rkj[2 * (j >> 3) + (j & 1)]; });
+    ct.store_sums(rsum, csum, fl + kBcRowA + wgi * kC, fl + kBcColA + (warp & 3) * kC);
+    acc_planes<32>(sY, sY + kDlPanel, dp, 0, j0, [&](float v, int, int j) { return v * ct.rkj[2 * (j >> 3) + (j & 1)]; });
     acc_planes<32>(sY + 2 * kDlPanel, sY + 3 * kDlPanel, dp, 0, j0,
                    [&](float v, int i, int) { return v * rqi[(i >> 3) & 1]; });
   }
@@ -2731,57 +2750,26 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     wg::wait<0>();
     wg::fence_operands(mx);
     wg::fence_operands(kq);
-    const int j0 = 32 * wgi, i0 = 16 * (warp & 3) + (lane >> 2), t = lane & 3;
-    const float* g2 = fl + kBcG2;
-    float g2i[2], bi[2], rki[2], g2j[8], rkj[8];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      g2i[hh] = g2[i0 + 8 * hh];
-      bi[hh] = bs[i0 + 8 * hh];
-      rki[hh] = rk[i0 + 8 * hh];
-    }
-#pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
-      const float2 a = ld_f2(g2 + j0 + 8 * nb + 2 * t), r = ld_f2(rk + j0 + 8 * nb + 2 * t);
-      g2j[2 * nb] = a.x;
-      g2j[2 * nb + 1] = a.y;
-      rkj[2 * nb] = r.x;
-      rkj[2 * nb + 1] = r.y;
-    }
+    const int j0 = 32 * wgi;
+    const CcThread ct(fl + kBcG2, rk, j0, warp & 3, lane);
+    const float bi[2] = {bs[ct.i(0)], bs[ct.i(1)]}, rki[2] = {rk[ct.i(0)], rk[ct.i(1)]};
     float rsum[2] = {0.f, 0.f}, csum[8];
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 2 * nb + e, j = j0 + 8 * nb + 2 * t + e;
-        csum[c] = 0.f;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int q = 4 * nb + 2 * hh + e, i = i0 + 8 * hh;
-          const float m = j < i ? -mx[q] * ex2_ftz(g2i[hh] - g2j[c]) : 0.f;
-          const float f = m * kq[q] * rki[hh] * rkj[c];
-          mx[q] = m;
-          rsum[hh] += f;
-          csum[c] += bi[hh] * f;
-        }
-      }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float r = rsum[hh];
-      r += __shfl_xor_sync(0xffffffffu, r, 1);
-      r += __shfl_xor_sync(0xffffffffu, r, 2);
-      if (t == 0) fl[kBcRowF + wgi * kC + i0 + 8 * hh] = r;
-    }
-#pragma unroll
     for (int c = 0; c < 8; ++c) {
-      float x = csum[c];
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if ((lane >> 2) == 0) fl[kBcColF + (warp & 3) * kC + j0 + 8 * (c >> 1) + 2 * t + (c & 1)] = x;
+      csum[c] = 0.f;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int q = 4 * (c >> 1) + 2 * hh + (c & 1);
+        const float m = ct.j(c) < ct.i(hh) ? -mx[q] * ct.gam(hh, c) : 0.f;
+        const float f = m * kq[q] * rki[hh] * ct.rkj[c];
+        mx[q] = m;
+        rsum[hh] += f;
+        csum[c] += bi[hh] * f;
+      }
     }
+    ct.store_sums(rsum, csum, fl + kBcRowF + wgi * kC, fl + kBcColF + (warp & 3) * kC);
     acc_planes<32>(sO, sO + kDlPanel, mx, 0, j0,
-                   [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * rkj[2 * (j >> 3) + (j & 1)]; });
+                   [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * ct.rkj[2 * (j >> 3) + (j & 1)]; });
     acc_planes<32>(sQ, sQ + kDlPanel, mx, 0, j0,
                    [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
   }
@@ -2832,22 +2820,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     fl[kBcXi + i] = xi;
   }
   __syncthreads();
-  if (tid < 32) {  // warp 0: the G_L sums, then the reverse cumsum (lane l: rows 63-2l, 62-2l)
-    float xs = fl[kBcXi + tid] + fl[kBcXi + tid + 32], sd = 0.f;
-    for (int q = 0; q < 8; ++q) sd += fl[kBcSdot + q];
-    xs = warp_sum(xs);
-    const int r0 = kC - 1 - 2 * tid, r1 = r0 - 1;
-    const float a = dGa[r0] + (tid == 0 ? xs + egl * sd : 0.f), b = dGa[r1];
-    float incl = a + b;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (tid >= o) incl += v;
-    }
-    const float excl = incl - (a + b);
-    __syncwarp();
-    dGa[r0] = excl + a;
-    dGa[r1] = incl;
-  }
+  if (tid < 32) dg_reverse_cumsum(dGa, fl + kBcXi, fl + kBcSdot, egl);
   __syncthreads();
   if (tid < len) {
     dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
