@@ -6,8 +6,9 @@
 #    a wgmma under a warpgroup-dependent branch, or registers touched inside the async window, makes
 #    ptxas wait after every wgmma of the kernel; an info line, so the build does not fail on it), or
 #  * a kernel whose name matches KERNEL_REGEX spills registers (the attention wgmma kernels sit at
-#    233-255 registers, GDN's bwd_chunk at 123 of the 128 its two CTAs per SM allow; a spill inside
-#    their loops costs more than any change that causes it gains).
+#    233-255 registers, GDN's mma.sync bwd_chunk at 123 of the 128 its two CTAs per SM allow, the
+#    wgmma scans and bwd_chunk at 214-253 of 255; a spill inside their loops costs more than any
+#    change that causes it gains).
 set -u
 nvcc=$1 src=$2 file=$3 regex=$4
 out=$("$nvcc" -DQT_HAVE_CUDA=1 -DNDEBUG -O3 -std=c++17 --expt-relaxed-constexpr -I "$src" \
