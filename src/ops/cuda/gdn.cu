@@ -2152,7 +2152,7 @@ __device__ __forceinline__ int tid_x() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
-// The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, `panel` bytes
+// The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, kDlPanel bytes
 // apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
 template <int kMN>
 __device__ __forceinline__ uint32_t k_step(int kk) {
