@@ -273,6 +273,12 @@ TEST(CudaGdn, FourBHeadsKeptState) {
   c.keep_state = true;
   run_case(c);
 }
+// The segment edges and strong gates at the 4B head layout: 17 chunks x 32 heads = 544 items, so the
+// persistent wgmma bwd_chunk walks ~4 per CTA and prefetches partial chunks (1, 2, 3, 63 rows: zero
+// filled tiles, gates and scales) while it finishes another item.
+TEST(CudaGdn, FourBHeadsSegmentEdgesStrongGates) {
+  run_case({16, 32, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 27});
+}
 TEST(CudaGdn, RealHeadDimsSegmentEdgesKeptState) {
   Case c{2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 26};
   c.keep_state = true;
