@@ -2152,6 +2152,15 @@ __device__ __forceinline__ int tid_x() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
+// A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
+// tid_x read).
+struct WgLane {
+  int w, g, t;
+};
+__device__ __forceinline__ WgLane wg_lane() {
+  const int x = tid_x();
+  return {(x >> 5) & 3, (x & 31) >> 2, x & 3};
+}
 // The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, kDlPanel bytes
 // apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
 template <int kMN>
@@ -2197,7 +2206,7 @@ __device__ __forceinline__ void acc_frags(const float (&x)[kC / 2], uint32_t (&a
 // holds row 16 w + g + 8 hh, column 8 nb + 2 t + e. f(v, r, c) per element, in that order.
 template <int kN, class F>
 __device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
-  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
+  const auto [w, g, t] = wg_lane();
 #pragma unroll
   for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
@@ -2209,7 +2218,7 @@ __device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
 // rows r0 + r, columns c0 + c (pairs of columns per 32-bit word).
 template <int kN, class F>
 __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
-  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
+  const auto [w, g, t] = wg_lane();
 #pragma unroll
   for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
@@ -2264,7 +2273,7 @@ __device__ __forceinline__ void acc_col_sums(float* red, const float (&acc)[kN /
 // f(v, q) (v its register q): per thread, then the xor tree over t.
 template <int kN, class F>
 __device__ __forceinline__ void acc_row_sums(float* red, const float (&acc)[kN / 2], F&& f) {
-  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
+  const auto [w, g, t] = wg_lane();
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = 16 * w + g + 8 * hh;
@@ -2307,7 +2316,7 @@ __device__ __forceinline__ float pair_at(const uint32_t (&x)[kC / 4], int q) {
 // The base pointer is hidden from the optimizer (as desc_opaque does for descriptors), so that the 32
 // addresses are formed here instead of hoisted to the kernel's start and spilled.
 __device__ __forceinline__ void store_t(float* out, size_t ld, const float (&acc)[kC / 2], int d0, int len) {
-  const int w = (tid_x() >> 5) & 3, g = (tid_x() & 31) >> 2, t = tid_x() & 3;
+  const auto [w, g, t] = wg_lane();
   float* p = out + static_cast<size_t>(2 * t) * ld + d0 + 16 * w + g;  // row 2 t, column d0 + 16 w + g
   asm volatile("" : "+l"(p));
 #pragma unroll
