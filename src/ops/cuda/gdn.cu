@@ -2398,31 +2398,26 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
                    : "memory");
     }
   };
+  // Item's first row in the [T, Hv, D] tensors, from its chunk's table entry chn (read once per item).
+  auto item_ro = [&](int item, int4 chn) { return (static_cast<size_t>(chn.x) * Hv + item % Hv) * D; };
   // The next item's operands that can land while this one finishes, each as soon as its region is
-  // free: S0's second half (W's region, after dT), dD (after dv), D and dS's second half (D's, v's and
-  // T's regions, after Mx). One cp.async group each.
-  auto item_rows = [&](int item) {
-    const int cc = item / Hv, hd = item - cc * Hv;
-    const int4 chn = table[cc];
-    return make_int2(static_cast<int>((static_cast<size_t>(chn.x) * Hv + hd)), chn.y);  // row index / D, len
-  };
+  // free: S0 (Y's and W's regions, after dT), dD (after dv), D and dS's second half (D's, v's and T's
+  // regions, after Mx). One cp.async group each.
   auto async_early_s0 = [&](int item) {
     async_state_half(sY, h, item, 0);
     async_state_half(sW, h, item, 1);
     cp_async_commit();
   };
-  auto async_early_dd = [&](int item) {
-    const int2 rl = item_rows(item);
-    const size_t r = static_cast<size_t>(rl.x) * D;
-    async_panels<256>(sDD, dDgh + r, vh_ld, rl.y, tid_x());
-    async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, rl.y, tid_x());
+  auto async_early_dd = [&](int item, int4 chn) {
+    const size_t r = item_ro(item, chn);
+    async_panels<256>(sDD, dDgh + r, vh_ld, chn.y, tid_x());
+    async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
     cp_async_commit();
   };
-  auto async_early_d = [&](int item) {
-    const int2 rl = item_rows(item);
-    const size_t r = static_cast<size_t>(rl.x) * D;
-    async_panels<256>(sD, Dgh + r, vh_ld, rl.y, tid_x());
-    async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, rl.y, tid_x());
+  auto async_early_d = [&](int item, int4 chn) {
+    const size_t r = item_ro(item, chn);
+    async_panels<256>(sD, Dgh + r, vh_ld, chn.y, tid_x());
+    async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, chn.y, tid_x());
     async_state_half(sV, dh, item, 1);
     cp_async_commit();
   };
@@ -2431,8 +2426,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   auto async_late = [&](int item, int4 chn) {
     async_state_half(sQ, dh, item, 0);
     cp_async_commit();
-    const int hd = item - (item / Hv) * Hv;
-    async_panels<256>(sO, d_o + (static_cast<size_t>(chn.x) * Hv + hd) * D, vh_ld, chn.y, tid_x());
+    async_panels<256>(sO, d_o + item_ro(item, chn), vh_ld, chn.y, tid_x());
     cp_async_commit();
   };
   // An item's chunk (first row, length) and gate rows, read ahead like its tiles: at an item's start
@@ -2443,10 +2437,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     float g0, g1, b0, b1;
     float2 r;
   };
-  auto item_gates = [&](int item) {
+  auto item_gates = [&](int item, int4 chn) {
     ItemGates x;
-    const int cc = item / Hv, hd = item - cc * Hv, t = tid_x();
-    x.ch = table[cc];
+    const int hd = item % Hv, t = tid_x();
+    x.ch = chn;
     x.g0 = x.g1 = x.b0 = x.b1 = 0.f;
     x.r = make_float2(0.f, 0.f);
     const size_t row0 = static_cast<size_t>(x.ch.x);
@@ -2467,11 +2461,12 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   const int total = *nchunks * Hv;
   ItemGates ig{};
   if (static_cast<int>(blockIdx.x) < total) {
+    const int4 chn = table[blockIdx.x / Hv];
     async_early_s0(blockIdx.x);
-    async_early_dd(blockIdx.x);
-    async_early_d(blockIdx.x);
-    ig = item_gates(blockIdx.x);
-    async_late(blockIdx.x, ig.ch);
+    async_early_dd(blockIdx.x, chn);
+    async_early_d(blockIdx.x, chn);
+    ig = item_gates(blockIdx.x, chn);
+    async_late(blockIdx.x, chn);
   }
   for (int item = blockIdx.x; item < total; item += gridDim.x) {
   const int tid = tid_x(), lane = tid & 31;
@@ -2483,7 +2478,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   const int4 ch = ig.ch;
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
-  const size_t ro = (static_cast<size_t>(bos) * Hv + head) * D;  // row 0 of this head in [T, Hv, D] tensors
+  const size_t ro = item_ro(item, ch);  // row 0 of this head in [T, Hv, D] tensors
 
   // Every tile of the state products was issued during the previous item (the last two, dS's first
   // half and dO, in separate groups: F^T waits for all but dO). q, k, v and T follow into dS's
@@ -2702,6 +2697,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   wg::fence_proxy_async();
   __syncthreads();  // dT planes complete; the Y planes and dW's are dead
   const int next = item + static_cast<int>(gridDim.x);
+  const int4 nch = next < total ? table[next / Hv] : make_int4(0, 0, 0, 0);
   if (next < total) async_early_s0(next);
   // dv = diag(b) T^T dD (columns n = 64 wgi ..), and v . (T^T dD) per row (dbeta): here, so that dD's
   // and v's regions are free for the next item before this one's last phase.
@@ -2745,7 +2741,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   }
   wg::fence_proxy_async();
   __syncthreads();  // X1's planes complete; dv done: dD's region is free
-  if (next < total) async_early_dd(next);
+  if (next < total) async_early_dd(next, nch);
   // Mx = -(T^T X1) . Gam (j < i), k k^T (columns j = 32 wgi ..); F = Mx . (k^ k^T): row sums (dbeta,
   // dG) and the column sums of diag(b) F (dG); planes Pa = Mx_ij b_i rk_j, Pb = Mx_ij b_i rk_i.
   {
@@ -2785,8 +2781,8 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   wg::fence_proxy_async();
   __syncthreads();  // Mx's planes complete; D's (X1's), dD's, v's and T's regions are free
   if (next < total) {
-    async_early_d(next);
-    ig = item_gates(next);
+    async_early_d(next, nch);
+    ig = item_gates(next, nch);
   }
   // dk^T += k^T Pa (B K-major: B[j][i] = Pa[i][j]) + k^T Pb (B N-major: B[l][i] = Pb[l][i]).
   wg::fence();
@@ -2799,7 +2795,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   wg::fence_operands(fT);
   store_t(dkn + ro, dk_ld, fT, d0, len);
   __syncthreads();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
-  if (next < total) async_late(next, ig.ch);
+  if (next < total) async_late(next, nch);
 
   // Combine (fixed order), the G_L terms into row C-1, reverse cumsum -> dg.
   float* dGa = fl + kBcDg;
