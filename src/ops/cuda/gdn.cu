@@ -369,8 +369,11 @@ __device__ __forceinline__ void cp_async_wait() {
 // there; W is stored as its hi / lo planes for the scans. The raw v rows load into A's region once
 // the solve has consumed A (under the W product): 54.0 KB of smem at K = V = 128, 4 CTAs per SM
 // (the kernel is barrier-bound: more CTAs cover the solve's idle warps; 3 with v in its own region).
+// Without W and U (the wgmma scans) T goes over k's rows: 37.9 KB, 5 CTAs per SM.
 __host__ __device__ constexpr int prep_v_floats(int V) { return kC * raw_ld(V) / 2; }
-int prep_smem_floats(int K, int V) {
+// kWU = false: T over k's rows (dead once A is formed), 37.9 KB at K = 128: 5 CTAs per SM.
+int prep_smem_floats(int K, int V, bool kWU) {
+  if (!kWU) return imax(kC * raw_ld(K) / 2, kC * kLdC) + kC * kLdC + 4 * kC;
   return kC * raw_ld(K) / 2 + 2 * kC * kLdC + (prep_v_floats(V) > kC * kLdC ? prep_v_floats(V) : 0) + 4 * kC;
 }
 
@@ -388,11 +391,13 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh,
   extern __shared__ float smem[];
   Carve cv{smem};
   const int ldk = raw_ld(K), ldv = raw_ld(V);
-  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kC * ldk / 2));
+  bf16* Kb = reinterpret_cast<bf16*>(cv.take(kWU ? kC * ldk / 2 : imax(kC * ldk / 2, kC * kLdC)));
   float* As = cv.take(kC * kLdC);
   // v over A (dead after the solve) when it fits (V <= 2 kLdC - 8), else a region of its own.
-  bf16* Vb = prep_v_floats(V) <= kC * kLdC ? reinterpret_cast<bf16*>(As) : reinterpret_cast<bf16*>(cv.take(prep_v_floats(V)));
-  float* Ts = cv.take(kC * kLdC);
+  bf16* Vb = !kWU || prep_v_floats(V) <= kC * kLdC ? reinterpret_cast<bf16*>(As)
+                                                    : reinterpret_cast<bf16*>(cv.take(prep_v_floats(V)));
+  // G and T only (kWU = false): T over k's rows, which nothing reads once A is formed.
+  float* Ts = kWU ? cv.take(kC * kLdC) : reinterpret_cast<float*>(Kb);
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
   float* kbs = cv.take(kC);
@@ -3071,7 +3076,7 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   stage_end("gdn_chunk_table_kernel", stream);
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
   const bool wg_scans = wgmma_scans(K, V);
-  const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V)) * sizeof(float);
+  const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = wg_scans ? gdn_prep_kernel<false> : gdn_prep_kernel<true>;
   stage_begin(stream);
   launch_smem(prep, "gdn_prep_kernel", dim3(w.nc_max, Hv), kThreads, prep_bytes, stream, w.Gc, w.Wh, w.Wl, w.dD,
