@@ -44,6 +44,7 @@
 #include "ops/cuda/ops_device.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/gdn_mma.cuh"
+#include "ops/cuda/gdn_solve.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace qt::cuda {
@@ -106,61 +107,16 @@ __device__ void load_gates(float* gs, float* bs, const float* g, const float* be
   }
 }
 
-// Ts = (I + As)^-1 by 16 x 16 blocks, all kThreads threads (caller syncs before; Ts complete on
-// return). The diagonal blocks T_II = (I + A_II)^-1 by forward substitution, one per warp 0-3, lane
-// c < 16 holding column c in registers (two partial sums per row, fixed order); then the blocks
-// below the diagonal by distance d = 1..3: X = sum_{K=J}^{I-1} A_IK T_KJ (into As's unused upper
-// block (J, I): As's strict upper blocks are clobbered), T_IJ = -T_II X. Every sum runs in a fixed
-// order: deterministic. Serial depth 16 rows + 3 block levels instead of kC rows (notes step 8).
-static_assert(kThreads == 256 && kC == 64, "solve_unit_lower maps 16 x 16 blocks onto 256 threads");
+// Ts = (I + As)^-1 (gdn_solve.h), all kThreads threads; the caller syncs before, Ts is complete on
+// return. As's strict upper blocks are clobbered (they hold B_IK = T_II A_IK between phases).
+static_assert(kThreads == 256 && kC == 64, "gdn_solve maps 16 x 16 blocks onto 256 threads");
 __device__ void solve_unit_lower(float* Ts, float* As) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  for (int idx = tid; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx / kC, j = idx - i * kC;
-    if ((j >> 4) > (i >> 4)) Ts[i * kLdC + j] = 0.f;
-  }
-  if (warp < 4 && lane < 16) {
-    const int r0 = 16 * warp, c = lane;
-    float t[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float* a = As + (r0 + i) * kLdC + r0;
-      float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-      for (int j = 0; j + 1 < i; j += 2) {
-        s0 += a[j] * t[j];
-        s1 += a[j + 1] * t[j + 1];
-      }
-      if (i & 1) s0 += a[i - 1] * t[i - 1];
-      t[i] = i == c ? 1.f : (i > c ? -(s0 + s1) : 0.f);
-      Ts[(r0 + i) * kLdC + r0 + c] = t[i];
-    }
-  }
+  const int tid = threadIdx.x;
+  gdn_solve::diag_phase(tid, Ts, As, kLdC);
   __syncthreads();
-  const int r = tid >> 4, cc = tid & 15;
-  for (int d = 1; d < 4; ++d) {
-    for (int J = 0; J + d < 4; ++J) {
-      const int I = J + d;
-      const float* a = As + (16 * I + r) * kLdC;
-      const float* tj = Ts + 16 * J + cc;
-      float s0 = 0.f, s1 = 0.f;
-#pragma unroll 4
-      for (int k = 16 * J; k < 16 * I; k += 2) {
-        s0 += a[k] * tj[k * kLdC];
-        s1 += a[k + 1] * tj[(k + 1) * kLdC];
-      }
-      As[(16 * J + r) * kLdC + 16 * I + cc] = s0 + s1;
-    }
-    __syncthreads();
-    for (int J = 0; J + d < 4; ++J) {
-      const int I = J + d;
-      const float* tii = Ts + (16 * I + r) * kLdC + 16 * I;
-      const float* x = As + 16 * J * kLdC + 16 * I + cc;
-      float s = 0.f;
-#pragma unroll 4
-      for (int k = 0; k <= r; ++k) s += tii[k] * x[k * kLdC];
-      Ts[(16 * I + r) * kLdC + 16 * J + cc] = -s;
-    }
+#pragma unroll
+  for (int d = 1; d < gdn_solve::kPhases; ++d) {
+    gdn_solve::level_phase(tid, d, Ts, As, kLdC);
     __syncthreads();
   }
 }
@@ -379,7 +335,7 @@ int prep_smem_floats(int K, int V, bool kWU) {
 
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
 template <bool kWU>
-__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
+__global__ void __launch_bounds__(kThreads, 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
                                                             const int* nchunks, float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,

@@ -1,0 +1,131 @@
+// The chunk's triangular solve T = (I + A)^-1 (A strictly lower, C = 64) in 16 x 16 blocks, as
+// per-thread phases of a 256-thread block with a barrier after each. The phases compile for the
+// host too, so a CPU test runs the exact index logic of the kernel thread by thread
+// (tests/test_gdn_solve.cpp).
+//
+// With T_II = (I + A_II)^-1 and B_IK = T_II A_IK (K < I), the rows of T below the diagonal blocks
+// follow from T (I + A) = I:
+//   T_IJ = -sum_{K=J}^{I-1} B_IK T_KJ   (I > J),
+// by block distance d = I - J = 1, 2, 3, each level from the finished lower ones.
+//  - Phase 0: T_II and B_IK together. Block row I is a forward substitution through (I + A_II)
+//    with 16 (I + 1) right-hand sides, e_c and A_IK's columns; one thread per column (160
+//    threads), each 16 rows deep. B_IK goes into As's unused upper block (K, I). The other 96
+//    threads zero T's upper blocks.
+//  - Phases d = 1..3: 16 threads per output block, each a 4 x 4 tile (rows tr + 4 i, columns
+//    4 tc + j): per inner step 4 scalar loads (rows 8 banks apart) and one 16-byte load feed 16
+//    FMAs. The one-output-per-thread form it replaced loaded two floats per FMA and kept the
+//    smem pipe ~80 % busy (notes/gdn_kernels.md step 18).
+// Every sum runs in a fixed order: deterministic. As and Ts are 64 x 64 fp32 with row stride ld
+// (a multiple of 4, so rows stay 16-byte aligned; ld = 8 mod 32 spreads rows over the banks).
+#pragma once
+
+#if defined(__CUDACC__)
+#define QT_HD __host__ __device__ __forceinline__
+#else
+#define QT_HD inline
+#endif
+
+namespace qt::gdn_solve {
+
+constexpr int kPhases = 4;          // barrier after each
+constexpr int kDiagThreads = 160;   // sum over I < 4 of 16 (I + 1) columns
+
+struct alignas(16) F4 {
+  float x, y, z, w;
+};
+QT_HD F4 ld4(const float* p) {
+  const F4 v = *reinterpret_cast<const F4*>(p);
+  return v;
+}
+
+// Phase 0 for thread tid (of 256).
+QT_HD void diag_phase(int tid, float* Ts, float* As, int ld) {
+  if (tid >= kDiagThreads) {
+    // T's six upper blocks, 1536 floats: 96 threads x 4 pieces of 4.
+    for (int p = tid - kDiagThreads; p < 6 * 64; p += 256 - kDiagThreads) {
+      const int blk = p >> 6, q = p & 63, row = q >> 2, c4 = 4 * (q & 3);
+      // blocks (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)
+      const int bi = blk < 3 ? 0 : blk < 5 ? 1 : 2;
+      const int bj = blk < 3 ? blk + 1 : blk < 5 ? blk - 1 : 3;
+      float* d = Ts + (16 * bi + row) * ld + 16 * bj + c4;
+      d[0] = d[1] = d[2] = d[3] = 0.f;
+    }
+    return;
+  }
+  const int I = tid < 16 ? 0 : tid < 48 ? 1 : tid < 96 ? 2 : 3;
+  const int c = tid - 8 * I * (I + 1), r0 = 16 * I;
+  const bool ident = c < 16;
+  const int K = ident ? 0 : (c >> 4) - 1, cc = c & 15;
+  // Right-hand side: e_c, or column cc of A_IK; the solution into T_II's column c, or B_IK's
+  // column cc in As's upper block (K, I).
+  const float* rhs = As + r0 * ld + 16 * K + cc;
+  float* out = ident ? Ts + r0 * ld + r0 + cc : As + 16 * K * ld + r0 + cc;
+  float t[16];
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 16; ++i) {
+    // Row i of A_II: entries j >= i are zero (strictly lower) and t[j >= i] not formed yet, so
+    // only the 16-byte pieces below the diagonal are read and only their first i entries used.
+    const float* a = As + (r0 + i) * ld + r0;
+    float s0 = 0.f, s1 = 0.f;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (int j = 0; j < i; j += 4) {
+      const F4 v = ld4(a + j);
+      s0 += v.x * t[j];
+      if (j + 1 < i) s1 += v.y * t[j + 1];
+      if (j + 2 < i) s0 += v.z * t[j + 2];
+      if (j + 3 < i) s1 += v.w * t[j + 3];
+    }
+    const float b = ident ? (i == cc ? 1.f : 0.f) : rhs[i * ld];
+    t[i] = b - (s0 + s1);
+    out[i * ld] = t[i];
+  }
+}
+
+// Phase d (1..3) for thread tid: T_IJ for the 4 - d blocks at distance d, 16 threads each.
+QT_HD void level_phase(int tid, int d, float* Ts, const float* As, int ld) {
+  const int grp = tid >> 4, tr = (tid >> 2) & 3, tc = tid & 3;
+  if (grp >= 4 - d) return;
+  const int J = grp, I = J + d;
+  float acc[4][4] = {};
+  for (int K = J; K < I; ++K) {
+    const float* b = As + (16 * K + tr) * ld + 16 * I;  // B_IK, rows tr + 4 i, in upper block (K, I)
+    const float* t = Ts + 16 * K * ld + 16 * J + 4 * tc;  // T_KJ, columns 4 tc ..
+#if defined(__CUDACC__)
+#pragma unroll 4
+#endif
+    for (int m = 0; m < 16; ++m) {
+      const F4 v = ld4(t + m * ld);
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+      for (int i = 0; i < 4; ++i) {
+        const float a = b[4 * i * ld + m];
+        acc[i][0] += a * v.x;
+        acc[i][1] += a * v.y;
+        acc[i][2] += a * v.z;
+        acc[i][3] += a * v.w;
+      }
+    }
+  }
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 4; ++i) {
+    float* o = Ts + (16 * I + tr + 4 * i) * ld + 16 * J + 4 * tc;
+    *reinterpret_cast<F4*>(o) = F4{-acc[i][0], -acc[i][1], -acc[i][2], -acc[i][3]};
+  }
+}
+
+// Phase p (0..kPhases-1) of the solve for thread tid.
+QT_HD void phase(int p, int tid, float* Ts, float* As, int ld) {
+  if (p == 0)
+    diag_phase(tid, Ts, As, ld);
+  else
+    level_phase(tid, p, Ts, As, ld);
+}
+
+}  // namespace qt::gdn_solve
