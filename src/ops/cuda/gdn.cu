@@ -108,15 +108,16 @@ __device__ void load_gates(float* gs, float* bs, const float* g, const float* be
 }
 
 // Ts = (I + As)^-1 (gdn_solve.h), all kThreads threads; the caller syncs before, Ts is complete on
-// return. As's strict upper blocks are clobbered (they hold B_IK = T_II A_IK between phases).
+// return. As is clobbered: its strict upper blocks hold B_IK = T_II A_IK between phases, and A's
+// blocks (3, 0), (3, 1) C_3K.
 static_assert(kThreads == 256 && kC == 64, "gdn_solve maps 16 x 16 blocks onto 256 threads");
 __device__ void solve_unit_lower(float* Ts, float* As) {
   const int tid = threadIdx.x;
   gdn_solve::diag_phase(tid, Ts, As, kLdC);
   __syncthreads();
 #pragma unroll
-  for (int d = 1; d < gdn_solve::kPhases; ++d) {
-    gdn_solve::level_phase(tid, d, Ts, As, kLdC);
+  for (int p = 1; p < gdn_solve::kPhases; ++p) {
+    gdn_solve::level_phase(tid, p, Ts, As, kLdC);
     __syncthreads();
   }
 }
@@ -413,7 +414,8 @@ __global__ void __launch_bounds__(kThreads, 5) gdn_prep_kernel(float* Gc, bf16* 
   solve_unit_lower(Ts, As);  // ends with a barrier: A is dead
   // T itself, as hi / lo planes [chunk, Hv, C x C] for bwd_chunk (which reads it by ldmatrix instead
   // of rebuilding A and solving again) and the wgmma scans (Th == nullptr: neither will): warp w
-  // stores rows w, w + 8, .., one 128-byte run per plane.
+  // stores rows w, w + 8, .., one 128-byte run per plane. (16-byte pieces of 8 columns were slower:
+  // their 16-byte smem reads conflict two-way; 8-byte pieces of 4 columns were no faster.)
   if (Th != nullptr) {
     const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
     const int lane = threadIdx.x & 31;

@@ -5,16 +5,17 @@
 //
 // With T_II = (I + A_II)^-1 and B_IK = T_II A_IK (K < I), the rows of T below the diagonal blocks
 // follow from T (I + A) = I:
-//   T_IJ = -sum_{K=J}^{I-1} B_IK T_KJ   (I > J),
-// by block distance d = I - J = 1, 2, 3, each level from the finished lower ones.
+//   T_IJ = -sum_{K=J}^{I-1} B_IK T_KJ   (I > J).
 //  - Phase 0: T_II and B_IK together. Block row I is a forward substitution through (I + A_II)
 //    with 16 (I + 1) right-hand sides, e_c and A_IK's columns; one thread per column (160
 //    threads), each 16 rows deep. B_IK goes into As's unused upper block (K, I). The other 96
 //    threads zero T's upper blocks.
-//  - Phases d = 1..3: 16 threads per output block, each a 4 x 4 tile (rows tr + 4 i, columns
-//    4 tc + j): per inner step 4 scalar loads (rows 8 banks apart) and one 16-byte load feed 16
-//    FMAs. The one-output-per-thread form it replaced loaded two floats per FMA and kept the
-//    smem pipe ~80 % busy (notes/gdn_kernels.md step 18).
+//  - Phases 1, 2: the blocks at distance 1, then those at 2 and 3 (level_phase: T_30 through
+//    C_3K = B_3K - B_32 B_2K, formed in phase 1, so there is no third level). 16 threads per
+//    output block, each a 4 x 4 tile (rows tr + 4 i, columns 4 tc + j): per inner step 4 scalar
+//    loads (rows 8 banks apart) and one 16-byte load feed 16 FMAs. The one-output-per-thread
+//    form it replaced loaded two floats per FMA and kept the smem pipe ~80 % busy, over 7
+//    barriers (notes/gdn_kernels.md step 18).
 // Every sum runs in a fixed order: deterministic. As and Ts are 64 x 64 fp32 with row stride ld
 // (a multiple of 4, so rows stay 16-byte aligned; ld = 8 mod 32 spreads rows over the banks).
 #pragma once
@@ -27,7 +28,7 @@
 
 namespace qt::gdn_solve {
 
-constexpr int kPhases = 4;          // barrier after each
+constexpr int kPhases = 3;          // barrier after each
 constexpr int kDiagThreads = 160;   // sum over I < 4 of 16 (I + 1) columns
 
 struct alignas(16) F4 {
@@ -85,38 +86,80 @@ QT_HD void diag_phase(int tid, float* Ts, float* As, int ld) {
   }
 }
 
-// Phase d (1..3) for thread tid: T_IJ for the 4 - d blocks at distance d, 16 threads each.
-QT_HD void level_phase(int tid, int d, float* Ts, const float* As, int ld) {
-  const int grp = tid >> 4, tr = (tid >> 2) & 3, tc = tid & 3;
-  if (grp >= 4 - d) return;
-  const int J = grp, I = J + d;
-  float acc[4][4] = {};
-  for (int K = J; K < I; ++K) {
-    const float* b = As + (16 * K + tr) * ld + 16 * I;  // B_IK, rows tr + 4 i, in upper block (K, I)
-    const float* t = Ts + 16 * K * ld + 16 * J + 4 * tc;  // T_KJ, columns 4 tc ..
+// acc[i][j] += sum_{m < 16} l[4 i ld + m] r[m ld + j]: a 16 x 16 block product's 4 x 4 tile, with l
+// at row tr of the left block (the tile's rows tr + 4 i) and r at column 4 tc of the right one.
+QT_HD void mac16(float (&acc)[4][4], const float* l, const float* r, int ld) {
 #if defined(__CUDACC__)
 #pragma unroll 4
 #endif
-    for (int m = 0; m < 16; ++m) {
-      const F4 v = ld4(t + m * ld);
+  for (int m = 0; m < 16; ++m) {
+    const F4 v = ld4(r + m * ld);
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
-      for (int i = 0; i < 4; ++i) {
-        const float a = b[4 * i * ld + m];
-        acc[i][0] += a * v.x;
-        acc[i][1] += a * v.y;
-        acc[i][2] += a * v.z;
-        acc[i][3] += a * v.w;
-      }
+    for (int i = 0; i < 4; ++i) {
+      const float a = l[4 * i * ld + m];
+      acc[i][0] += a * v.x;
+      acc[i][1] += a * v.y;
+      acc[i][2] += a * v.z;
+      acc[i][3] += a * v.w;
     }
   }
+}
+// The tile (rows tr + 4 i, columns 4 tc + j) of a 16 x 16 block at o: sign acc.
+QT_HD void store_tile(float* o, int ld, const float (&acc)[4][4], float sign) {
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
-  for (int i = 0; i < 4; ++i) {
-    float* o = Ts + (16 * I + tr + 4 * i) * ld + 16 * J + 4 * tc;
-    *reinterpret_cast<F4*>(o) = F4{-acc[i][0], -acc[i][1], -acc[i][2], -acc[i][3]};
+  for (int i = 0; i < 4; ++i)
+    *reinterpret_cast<F4*>(o + 4 * i * ld) = F4{sign * acc[i][0], sign * acc[i][1], sign * acc[i][2], sign * acc[i][3]};
+}
+
+// Phases 1 and 2 for thread tid: 16 threads per output block, tile (tr, tc).
+//  Phase 1: T_10, T_21, T_32 = -B_{J+1,J} T_JJ, and C_30 = B_30 - B_32 B_20, C_31 = B_31 - B_32 B_21
+//           into A's dead blocks (3, 0), (3, 1).
+//  Phase 2: T_20 = -(B_20 T_00 + B_21 T_10), T_31 = -(B_31 T_11 + B_32 T_21) and
+//           T_30 = -(C_30 T_00 + C_31 T_10), which is -(B_30 T_00 + B_31 T_10 + B_32 T_20) with T_20
+//           substituted, so it does not wait for a third level.
+QT_HD void level_phase(int tid, int phase, float* Ts, float* As, int ld) {
+  const int grp = tid >> 4, tr = (tid >> 2) & 3, tc = tid & 3;
+  // B_IK (upper block (K, I) of As), rows tr + 4 i; T_KJ, C_IK (lower block (I, K) of As) likewise.
+  auto b = [&](int I, int K) { return As + (16 * K + tr) * ld + 16 * I; };
+  auto c = [&](int I, int K) { return As + (16 * I + tr) * ld + 16 * K; };
+  auto t = [&](int I, int J) { return Ts + (16 * I + tr) * ld + 16 * J; };
+  auto tcol = [&](int K, int J) { return Ts + 16 * K * ld + 16 * J + 4 * tc; };  // T_KJ as the right factor
+  auto bcol = [&](int I, int K) { return As + 16 * K * ld + 16 * I + 4 * tc; };  // B_IK as the right factor
+  float acc[4][4] = {};
+  if (phase == 1) {
+    if (grp < 3) {
+      const int J = grp, I = J + 1;
+      mac16(acc, b(I, J), tcol(J, J), ld);
+      store_tile(t(I, J) + 4 * tc, ld, acc, -1.f);
+    } else if (grp < 5) {
+      const int K = grp - 3;  // C_3K = B_3K - B_32 B_2K
+      mac16(acc, b(3, 2), bcol(2, K), ld);
+      const float* b3k = b(3, K) + 4 * tc;
+      float d[4][4];
+      for (int i = 0; i < 4; ++i) {
+        const F4 v = ld4(b3k + 4 * i * ld);
+        d[i][0] = v.x - acc[i][0];
+        d[i][1] = v.y - acc[i][1];
+        d[i][2] = v.z - acc[i][2];
+        d[i][3] = v.w - acc[i][3];
+      }
+      store_tile(c(3, K) + 4 * tc, ld, d, 1.f);
+    }
+  } else if (grp < 3) {
+    if (grp < 2) {  // T_20, T_31: I = J + 2
+      const int J = grp, I = J + 2;
+      mac16(acc, b(I, J), tcol(J, J), ld);
+      mac16(acc, b(I, J + 1), tcol(J + 1, J), ld);
+      store_tile(t(I, J) + 4 * tc, ld, acc, -1.f);
+    } else {
+      mac16(acc, c(3, 0), tcol(0, 0), ld);
+      mac16(acc, c(3, 1), tcol(1, 0), ld);
+      store_tile(t(3, 0) + 4 * tc, ld, acc, -1.f);
+    }
   }
 }
 
