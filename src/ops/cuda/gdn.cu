@@ -981,21 +981,24 @@ __device__ __forceinline__ char* align1024(unsigned char* smem) {
   return reinterpret_cast<char*>(smem) + ((1024u - (a & 1023u)) & 1023u);
 }
 // P = (q k^T) gated (p_entry) for a chunk whose raw q and k rows sit in the 128-byte-swizzled panel
-// tiles qt, kt, by one warpgroup for itself (exact bf16 products: 8 m64n64k16), split into hi / lo
-// planes [i][j] at planes, planes + kDlPanel (row i, column j: the K-major layout of B = P^T and the
-// N-major one of B = P); ends with the warpgroup's named barrier 1 + wgi, so its wgmma may read them.
-// The caller has no product in flight (with one in flight, reading registers it wrote makes ptxas
-// wait for it).
+// tiles qt, kt, shared by both warpgroups: warpgroup wgi forms columns j = 32 wgi .. 32 wgi + 31
+// (exact bf16 products: 8 m64n32k16 with B = k's rows from 32 wgi) and splits them into the hi /
+// lo planes [i][j] at planes, planes + kDlPanel (row i, column j: the K-major layout of B = P^T and
+// the N-major one of B = P). Ends with a CTA barrier, so either warpgroup's wgmma may read all of P.
+// (Each warpgroup formed the whole of P for itself before: its epilogue was ~23 % of the forward
+// scan's stall samples.) The caller has no product in flight (with one in flight, reading registers
+// it wrote makes ptxas wait for it), and both warpgroups are done reading the previous chunk's P.
 __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const char* kt, const float* gsc,
                                             const float* rqc, const float* rkc, int wgi) {
+  constexpr int kHalf = kC / 2;
   const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  float pacc[kC / 2];
-  wg::mma_abt_sync<kC, kDlD / 16>(pacc, qt, kDlPanel, kt, kDlPanel);
+  float pacc[kHalf / 2];
+  wg::mma_abt_sync<kHalf, kDlD / 16>(pacc, qt, kDlPanel, kt + wgi * kHalf * 128, kDlPanel);
 #pragma unroll
-  for (int nb = 0; nb < kC / 8; ++nb)
+  for (int nb = 0; nb < kHalf / 8; ++nb)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int i = 16 * w + g + 8 * hh, j = 8 * nb + 2 * t;
+      const int i = 16 * w + g + 8 * hh, j = kHalf * wgi + 8 * nb + 2 * t;
       uint32_t h2, l2;
       gdn_mma::split_bf16(p_entry(pacc[4 * nb + 2 * hh], i, j, gsc, rqc, rkc),
                           p_entry(pacc[4 * nb + 2 * hh + 1], i, j + 1, gsc, rqc, rkc), h2, l2);
@@ -1003,7 +1006,7 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
       *reinterpret_cast<uint32_t*>(planes + kDlPanel + wg::sw128(i, j)) = l2;
     }
   wg::fence_proxy_async();
-  wg::named_sync(1 + wgi, 128);
+  __syncthreads();
 }
 
 // Per chunk parity, the row arrays of the wgmma scans: ks = e^{G_L - G_i} rs_k(i), eq = e^{G_i} rs_q(i),
@@ -1066,7 +1069,7 @@ constexpr uint32_t scan_fwd_wg_buf() {  // T hi, T lo (one panel each), raw k (,
 }
 template <bool kOut>
 constexpr size_t scan_fwd_wg_smem() {
-  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
+  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
 }
 static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 1024 == 0, "panels 1024-aligned");
 
@@ -1085,8 +1088,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  char* pplanes = tiles + 2 * kBuf + wgi * 2 * kDlPanel;  // kOut: this warpgroup's P hi, lo [i][j]
-  float* rows = reinterpret_cast<float*>(tiles + 2 * kBuf + (kOut ? 4 * kDlPanel : 0));  // [parity][kWgRows]
+  char* pplanes = tiles + 2 * kBuf;  // kOut: P hi, lo [i][j] (wg_p_planes)
+  float* rows = reinterpret_cast<float*>(tiles + 2 * kBuf + (kOut ? 2 * kDlPanel : 0));  // [parity][kWgRows]
   const int ncol = 64 * wgi + 16 * w + g;  // this thread's state columns: ncol, ncol + 8
   const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
   const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
@@ -1473,7 +1476,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 constexpr uint32_t kScanBwdBuf = 4 * kDlTile;  // raw k, raw q, T hi + lo, dO
 template <bool kFused>
 constexpr size_t scan_bwd_wg_smem() {
-  return 2 * kScanBwdBuf + (kFused ? 2 * 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
+  return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
 }
 
 template <bool kFused>
@@ -1490,9 +1493,9 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
-  float* rows = reinterpret_cast<float*>(tiles + 2 * kScanBwdBuf + (kFused ? 4 * kDlPanel : 0));  // [parity][kWgRows]
+  float* rows = reinterpret_cast<float*>(tiles + 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0));  // [parity][kWgRows]
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  char* pplanes = tiles + 2 * kScanBwdBuf + wgi * 2 * kDlPanel;  // fused: this warpgroup's P hi, lo [i][j]
+  char* pplanes = tiles + 2 * kScanBwdBuf;  // fused: P hi, lo [i][j] (wg_p_planes)
   const int ncol = 64 * wgi + 16 * w + g;  // this thread's state columns: ncol, ncol + 8
   const size_t w_ld = static_cast<size_t>(Hv) * D, x_ld = static_cast<size_t>(conv_dim);
   const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
