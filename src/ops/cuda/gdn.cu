@@ -1045,16 +1045,39 @@ struct WgGates {
   }
 };
 
-// The raw v rows of a chunk (plain [i][n] rows, stride kVLd: the transposed 2-byte reads below hit
-// 16 distinct banks per warp) and the x^T layout of load_tile_t read from them: v[i][ncol + 8 hh].
+// The raw v rows of a chunk (plain [i][n] rows, stride kVLd: 16-byte aligned, the 8 rows of an
+// ldmatrix hit 8 distinct 16-byte bank groups, and the transposed 2-byte reads 16 distinct banks per
+// warp) and the x^T layout of load_tile_t read from them: x[4 j + 2 hh + e] = v[8 j + 2 t + e][n0 +
+// g + 8 hh] for the warp's columns n0 = 64 wgi + 16 w. kLdsm: each 8 x 8 block (j, hh) is one
+// ldmatrix.trans matrix (its thread l gets rows 2 (l % 4), + 1 of column l / 4), 4 ldmatrix.x4
+// instead of 32 2-byte loads. That gained 2-3 % in the forward scan that forms only the output, and
+// lost 1-4 % in the two that keep the state (call 11), which keep the 2-byte loads.
 constexpr int kVLd = kDlD + 8;
-__device__ __forceinline__ void v_tile_t(float (&x)[kC / 2], const bf16* vs, int ncol, int t) {
+template <bool kLdsm>
+__device__ __forceinline__ void v_tile_t(float (&x)[kC / 2], const bf16* vs, int n0) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (kLdsm) {
+    const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
-  for (int j = 0; j < kC / 8; ++j)
+    for (int kb = 0; kb < kC / 16; ++kb) {
+      uint32_t r[4];
+      gdn_mma::ldmatrix_x4<true>(r, vs + (16 * kb + 8 * (m >> 1) + rr) * kVLd + n0 + 8 * (m & 1));
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
+      for (int mm = 0; mm < 4; ++mm) {
+        const int q = 4 * (2 * kb + (mm >> 1)) + 2 * (mm & 1);
+        x[q] = __uint_as_float(r[mm] << 16);
+        x[q + 1] = __uint_as_float(r[mm] & 0xffff0000u);
+      }
+    }
+  } else {
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) x[4 * j + 2 * hh + e] = to_f(vs[(8 * j + 2 * t + e) * kVLd + ncol + 8 * hh]);
+    for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) x[4 * j + 2 * hh + e] = to_f(vs[(8 * j + 2 * t + e) * kVLd + n0 + g + 8 * hh]);
+  }
 }
 
 // kOut: the output O = diag(e^G rq) q S + P D of each chunk is formed here too (no output kernel,
@@ -1171,7 +1194,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     {
       uint32_t yh[kC / 16][4], yl[kC / 16][4];
       float vT[kC / 2];
-      v_tile_t(vT, reinterpret_cast<const bf16*>(cur + kTv), ncol, t);
+      v_tile_t<kOut && !kLoadsFirst>(vT, reinterpret_cast<const bf16*>(cur + kTv), 64 * wgi + 16 * w);
 #pragma unroll
       for (int j = 0; j < kC / 8; ++j) {
         const float2 bv = ld_f2(rw + 5 * kC + 8 * j + 2 * t), kv = ld_f2(rw + 6 * kC + 8 * j + 2 * t);
