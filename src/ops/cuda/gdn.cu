@@ -107,12 +107,18 @@ __device__ void load_gates(float* gs, float* bs, const float* g, const float* be
   }
 }
 
+// threadIdx.x read by a volatile asm: the persistent kernel's per-item code would otherwise have
+// every thread-dependent offset hoisted out of its item loop and kept live (spilled) across it.
+__device__ __forceinline__ int tid_x() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
 // Ts = (I + As)^-1 (gdn_solve.h), all kThreads threads; the caller syncs before, Ts is complete on
 // return. As is clobbered: its strict upper blocks hold B_IK = T_II A_IK between phases, and A's
 // blocks (3, 0), (3, 1) C_3K.
 static_assert(kThreads == 256 && kC == 64, "gdn_solve maps 16 x 16 blocks onto 256 threads");
-__device__ void solve_unit_lower(float* Ts, float* As) {
-  const int tid = threadIdx.x;
+__device__ void solve_unit_lower(float* Ts, float* As, int tid) {
   gdn_solve::diag_phase(tid, Ts, As, kLdC);
   __syncthreads();
 #pragma unroll
@@ -328,23 +334,37 @@ __device__ __forceinline__ void cp_async_wait() {
 // (the kernel is barrier-bound: more CTAs cover the solve's idle warps; 3 with v in its own region).
 // Without W and U (the wgmma scans) T goes over k's rows: 37.9 KB, 5 CTAs per SM.
 __host__ __device__ constexpr int prep_v_floats(int V) { return kC * raw_ld(V) / 2; }
-// kWU = false: T over k's rows (dead once A is formed), 37.9 KB at K = 128: 5 CTAs per SM.
+// kWU = false: T over k's rows (dead once k k^T is formed), 39.9 KB at K = 128: 5 CTAs per SM.
+// kx: two 16 x 16 tiles of k k^T in the mma fragment order (warps 0, 1's second tiles).
+constexpr int kPrepKx = 2 * 8 * 32;
 int prep_smem_floats(int K, int V, bool kWU) {
-  if (!kWU) return imax(kC * raw_ld(K) / 2, kC * kLdC) + kC * kLdC + 4 * kC;
-  return kC * raw_ld(K) / 2 + 2 * kC * kLdC + (prep_v_floats(V) > kC * kLdC ? prep_v_floats(V) : 0) + 4 * kC;
+  if (!kWU) return imax(kC * raw_ld(K) / 2, kC * kLdC) + kC * kLdC + 4 * kC + kPrepKx;
+  return kC * raw_ld(K) / 2 + 2 * kC * kLdC + (prep_v_floats(V) > kC * kLdC ? prep_v_floats(V) : 0) + 4 * kC +
+         kPrepKx;
+}
+// The idx-th 16 x 16 tile on or below the diagonal of a C x C matrix, row by row: its first row
+// and column.
+__device__ __forceinline__ void lower_tile(int idx, int& m0, int& n0) {
+  const int mb = idx < 1 ? 0 : idx < 3 ? 1 : idx < 6 ? 2 : 3;
+  m0 = 16 * mb;
+  n0 = 16 * (idx - mb * (mb + 1) / 2);
 }
 
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
 template <bool kWU>
-__global__ void __launch_bounds__(kThreads, 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
+__global__ void __launch_bounds__(kThreads, kWU ? 5 : 4) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
                                                             const int* nchunks, float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
                                                             int K, int V, int conv_dim) {
-  const int c = blockIdx.x, head = blockIdx.y;
+  const int c = blockIdx.x, ratio = Hv / Hk;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
-  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  const int bos = ch.x, len = ch.y;
+  // kWU: one value head per CTA (blockIdx.y); else one key head per CTA (blockIdx.y), its value
+  // heads in turn: k's load, L2 scales and k k^T are shared by the group (2x at 4B, 3x at 27B).
+  const int kh = kWU ? static_cast<int>(blockIdx.y) / ratio : static_cast<int>(blockIdx.y);
+  const int head0 = kWU ? static_cast<int>(blockIdx.y) : kh * ratio, nheads = kWU ? 1 : ratio;
   extern __shared__ float smem[];
   Carve cv{smem};
   const int ldk = raw_ld(K), ldv = raw_ld(V);
@@ -353,22 +373,23 @@ __global__ void __launch_bounds__(kThreads, 5) gdn_prep_kernel(float* Gc, bf16* 
   // v over A (dead after the solve) when it fits (V <= 2 kLdC - 8), else a region of its own.
   bf16* Vb = !kWU || prep_v_floats(V) <= kC * kLdC ? reinterpret_cast<bf16*>(As)
                                                     : reinterpret_cast<bf16*>(cv.take(prep_v_floats(V)));
-  // G and T only (kWU = false): T over k's rows, which nothing reads once A is formed.
+  // G and T only (kWU = false): T over k's rows, which nothing reads once k k^T is formed.
   float* Ts = kWU ? cv.take(kC * kLdC) : reinterpret_cast<float*>(Kb);
   float* gs = cv.take(kC);
   float* bs = cv.take(kC);
   float* kbs = cv.take(kC);
   float* rk = cv.take(kC);
+  float* kx = cv.take(kPrepKx);
   const size_t x_ld = static_cast<size_t>(conv_dim);
   // The L2 row scales rs are formed here (no separate pass over q and k): every CTA forms its k rows'
-  // for A; the first value head of each key head's group also loads the q rows (into A's region,
+  // for A; the CTA of each key head's first value head also loads the q rows (into A's region,
   // before A exists) and stores both scales for every later kernel.
-  const bool lead = head % (Hv / Hk) == 0;
+  const bool lead = head0 % ratio == 0;
   bf16* Qb = reinterpret_cast<bf16*>(As);
   async_rows(Kb, ldk, qkv + static_cast<size_t>(bos) * x_ld + static_cast<size_t>(Hk + kh) * K, x_ld, len, K);
   if (lead) async_rows(Qb, ldk, qkv + static_cast<size_t>(bos) * x_ld + static_cast<size_t>(kh) * K, x_ld, len, K);
   cp_async_commit();
-  load_gates(gs, bs, g, beta, bos, len, Hv, head);
+  load_gates(gs, bs, g, beta, bos, len, Hv, head0);
   cp_async_wait<0>();
   __syncthreads();
   {
@@ -395,59 +416,98 @@ __global__ void __launch_bounds__(kThreads, 5) gdn_prep_kernel(float* Gc, bf16* 
     }
   }
   __syncthreads();  // rk complete; q's rows dead (A is written over them below)
-  if (threadIdx.x < kC) {
-    const int i = threadIdx.x;
-    kbs[i] = bs[i] * expf(gs[i]) * rk[i];
-    if (i < len) Gc[static_cast<size_t>(bos + i) * Hv + head] = gs[i];
-  }
-  // A_ij = b_i rs_i rs_j (k_i . k_j) e^{G_i - G_j}: bf16 x bf16 products are exact, fp32 sums.
-  for_tiles<2>(
-      kC, kC,
-      [&](auto& acc, int m0, int n0) {
-        if (n0 > m0 + 15) return;
-        mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldk}, Ld<false>{Kb, ldk});
-      },
-      [&](int i, int j, float v) {
-        As[i * kLdC + j] = a_entry(v, i, j, gs, bs, rk);
-      });
-  __syncthreads();
-  solve_unit_lower(Ts, As);  // ends with a barrier: A is dead
-  // T itself, as hi / lo planes [chunk, Hv, C x C] for bwd_chunk (which reads it by ldmatrix instead
-  // of rebuilding A and solving again) and the wgmma scans (Th == nullptr: neither will): warp w
-  // stores rows w, w + 8, .., one 128-byte run per plane. (16-byte pieces of 8 columns were slower:
-  // their 16-byte smem reads conflict two-way; 8-byte pieces of 4 columns were no faster.)
-  if (Th != nullptr) {
-    const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
-    const int lane = threadIdx.x & 31;
-    for (int l = threadIdx.x >> 5; l < kC; l += kThreads / 32) {
-      const float2 t = ld_f2(Ts + l * kLdC + 2 * lane);
-      store_split(Th, Tl, tb + l * kC + 2 * lane, t.x, t.y);
+  // The raw k_i . k_j of the ten 16 x 16 tiles on and below the diagonal (bf16 x bf16 products are
+  // exact, fp32 sums), kept for every value head of the group: warp w's tile w in registers, the
+  // last two (warps 0, 1) in kx. (Two tiles per warp in registers spilled.)
+  float kk[2][4];
+  {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && warp >= 2) break;
+      int m0, n0;
+      lower_tile(warp + 8 * u, m0, n0);
+      float acc[2][4] = {};
+      mma_acc(acc, m0, n0, 0, K, Ld<false>{Kb, ldk}, Ld<false>{Kb, ldk});
+      if (u == 0) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) kk[nt][r] = acc[nt][r];
+      } else {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) kx[(warp * 8 + q) * 32 + lane] = acc[q >> 2][q & 3];
+      }
     }
   }
-  if constexpr (!kWU) return;
-  async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
-             V);
-  cp_async_commit();
-  auto wbody = [&](auto& acc, int m0, int n0) {
-    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
-                               Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(kbs + j)); }},
-                               Ld<true>{Kb, ldk});
-  };
-  auto ubody = [&](auto& acc, int m0, int n0) {
-    mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
-                               Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(bs + j)); }},
-                               Ld<true>{Vb, ldv});
-  };
-  for_tiles<2>(kC, K, wbody, Pair{[&](int i, int d, float v0, float v1) {
-                 if (i < len) store_split(Wh, Wl, (static_cast<size_t>(bos + i) * Hv + head) * K + d, v0, v1);
-               }});
-  cp_async_wait<0>();
-  __syncthreads();  // v landed
-  for_tiles<2>(kC, V, ubody, Pair{[&](int i, int e, float v0, float v1) {
-                 if (i < len)
-                   *reinterpret_cast<float2*>(U + (static_cast<size_t>(bos + i) * Hv + head) * V + e) =
-                       make_float2(v0, v1);
-               }});
+  for (int v = 0; v < nheads; ++v) {
+    // Thread-dependent offsets from a volatile %tid.x read per head (tid_x), so that they are not
+    // hoisted out of the loop and held (spilled) through it.
+    const int x = tid_x(), xw = x >> 5, xg = (x & 31) >> 2, xt = x & 3;
+    const int head = head0 + v;
+    if (v > 0) {
+      // gs, bs are free: the last head read them before its solve's barriers.
+      load_gates(gs, bs, g, beta, bos, len, Hv, head);
+      __syncthreads();
+    }
+    if (x < kC) {
+      if constexpr (kWU) kbs[x] = bs[x] * expf(gs[x]) * rk[x];  // W's scales
+      if (x < len) Gc[static_cast<size_t>(bos + x) * Hv + head] = gs[x];
+    }
+    // A_ij = b_i rs_i rs_j (k_i . k_j) e^{G_i - G_j} (0 on and above the diagonal).
+    // Only these tiles are written: the solve reads no other entry of A.
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && xw >= 2) break;
+      int m0, n0;
+      lower_tile(xw + 8 * u, m0, n0);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int i = m0 + xg + ((q & 3) >= 2 ? 8 : 0), j = n0 + (q >> 2) * 8 + 2 * xt + (q & 1);
+        const float v = u == 0 ? kk[q >> 2][q & 3] : kx[(xw * 8 + q) * 32 + (x & 31)];
+        As[i * kLdC + j] = a_entry(v, i, j, gs, bs, rk);
+      }
+    }
+    __syncthreads();  // A complete; every warp is done reading k's rows (T goes over them)
+    solve_unit_lower(Ts, As, tid_x());  // ends with a barrier: A is dead
+    // T itself, as hi / lo planes [chunk, Hv, C x C] for bwd_chunk (which reads it by ldmatrix instead
+    // of rebuilding A and solving again) and the wgmma scans (Th == nullptr: neither will): warp w
+    // stores rows w, w + 8, .., one 128-byte run per plane. (16-byte pieces of 8 columns were slower:
+    // their 16-byte smem reads conflict two-way; 8-byte pieces of 4 columns were no faster.)
+    if (Th != nullptr) {
+      const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
+      const int lane = x & 31;
+      for (int l = xw; l < kC; l += kThreads / 32) {
+        const float2 t = ld_f2(Ts + l * kLdC + 2 * lane);
+        store_split(Th, Tl, tb + l * kC + 2 * lane, t.x, t.y);
+      }
+    }
+    if constexpr (kWU) {
+      async_rows(Vb, ldv, qkv + static_cast<size_t>(bos) * x_ld + 2 * Hk * K + static_cast<size_t>(head) * V, x_ld, len,
+                 V);
+      cp_async_commit();
+      auto wbody = [&](auto& acc, int m0, int n0) {
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
+                                   Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(kbs + j)); }},
+                                   Ld<true>{Kb, ldk});
+      };
+      auto ubody = [&](auto& acc, int m0, int n0) {
+        mma_acc<2, 4, false, true>(acc, m0, n0, 0, m0 + 16,
+                                   Gk{[&](int i, int j) { return mul2(ld_f2(Ts + i * kLdC + j), ld_f2(bs + j)); }},
+                                   Ld<true>{Vb, ldv});
+      };
+      for_tiles<2>(kC, K, wbody, Pair{[&](int i, int d, float v0, float v1) {
+                     if (i < len) store_split(Wh, Wl, (static_cast<size_t>(bos + i) * Hv + head) * K + d, v0, v1);
+                   }});
+      cp_async_wait<0>();
+      __syncthreads();  // v landed
+      for_tiles<2>(kC, V, ubody, Pair{[&](int i, int e, float v0, float v1) {
+                     if (i < len)
+                       *reinterpret_cast<float2*>(U + (static_cast<size_t>(bos + i) * Hv + head) * V + e) =
+                           make_float2(v0, v1);
+                   }});
+    }
+  }
 }
 
 // ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
@@ -2143,13 +2203,6 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcSdot = 48 * kC /* [8] */, kBcFloats = 48 * kC + 8;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 
-// threadIdx.x read by a volatile asm: the persistent kernel's per-item code would otherwise have
-// every thread-dependent offset hoisted out of its item loop and kept live (spilled) across it.
-__device__ __forceinline__ int tid_x() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return t;
-}
 // A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
 // tid_x read).
 struct WgLane {
@@ -3100,7 +3153,9 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = wg_scans ? gdn_prep_kernel<false> : gdn_prep_kernel<true>;
   stage_begin(stream);
-  launch_smem(prep, "gdn_prep_kernel", dim3(w.nc_max, Hv), kThreads, prep_bytes, stream, w.Gc, w.Wh, w.Wl, w.dD,
+  // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
+  launch_smem(prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads, prep_bytes, stream, w.Gc, w.Wh,
+              w.Wl, w.dD,
               for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table, w.nchunks, w.rs, qkv, g, beta, Hk, Hv, K, V,
               conv_dim);
   stage_end("gdn_prep_kernel", stream);
