@@ -351,8 +351,10 @@ __device__ __forceinline__ void lower_tile(int idx, int& m0, int& n0) {
 }
 
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
-template <bool kWU>
-__global__ void __launch_bounds__(kThreads, kWU ? 5 : 4) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
+// kGroup (the wgmma scans' prep at more than one value head per key head): the CTA loops over the
+// group's value heads, holding k k^T through the loop: 64 registers, 4 CTAs per SM; otherwise 48, 5.
+template <bool kWU, bool kGroup = false>
+__global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
                                                             const int* nchunks, float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
@@ -364,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, kWU ? 5 : 4) gdn_prep_kernel(float* 
   // kWU: one value head per CTA (blockIdx.y); else one key head per CTA (blockIdx.y), its value
   // heads in turn: k's load, L2 scales and k k^T are shared by the group (2x at 4B, 3x at 27B).
   const int kh = kWU ? static_cast<int>(blockIdx.y) / ratio : static_cast<int>(blockIdx.y);
-  const int head0 = kWU ? static_cast<int>(blockIdx.y) : kh * ratio, nheads = kWU ? 1 : ratio;
+  const int head0 = kWU ? static_cast<int>(blockIdx.y) : kh * ratio, nheads = kGroup ? ratio : 1;
   extern __shared__ float smem[];
   Carve cv{smem};
   const int ldk = raw_ld(K), ldv = raw_ld(V);
@@ -2892,10 +2894,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
 // SM (64 registers); the value heads are summed in head order. One row per warp reached ~2 TB/s
 // (0.102 ms at the 2B shape, now 0.080); four rows per warp (87 registers, 2 CTAs per SM) were
 // slower than one.
-constexpr int kQkRows = 2, kQkHeads = 2;
-__global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad_kernel(bf16* dqkv, const float* dqn, const float* dkn,
-                                                                  const bf16* qkv, int T, int Hk, int Hv, int K,
-                                                                  int conv_dim) {
+template <int kQkRows, int kQkHeads, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16* dqkv, const float* dqn,
+                                                                           const float* dkn, const bf16* qkv, int T,
+                                                                           int Hk, int Hv, int K, int conv_dim) {
   const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31, rows = T * Hk * 2, ratio = Hv / Hk, d = 4 * lane;
   // Row r of the warp: token t, key head kh, q (which = 0) or k; x's offset in qkv.
@@ -2915,7 +2917,9 @@ __global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad_kernel(bf16* dqkv, co
     if (row_of(r, which, t, kh))
       xr[r] = *reinterpret_cast<const uint2*>(qkv + static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K + d);
   }
-  for (int j0 = 0; j0 < ratio; j0 += kQkHeads) {
+  // kQkHeads == 1: launched only for one value head per key head (ratio 1), a single batch.
+  const int batches_end = kQkHeads == 1 ? 1 : ratio;
+  for (int j0 = 0; j0 < batches_end; j0 += kQkHeads) {
     float4 acc[kQkRows][kQkHeads];
 #pragma unroll
     for (int r = 0; r < kQkRows; ++r) {
@@ -3151,7 +3155,7 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
   const bool wg_scans = wgmma_scans(K, V);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
-  auto prep = wg_scans ? gdn_prep_kernel<false> : gdn_prep_kernel<true>;
+  auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
   stage_begin(stream);
   // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
   launch_smem(prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads, prep_bytes, stream, w.Gc, w.Wh,
@@ -3294,10 +3298,17 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   }
   stage_end("gdn_bwd_chunk_kernel", stream);
 
-  const int warps = (T * Hk * 2 + kQkRows - 1) / kQkRows;
+  // One value head per key head (2B): no head batches, so four rows per warp fit in 64 registers.
   stage_begin(stream);
-  gdn_qk_grad_kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), w.dqn, w.dkn, x, T, Hk, Hv,
-                                                                K, conv_dim);
+  auto qk_grad = [&](auto kernel, int rows_per_warp) {
+    const int warps = (T * Hk * 2 + rows_per_warp - 1) / rows_per_warp;
+    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), w.dqn, w.dkn, x, T, Hk, Hv, K,
+                                                     conv_dim);
+  };
+  if (Hv == Hk)
+    qk_grad(gdn_qk_grad_kernel<4, 1, 4>, 4);
+  else
+    qk_grad(gdn_qk_grad_kernel<2, 2, 4>, 2);
   QT_LAUNCH_CHECK("gdn_qk_grad_kernel");
   stage_end("gdn_qk_grad_kernel", stream);
 }
