@@ -135,17 +135,36 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// In-place inclusive prefix sum of s[0, blockDim.x) by the whole block (Hillis-Steele; for the
-// one-block work-list kernels, where n is at most 1024). Every thread must call it.
+// In-place inclusive prefix sum of s[0, blockDim.x) by the whole block (blockDim.x a multiple of 32,
+// at most 1024: the one-block work-list kernels). Every thread must call it; it starts and ends with
+// a barrier. Shuffle scans within the warps, then over the warps' totals: 4 barriers, where the
+// Hillis-Steele form it replaced took 2 per doubling (21 at 1024 threads) on the chain ahead of the
+// GDN and attention kernels.
 __device__ __forceinline__ void block_inclusive_scan(int* s) {
-  const int tid = threadIdx.x;
+  __shared__ int warp_tot[32];
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = static_cast<int>(blockDim.x) >> 5;
   __syncthreads();
-  for (int off = 1; off < static_cast<int>(blockDim.x); off <<= 1) {
-    const int v = tid >= off ? s[tid - off] : 0;
-    __syncthreads();
-    s[tid] += v;
-    __syncthreads();
+  int v = s[tid];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
   }
+  if (lane == 31) warp_tot[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    int w = lane < nw ? warp_tot[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += u;
+    }
+    if (lane < nw) warp_tot[lane] = w;
+  }
+  __syncthreads();
+  if (wid > 0) v += warp_tot[wid - 1];
+  s[tid] = v;
+  __syncthreads();
 }
 
 // ---- shared-memory barriers (mbarrier) and the async proxy -------------------------------------
