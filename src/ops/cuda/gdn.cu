@@ -16,9 +16,9 @@
 //   S_end = e^{G_L} S0 + (diag(e^{G_L - G}) K)^T D
 // At dk = dv = 128 (Qwen3.5's; wgmma_scans) D = T Y with Y = diag(b) V - diag(b e^G) K S0: W and U
 // are never formed, and the scans run on wgmma with the state in their accumulators.
-// Forward:  chunk table -> prep (G, T, the q / k L2 row scales) -> state scan on wgmma (h, D when
-//           kept; the output formed in the scan) [-> output kernel when h, D are kept and the scan
-//           is one wave].
+// Forward:  chunk table -> prep (G, T by a register-tiled block solve, the q / k L2 row scales; one
+//           CTA per (chunk, key head)) -> state scan on wgmma (h, D when kept; the output formed
+//           in the scan) [-> output kernel when h, D are kept and the scan is one wave].
 // Backward: the same up to the scan, then the reverse scan on wgmma (dh, full dD, dD_local formed
 //           inside) -> per-chunk gradients on wgmma, one persistent kernel (dq^, dk^ per value head,
 //           dv, dg, dbeta; T from prep) -> group sum + L2-norm bwd.
@@ -324,17 +324,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// ---- prep: G, W, U per (chunk, value head) -----------------------------------------------------
-// Gc [T, Hv] = chunk-local cumsum of g; W [T, Hv, K] = T diag(b e^G) K^; U [T, Hv, V] = T diag(b) V,
-// per (chunk, value head), from the raw bf16 k and v rows (cp.async, 16-byte pieces) and the row
-// scales rs (formed here, below): A's k k^T products are exact (1 mma per k step), W's and U's B
+// ---- prep: G, T (W, U) per (chunk, value head) ------------------------------------------------
+// Gc [T, Hv] = chunk-local cumsum of g; T = (I + A)^-1 (solve_unit_lower, gdn_solve.h) as hi / lo
+// planes; with kWU (the mma.sync scans) also W [T, Hv, K] = T diag(b e^G) K^ and U [T, Hv, V] =
+// T diag(b) V; and the row scales rs (formed here, below). From the raw bf16 k (and v) rows
+// (cp.async, 16-byte pieces): A's k k^T products are exact (1 mma per k step), W's and U's B
 // operands too (the k-index scales b e^G rs_k and b go into T's columns), so the split costs 2 mma
 // there; W is stored as its hi / lo planes for the scans. The raw v rows load into A's region once
-// the solve has consumed A (under the W product): 54.0 KB of smem at K = V = 128, 4 CTAs per SM
-// (the kernel is barrier-bound: more CTAs cover the solve's idle warps; 3 with v in its own region).
-// Without W and U (the wgmma scans) T goes over k's rows: 37.9 KB, 5 CTAs per SM.
+// the solve has consumed A (under the W product): 57,344 bytes of smem at K = V = 128, 4 CTAs per SM.
+// Without W and U (the wgmma scans) T goes over k's rows: 39,936 bytes, 5 CTAs per SM; there one CTA
+// serves a key head and forms its value heads in turn (kGroup, 4 CTAs per SM where there are several).
 __host__ __device__ constexpr int prep_v_floats(int V) { return kC * raw_ld(V) / 2; }
-// kWU = false: T over k's rows (dead once k k^T is formed), 39.9 KB at K = 128: 5 CTAs per SM.
+// kWU = false: T over k's rows (dead once k k^T is formed), 39,936 bytes at K = 128.
 // kx: two 16 x 16 tiles of k k^T in the mma fragment order (warps 0, 1's second tiles).
 constexpr int kPrepKx = 2 * 8 * 32;
 int prep_smem_floats(int K, int V, bool kWU) {
