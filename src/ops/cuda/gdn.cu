@@ -2891,10 +2891,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
 // ---- backward: sum over each key head's value heads, then the L2-norm backward -------------------
 // Rows (token, key head, q or k), kQkRows per warp: dx = s (r dy - r^3 (x . dy) x), s = K^-1/2 for
 // q. Lane l owns the 4 elements 4l.. (K <= 128) of each row. The x loads and every load of a batch
-// of kQkHeads value heads are issued before any is used, for both of the warp's rows, at 4 CTAs per
-// SM (64 registers); the value heads are summed in head order. One row per warp reached ~2 TB/s
-// (0.102 ms at the 2B shape, now 0.080); four rows per warp (87 registers, 2 CTAs per SM) were
-// slower than one.
+// of kQkHeads value heads are issued before any is used, for all the warp's rows; the value heads
+// are summed in head order. Two instances, both 64 registers and 4 CTAs per SM: 2 rows x 2 heads
+// (several value heads per key head) and 4 rows x 1 head (one: 2B). One row per warp reached ~2 TB/s
+// (2B 0.102 ms; now 0.069); 4 rows x 2 heads at 87 registers (2 CTAs per SM) were slower than one.
 template <int kQkRows, int kQkHeads, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16* dqkv, const float* dqn,
                                                                            const float* dkn, const bf16* qkv, int T,
