@@ -279,6 +279,17 @@ TEST(CudaGdn, FourBHeadsKeptState) {
 TEST(CudaGdn, FourBHeadsSegmentEdgesStrongGates) {
   run_case({16, 32, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 27});
 }
+// The 2B head layout (one value head per key head, dk = dv = 128): the wgmma bwd_chunk applies the
+// L2-norm backward itself and writes dq, dk (no qk_grad). 17 chunks x 16 heads = 272 items, so the
+// persistent bwd_chunk walks two or three per CTA.
+TEST(CudaGdn, TwoBHeadsSegmentEdgesStrongGates) {
+  run_case({16, 16, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 28});
+}
+TEST(CudaGdn, TwoBHeadsKeptState) {
+  Case c{4, 4, 128, 128, {1, 65, 300, 2, 129, 64, 3, 200, 70}, Gate::Normal, Beta::Normal, 29};
+  c.keep_state = true;
+  run_case(c);
+}
 TEST(CudaGdn, RealHeadDimsSegmentEdgesKeptState) {
   Case c{2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 26};
   c.keep_state = true;

@@ -2203,7 +2203,8 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcRowA = 6 * kC /* [2][C] */, kBcColA = 8 * kC /* [4][C] */, kBcRedE = 12 * kC /* [8][C] */,
               kBcRedXi = 20 * kC, kBcRedS2 = 28 * kC, kBcRowF = 36 * kC /* [2][C] */, kBcColF = 38 * kC /* [4][C] */,
               kBcRowV = 42 * kC /* [2][C] */, kBcDg = 44 * kC, kBcDb = 45 * kC, kBcXi = 46 * kC, kBcG2 = 47 * kC /* G log2(e) */,
-              kBcSdot = 48 * kC /* [8] */, kBcFloats = 48 * kC + 8;
+              kBcDiag = 48 * kC, kBcQdot = 49 * kC, kBcKdot = 50 * kC /* L2-norm backward */,
+              kBcSdot = 51 * kC /* [8] */, kBcFloats = 51 * kC + 8;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 
 // A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
@@ -2386,6 +2387,37 @@ __device__ __forceinline__ void store_t(float* out, size_t ld, const float (&acc
     }
 }
 
+// The L2-norm backward of a transposed C x K result (dy^ = acc: rows d = d0 + r, columns i) written as
+// bf16 to out rows i < len (row stride ld): dx_i = r_i dy^_i - kf r_i^2 (x^_i . dy^_i) x_i, with x the raw
+// row at the accumulator positions (panel_frag<true>), r_i its scale (rq, rk: (ss + eps)^-1/2, times
+// K^-1/2 for q, so kf = K there and 1 for k) and dot[i] = x^_i . dy^_i. Lanes g, g ^ 1 exchange one
+// value per pair of columns, so each store is 2 consecutive d of one row (4 bytes).
+__device__ __forceinline__ void store_l2_t(bf16* out, size_t ld, const float (&acc)[kC / 2],
+                                           const uint32_t (&x)[kC / 4], const float* dot, const float* r, float kf,
+                                           int d0, int len) {
+  const auto [w, g, t] = wg_lane();
+  const int odd = g & 1;
+  bf16* p = out + static_cast<size_t>(2 * t + odd) * ld + d0 + 16 * w + g - odd;  // row 2 t + odd, column d
+  asm volatile("" : "+l"(p));
+#pragma unroll
+  for (int nb = 0; nb < kC / 8; ++nb) {
+    const float2 rr = ld_f2(r + 8 * nb + 2 * t), dd = ld_f2(dot + 8 * nb + 2 * t);
+    const float a[2] = {rr.x, rr.y}, c[2] = {kf * rr.x * rr.x * dd.x, kf * rr.y * rr.y * dd.y};
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float v[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = 4 * nb + 2 * hh + e;
+        v[e] = a[e] * acc[q] - c[e] * pair_at(x, q);
+      }
+      const float recv = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
+      const int i = 8 * nb + 2 * t + odd;
+      if (i < len) store_bf16x2(p + static_cast<size_t>(8 * nb) * ld + 8 * hh, odd ? recv : v[0], odd ? v[1] : recv);
+    }
+  }
+}
+
 // A C x C epilogue's thread (P1, Mx: m64n32, columns j0..j0 + 31 of the warpgroup): its rows
 // i0, i0 + 8 (i0 = 16 w + g) and columns j0 + 8 nb + 2 t + e (value c = 2 nb + e), with G log2(e)
 // and rk at them, read once. gam(hh, c) = e^{G_i - G_j}; i(hh), j(c) the indices.
@@ -2429,6 +2461,9 @@ struct CcThread {
   }
 };
 
+// kL2 (one value head per key head): the L2-norm backward runs here and dq, dk go to dqkv as bf16
+// (no qk_grad, no fp32 dqn / dkn); otherwise dq^, dk^ per value head go to dqn, dkn in fp32.
+template <bool kL2>
 __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
@@ -2697,6 +2732,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
         const int q = 4 * (c >> 1) + 2 * hh + (c & 1), i = ct.i(hh), j = ct.j(c);
         const float y = j <= i ? dp[q] * ct.gam(hh, c) : 0.f;
         const float pp = j < i ? y * qk[q] * rqi[hh] * ct.rkj[c] : 0.f;
+        if (kL2 && j == i) fl[kBcDiag + i] = y * qk[q] * rqi[hh] * ct.rkj[c];  // (q^_i . k^_i) Y_ii
         dp[q] = y;
         rsum[hh] += pp;
         csum[c] += pp;
@@ -2718,10 +2754,17 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + 2 * kDlPanel, true);
   bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + 3 * kDlPanel, true);
   wg::commit();
+  // kL2: q^_i . dq^_i = rq_i q_i . (E^T e^G)_i + sum_{j <= i} (q^_i . k^_j) Y_ij, from the dG partials
+  // (the P1 row sums leave the diagonal out), while the product runs; read after the next barrier.
+  if (kL2 && tid < kC) {
+    float qa = 0.f;
+    for (int p = 0; p < 8; ++p) qa += fl[kBcRedE + p * kC + tid];
+    fl[kBcQdot + tid] = rq[tid] * qa + fl[kBcRowA + tid] + fl[kBcRowA + kC + tid] + fl[kBcDiag + tid];
+  }
   wg::wait<0>();
   wg::fence_operands(eT);
   wg::fence_operands(fT);
-  store_t(dqn + ro, dk_ld, eT, d0, len);
+  if constexpr (!kL2) store_t(dqn + ro, dk_ld, eT, d0, len);
 
   // dT (columns l = 32 wgi ..): dT_ml = b_l (dD_m . v_l + e^{G_l} rk_l dW_m . k_l) for l < m, l < len.
   {
@@ -2750,6 +2793,12 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   }
   wg::fence_proxy_async();
   __syncthreads();  // dT planes complete; the Y planes and dW's are dead
+  if constexpr (kL2) {  // q is still in its region
+    uint32_t qx[kC / 4];
+    panel_frag<true>(qx, sQ, d0);
+    store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(kh) * D, conv_dim, eT, qx,
+               fl + kBcQdot, rq, static_cast<float>(D), d0, len);
+  }
   const int next = item + static_cast<int>(gridDim.x);
   const int4 nch = next < total ? table[next / Hv] : make_int4(0, 0, 0, 0);
   if (next < total) async_early_s0(next);
@@ -2847,7 +2896,11 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   wg::commit();
   wg::wait<0>();
   wg::fence_operands(fT);
-  store_t(dkn + ro, dk_ld, fT, d0, len);
+  uint32_t kx2[kC / 4];  // kL2: k at the accumulator positions, read before the next item's dS lands there
+  if constexpr (kL2)
+    panel_frag<true>(kx2, sK, d0);
+  else
+    store_t(dkn + ro, dk_ld, fT, d0, len);
   __syncthreads();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
   if (next < total) async_late(next, nch);
 
@@ -2856,16 +2909,17 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   float* dbv = fl + kBcDb;
   if (tid < kC) {
     const int i = tid;
-    float s = 0.f, qa = 0.f, xi = 0.f, s2 = 0.f, rf = 0.f, cf = 0.f, sv = 0.f;
+    float s = 0.f, qa = 0.f, xi = 0.f, s2 = 0.f, rf = 0.f, cf = 0.f, sv = 0.f, ca = 0.f;
     for (int p = 0; p < 2; ++p) {
       s += fl[kBcRowA + p * kC + i];
       rf += fl[kBcRowF + p * kC + i];
       sv += fl[kBcRowV + p * kC + i];
     }
     for (int p = 0; p < 4; ++p) {
-      s -= fl[kBcColA + p * kC + i];
+      ca += fl[kBcColA + p * kC + i];
       cf += fl[kBcColF + p * kC + i];
     }
+    s -= ca;
     for (int p = 0; p < 8; ++p) {
       qa += fl[kBcRedE + p * kC + i];
       xi += fl[kBcRedXi + p * kC + i];
@@ -2877,9 +2931,15 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     dGa[i] = s + rq[i] * qa - xi + b * rf - cf + b * e * s2;
     dbv[i] = rf + e * s2 + sv;
     fl[kBcXi + i] = xi;
+    // kL2: k^_i . dk^_i, term by term as dk^T's products: F^T, (T^T dW) b e^G, q^T Yq (the P1 column
+    // sums and the diagonal), k^T Pa (b F's row sums), k^T Pb (diag(b) F's column sums)
+    if constexpr (kL2) fl[kBcKdot + i] = xi + b * e * s2 + ca + fl[kBcDiag + i] + b * rf + cf;
   }
   __syncthreads();
   if (tid < 32) dg_reverse_cumsum(dGa, fl + kBcXi, fl + kBcSdot, egl);
+  if constexpr (kL2)
+    store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
+               fl + kBcKdot, rk, 1.f, d0, len);
   __syncthreads();
   if (tid < len) {
     dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
@@ -3283,12 +3343,17 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
 
   // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
   static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
+  // One value head per key head (2B): the wgmma bwd_chunk applies the L2-norm backward itself
+  // (QT_GDN_QK_GRAD_SEPARATE=1 keeps qk_grad, for A/B).
+  static const bool qk_grad_separate = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
+  const bool wg_bc = K == kDlD && V == kDlD && !mma_sync_bc, l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate;
   stage_begin(stream);
-  if (K == kDlD && V == kDlD && !mma_sync_bc) {
+  if (wg_bc) {
     // persistent: one CTA per SM walks the (chunk, head) items, so the next item's first tiles land
     // while the current one finishes
     const int grid = std::min(w.nc_max * Hv, sm_count());
-    launch_smem(gdn_bwd_chunk_wgmma_kernel, "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream,
+    launch_smem(l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
+                "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream,
                 w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl,
                 w.dDh, w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim);
   } else {
@@ -3299,6 +3364,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   }
   stage_end("gdn_bwd_chunk_kernel", stream);
 
+  if (l2_in_bwd_chunk) return;
   // One value head per key head (2B): no head batches, so four rows per warp fit in 64 registers.
   stage_begin(stream);
   auto qk_grad = [&](auto kernel, int rows_per_warp) {
