@@ -222,16 +222,18 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 
 // ---- chunk table -------------------------------------------------------------------------------
 // table[c] = {bos, len, seq, index in seq} for every chunk, seq_off[s] = first chunk of sample s,
-// seq_off[N] = *nchunks; seq_order[r] = the sample of rank r, longest first. One block of 1024
-// threads, each owning a run of samples.
+// seq_off[N] = *nchunks; seq_order[r] = the sample of rank r, longest first; rtable = the table's
+// entries ordered shortest sample first, with .w = the chunk's index in table (the order in which
+// a single wave of reverse-scan CTAs finishes: bwd_chunk's order when it starts beside that scan).
+// One block of 1024 threads, each owning a run of samples (of ranks, for rtable).
 // The scans are serial over a sample's chunks, so a long sample whose CTAs start in the last wave
 // sets the tail; their grid runs samples in seq_order (LPT). The order is a counting sort over the
 // clamped chunk count; within a count it is arbitrary and harmless, since every (sample, head,
 // column block) CTA's result is independent of when it runs.
 constexpr int kTableThreads = 1024, kOrderKeys = 1024;
-__global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* table, int* nchunks, int* seq_off,
-                                                                        int* seq_order, const int32_t* cu,
-                                                                        int num_seqs) {
+__global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* table, int4* rtable, int* nchunks,
+                                                                        int* seq_off, int* seq_order,
+                                                                        const int32_t* cu, int num_seqs) {
   __shared__ int sums[kTableThreads];
   __shared__ int count[kOrderKeys];
   const int tid = threadIdx.x, nt = kTableThreads;
@@ -265,6 +267,19 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   count[tid] = sums[tid] - mine;  // first rank of key tid
   __syncthreads();
   for (int s = s0; s < s1; ++s) seq_order[atomicAdd(&count[key_of((cu[s + 1] - cu[s] + kC - 1) / kC)], 1)] = s;
+  __syncthreads();  // seq_order and seq_off complete (global writes of this block)
+  // rtable: this thread's ranks s0..s1 - 1 counted from the shortest sample.
+  auto nchunks_of = [&](int s) { return (cu[s + 1] - cu[s] + kC - 1) / kC; };
+  local = 0;
+  for (int r = s0; r < s1; ++r) local += nchunks_of(seq_order[num_seqs - 1 - r]);
+  sums[tid] = local;
+  dev::block_inclusive_scan(sums);
+  base = sums[tid] - local;
+  for (int r = s0; r < s1; ++r) {
+    const int s = seq_order[num_seqs - 1 - r], bos = cu[s], len = cu[s + 1] - bos, n = nchunks_of(s);
+    for (int c = 0; c < n; ++c) rtable[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), s, seq_off[s] + c);
+    base += n;
+  }
 }
 
 // The scans' 1-D grid: block b runs column block b % cbs of head (b / cbs) % Hv of the sample of
@@ -1030,13 +1045,13 @@ __device__ __forceinline__ void store_planes_t(bf16* hi, bf16* lo, size_t ld, in
 // A wgmma scan CTA's (sample, value head) from the 1-D grid (scan_block at bv = dv), the sample's
 // first row, length, chunk count and first chunk.
 struct WgScanCta {
-  int head, kh, bos, len, n, first;
+  int head, kh, bos, len, n, first, s;
 };
 __device__ __forceinline__ WgScanCta wg_scan_cta(const int* seq_order, const int32_t* cu, const int* seq_off, int Hk,
                                                  int Hv) {
   const ScanBlock sb = scan_block(seq_order, Hv, kDlD, kDlD);
   const int bos = cu[sb.s], len = cu[sb.s + 1] - bos;
-  return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s]};
+  return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s], sb.s};
 }
 // The first 1024-byte-aligned address of dynamic smem (the 128-byte swizzle's panels need it).
 __device__ __forceinline__ char* align1024(unsigned char* smem) {
@@ -1581,9 +1596,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                                                                     const float* beta, const bf16* d_o,
                                                                     const int32_t* cu, const int* seq_off,
                                                                     const int* seq_order, int Hk, int Hv,
-                                                                    int conv_dim) {
+                                                                    int conv_dim, int* done) {
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
+  // bwd_chunk may be launched beside this grid (programmatic dependent launch) once every CTA of
+  // it is running; it waits for each (sample, head)'s `done` flag before reading its dh, dD.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -1769,6 +1787,15 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     wg::fence_operands(sT);
   }
   cp_async_wait<0>();
+  if (done != nullptr) {
+    __syncthreads();  // every thread's dh, dD stores issued
+    if (tid == 0) {
+      __threadfence();  // ... and visible to the GPU before the flag (cumulative through the barrier)
+      asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(cta.s) * Hv + head),
+                   "r"(1)
+                   : "memory");
+    }
+  }
 }
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
@@ -2204,7 +2231,8 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcRedXi = 20 * kC, kBcRedS2 = 28 * kC, kBcRowF = 36 * kC /* [2][C] */, kBcColF = 38 * kC /* [4][C] */,
               kBcRowV = 42 * kC /* [2][C] */, kBcDg = 44 * kC, kBcDb = 45 * kC, kBcXi = 46 * kC, kBcG2 = 47 * kC /* G log2(e) */,
               kBcDiag = 48 * kC, kBcQdot = 49 * kC, kBcKdot = 50 * kC /* L2-norm backward */,
-              kBcSdot = 51 * kC /* [8] */, kBcFloats = 51 * kC + 8;
+              kBcSdot = 51 * kC /* [8] */, kBcNext = 51 * kC + 8 /* int: the next item */,
+              kBcFloats = 51 * kC + 9;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 
 // A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
@@ -2465,10 +2493,10 @@ struct CcThread {
 // (no qk_grad, no fp32 dqn / dkn); otherwise dq^, dk^ per value head go to dqn, dkn in fp32.
 template <bool kL2>
 __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
-    float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
+    float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
-    const bf16* Tl, int Hk, int Hv, int conv_dim) {
+    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done, int* work) {
   constexpr int D = kDlD;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* sm = align1024(smem_raw);
@@ -2477,9 +2505,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   float* fl = reinterpret_cast<float*>(sm + kBcTiles);
   float *gs = fl + kBcGs, *bs = fl + kBcBs, *eg = fl + kBcEg, *ekl = fl + kBcEkl, *rq = fl + kBcRq, *rk = fl + kBcRk;
   const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
-  // cp.async of the fp32 state rows 64 half .. + 63 of (chunk, head) item (32 KB, fragment-native).
-  auto async_state_half = [&](char* dst, const float* src, int item, int half) {
-    const float* p = src + static_cast<size_t>(item) * D * D + half * (D * D / 2);
+  // cp.async of the fp32 state rows 64 half .. + 63 of item's (chunk chn.w, head) (32 KB,
+  // fragment-native; the states are stored chunk-major).
+  auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half) {
+    const float* p = src + (static_cast<size_t>(chn.w) * Hv + item % Hv) * D * D + half * (D * D / 2);
 #pragma unroll 4
     for (int u = 0; u < D * D / 8 / 256; ++u) {
       const int e4 = tid_x() + 256 * u;
@@ -2492,12 +2521,23 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // The next item's operands that can land while this one finishes, each as soon as its region is
   // free: S0 (Y's and W's regions, after dT), dD (after dv), D and dS's second half (D's, v's and T's
   // regions, after Mx). One cp.async group each.
-  auto async_early_s0 = [&](int item) {
-    async_state_half(sY, h, item, 0);
-    async_state_half(sW, h, item, 1);
+  auto async_early_s0 = [&](int item, int4 chn) {
+    async_state_half(sY, h, item, chn, 0);
+    async_state_half(sW, h, item, chn, 1);
     cp_async_commit();
   };
+  // dD is the first of the reverse scan's outputs an item reads: beside that scan, wait for its
+  // (sample, head) first (every thread, each acquiring for its own cp.async reads).
   auto async_early_dd = [&](int item, int4 chn) {
+    if (done != nullptr) {
+      const int* f = done + static_cast<size_t>(chn.z) * Hv + item % Hv;
+      for (;;) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+        if (v != 0) break;
+        __nanosleep(200);
+      }
+    }
     const size_t r = item_ro(item, chn);
     async_panels<256>(sDD, dDgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
@@ -2507,13 +2547,13 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     const size_t r = item_ro(item, chn);
     async_panels<256>(sD, Dgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, chn.y, tid_x());
-    async_state_half(sV, dh, item, 1);
+    async_state_half(sV, dh, item, chn, 1);
     cp_async_commit();
   };
   // dS's first half (q, k regions) and dO (dO's region), the last of an item's state-product
   // operands: issued once the previous item's final dk^ product has read k, Pa and Pb there.
   auto async_late = [&](int item, int4 chn) {
-    async_state_half(sQ, dh, item, 0);
+    async_state_half(sQ, dh, item, chn, 0);
     cp_async_commit();
     async_panels<256>(sO, d_o + item_ro(item, chn), vh_ld, chn.y, tid_x());
     cp_async_commit();
@@ -2546,25 +2586,35 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     if (t < x.ch.y) x.r = reinterpret_cast<const float2*>(rs)[(row0 + t) * Hk + hd / (Hv / Hk)];
     return x;
   };
-  // Persistent: items (chunk, head) = blockIdx.x, + gridDim.x, ..; chunk-major.
+  // Persistent: item k is (chunk rtable[k / Hv].w, head k % Hv): chunk-major, shortest sample first.
+  // A CTA walks blockIdx.x, + gridDim.x, ..; or, beside the reverse scan (work != nullptr), takes
+  // its items from the counter `work` one item ahead, so CTAs that start early take more of them.
   const int total = *nchunks * Hv;
-  ItemGates ig{};
-  if (static_cast<int>(blockIdx.x) < total) {
-    const int4 chn = table[blockIdx.x / Hv];
-    async_early_s0(blockIdx.x);
-    async_early_dd(blockIdx.x, chn);
-    async_early_d(blockIdx.x, chn);
-    ig = item_gates(blockIdx.x, chn);
-    async_late(blockIdx.x, chn);
+  int item = blockIdx.x;
+  if (work != nullptr) {
+    if (threadIdx.x == 0) fl[kBcNext] = __int_as_float(atomicAdd(work, 1));
+    __syncthreads();
+    item = __float_as_int(fl[kBcNext]);
+    __syncthreads();  // read by all before the first item's claim overwrites it
   }
-  for (int item = blockIdx.x; item < total; item += gridDim.x) {
+  ItemGates ig{};
+  if (item < total) {
+    const int4 chn = rtable[item / Hv];
+    async_early_s0(item, chn);
+    async_early_dd(item, chn);
+    async_early_d(item, chn);
+    ig = item_gates(item, chn);
+    async_late(item, chn);
+  }
+  while (item < total) {
   const int tid = tid_x(), lane = tid & 31;
   // warp-uniform by construction (a shuffle from lane 0), so the descriptors built from them can sit
   // in uniform registers
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), wgi = warp >> 2;
   const int d0 = 64 * wgi;  // this warpgroup's rows d of the transposed results
-  const int c = item / Hv, head = item - c * Hv;
+  if (work != nullptr && tid == 0) fl[kBcNext] = __int_as_float(atomicAdd(work, 1));  // read after dT
   const int4 ch = ig.ch;
+  const int c = ch.w, head = item % Hv;
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
   const size_t ro = item_ro(item, ch);  // row 0 of this head in [T, Hv, D] tensors
@@ -2799,9 +2849,9 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(kh) * D, conv_dim, eT, qx,
                fl + kBcQdot, rq, static_cast<float>(D), d0, len);
   }
-  const int next = item + static_cast<int>(gridDim.x);
-  const int4 nch = next < total ? table[next / Hv] : make_int4(0, 0, 0, 0);
-  if (next < total) async_early_s0(next);
+  const int next = work != nullptr ? __float_as_int(fl[kBcNext]) : item + static_cast<int>(gridDim.x);
+  const int4 nch = next < total ? rtable[next / Hv] : make_int4(0, 0, 0, 0);
+  if (next < total) async_early_s0(next, nch);
   // dv = diag(b) T^T dD (columns n = 64 wgi ..), and v . (T^T dD) per row (dbeta): here, so that dD's
   // and v's regions are free for the next item before this one's last phase.
   {
@@ -2945,6 +2995,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
     dbeta[static_cast<size_t>(bos + tid) * Hv + head] = dbv[tid];
   }
+  item = next;
   }  // items
 }
 
@@ -3034,10 +3085,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16*
 // ---- workspace -----------------------------------------------------------------------------------
 struct Workspace {
   int4* table;
+  int4* rtable;  // the table shortest sample first (.w: chunk index), bwd_chunk's item order
   int* nchunks;
   int* seq_off;
   int* seq_order;  // samples longest first (the scans' CTA order)
-  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
+  int* done;  // [N, Hv]: the reverse scan has finished (sample, head) (bwd_chunk beside the scan), then
+              // bwd_chunk's item counter  // dD: U (mma.sync scans) in the forward, dD_local in the backward
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K] (mma.sync scans only)
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
@@ -3072,6 +3126,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   Workspace ws{};
   ws.nc_max = nc;
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
+  ws.rtable = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.nchunks = reinterpret_cast<int*>(take(sizeof(int)));
   ws.seq_off = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 1) * sizeof(int)));
   ws.seq_order = reinterpret_cast<int*>(take(static_cast<size_t>(a.num_seqs) * sizeof(int)));
@@ -3095,6 +3150,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
+  ws.done = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) * Hv + 1) * sizeof(int)));  // + bwd_chunk's counter
   if (w) *w = ws;
   return {state_bytes, off};
 }
@@ -3209,8 +3265,8 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
-  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
-                                                          a.num_seqs);
+  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, w.rtable, w.nchunks, w.seq_off, w.seq_order,
+                                                          a.cu_seqlens, a.num_seqs);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
@@ -3286,6 +3342,27 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   stage_end("gdn_output_kernel", stream);
 }
 
+// launch_smem, with programmatic dependent launch where `beside`: the kernel may then start once
+// every CTA of the previous kernel in the stream has run griddepcontrol.launch_dependents (or
+// exited), so it must wait for what it reads of that kernel's results by itself.
+template <class... P, class... A>
+void launch_smem_beside(bool beside, void (*kernel)(P...), const char* what, dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, A&&... args) {
+  set_smem(kernel, smem);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = beside ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+  QT_LAUNCH_CHECK(what);
+}
+
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
                   const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream, const void* state) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
@@ -3322,12 +3399,24 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_prep_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
+  // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
+  static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
+  const bool wg_bc = K == kDlD && V == kDlD && !mma_sync_bc;
+  // After the wgmma reverse scan, the wgmma bwd_chunk starts beside it (programmatic dependent
+  // launch) on the SMs its finished CTAs leave, each item waiting for its (sample, head)'s flag:
+  // one wave of scan CTAs (2B) leaves a third of the SMs idle while the longest samples finish.
+  // QT_GDN_BWD_CHUNK_AFTER_SCAN=1 launches it after the scan, for A/B.
+  static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
+  const bool beside = wg_scan && wg_bc && !after_scan;
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
     auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
+    if (beside)
+      CUDA_CHECK(cudaMemsetAsync(w.done, 0, (static_cast<size_t>(a.num_seqs) * Hv + 1) * sizeof(int), stream));
     stage_begin(stream);
     launch_smem(kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh, w.dDh, w.dDl, w.dD,
-                w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
+                w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim,
+                beside ? w.done : nullptr);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
@@ -3341,21 +3430,20 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     stage_end("gdn_scan_bwd_kernel", stream);
   }
 
-  // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
-  static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
   // One value head per key head (2B): the wgmma bwd_chunk applies the L2-norm backward itself
   // (QT_GDN_QK_GRAD_SEPARATE=1 keeps qk_grad, for A/B).
   static const bool qk_grad_separate = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
-  const bool wg_bc = K == kDlD && V == kDlD && !mma_sync_bc, l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate;
+  const bool l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate;
   stage_begin(stream);
   if (wg_bc) {
     // persistent: one CTA per SM walks the (chunk, head) items, so the next item's first tiles land
     // while the current one finishes
     const int grid = std::min(w.nc_max * Hv, sm_count());
-    launch_smem(l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
-                "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream,
-                w.dqn, w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl,
-                w.dDh, w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim);
+    launch_smem_beside(beside, l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
+                       "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream, w.dqn, w.dkn,
+                       static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
+                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, beside ? w.done : nullptr,
+                       beside ? w.done + static_cast<size_t>(a.num_seqs) * Hv : nullptr);
   } else {
     const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
     launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
