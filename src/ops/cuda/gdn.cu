@@ -1053,6 +1053,32 @@ __device__ __forceinline__ WgScanCta wg_scan_cta(const int* seq_order, const int
   const int bos = cu[sb.s], len = cu[sb.s + 1] - bos;
   return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s], sb.s};
 }
+// Kernels beside a scan (programmatic dependent launch: gdn_backward) read a (sample, head)'s results
+// once its flag is set. The scan CTA's end: the flag after every thread's stores, which the barrier
+// and thread 0's fence make visible to the GPU first (the fence is cumulative).
+__device__ __forceinline__ void signal_done(int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(s) * Hv + head), "r"(1)
+                 : "memory");
+  }
+}
+// Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
+// included, see them.
+__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  const int* f = done + static_cast<size_t>(s) * Hv + head;
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    if (v != 0) return;
+    __nanosleep(200);
+  }
+}
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // The first 1024-byte-aligned address of dynamic smem (the 128-byte swizzle's panels need it).
 __device__ __forceinline__ char* align1024(unsigned char* smem) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1180,9 +1206,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                                                     const float* rs, const float* Gc,
                                                                     const float* beta, const int32_t* cu,
                                                                     const int* seq_off, const int* seq_order, int Hk,
-                                                                    int Hv, int conv_dim) {
+                                                                    int Hv, int conv_dim, int* done) {
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
+  // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
+  // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
+  if constexpr (!kOut) launch_dependents();
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
   const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
@@ -1361,6 +1390,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     }
   }
   cp_async_wait<0>();
+  if constexpr (!kOut) signal_done(done, cta.s, Hv, head);
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
@@ -1599,9 +1629,9 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                                                                     int conv_dim, int* done) {
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
-  // bwd_chunk may be launched beside this grid (programmatic dependent launch) once every CTA of
-  // it is running; it waits for each (sample, head)'s `done` flag before reading its dh, dD.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // bwd_chunk may be launched beside this grid once every CTA of it is running; it waits for each
+  // (sample, head)'s `done` flag before reading its dh, dD.
+  launch_dependents();
   const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -1787,15 +1817,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     wg::fence_operands(sT);
   }
   cp_async_wait<0>();
-  if (done != nullptr) {
-    __syncthreads();  // every thread's dh, dD stores issued
-    if (tid == 0) {
-      __threadfence();  // ... and visible to the GPU before the flag (cumulative through the barrier)
-      asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(cta.s) * Hv + head),
-                   "r"(1)
-                   : "memory");
-    }
-  }
+  signal_done(done, cta.s, Hv, head);
 }
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
@@ -2496,7 +2518,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
-    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done, int* work) {
+    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done_fwd, const int* done, int* work) {
   constexpr int D = kDlD;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* sm = align1024(smem_raw);
@@ -2522,22 +2544,15 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // free: S0 (Y's and W's regions, after dT), dD (after dv), D and dS's second half (D's, v's and T's
   // regions, after Mx). One cp.async group each.
   auto async_early_s0 = [&](int item, int4 chn) {
+    wait_done(done_fwd, chn.z, Hv, item % Hv);
     async_state_half(sY, h, item, chn, 0);
     async_state_half(sW, h, item, chn, 1);
     cp_async_commit();
   };
-  // dD is the first of the reverse scan's outputs an item reads: beside that scan, wait for its
-  // (sample, head) first (every thread, each acquiring for its own cp.async reads).
+  // S0 and dD are the first of the forward scan's and the reverse scan's outputs an item reads:
+  // beside those scans, wait for their (sample, head) first.
   auto async_early_dd = [&](int item, int4 chn) {
-    if (done != nullptr) {
-      const int* f = done + static_cast<size_t>(chn.z) * Hv + item % Hv;
-      for (;;) {
-        int v;
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-        if (v != 0) break;
-        __nanosleep(200);
-      }
-    }
+    wait_done(done, chn.z, Hv, item % Hv);
     const size_t r = item_ro(item, chn);
     async_panels<256>(sDD, dDgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
@@ -3090,8 +3105,8 @@ struct Workspace {
   int* seq_off;
   int* seq_order;  // samples longest first (the scans' CTA order)
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
-  int* done;  // [N, Hv]: the reverse scan has finished (sample, head) (bwd_chunk beside the scan), then
-              // bwd_chunk's item counter  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+  int* done;  // [2][N, Hv]: the forward, the reverse scan has stored (sample, head) (gdn_backward's
+              // kernels beside one another), then bwd_chunk's item counter  // dD: U (mma.sync scans) in the forward, dD_local in the backward
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K] (mma.sync scans only)
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
@@ -3150,7 +3165,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
-  ws.done = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) * Hv + 1) * sizeof(int)));  // + bwd_chunk's counter
+  ws.done = reinterpret_cast<int*>(take((2 * static_cast<size_t>(a.num_seqs) * Hv + 1) * sizeof(int)));
   if (w) *w = ws;
   return {state_bytes, off};
 }
@@ -3260,8 +3275,10 @@ void stage_end(const char* name, cudaStream_t stream) {
 // CTAs (2B: 8 samples x 16 heads on 132 SMs), every CTA's chain is the critical path and the output
 // kernel beside it is cheaper (training path 1.38 against 1.40 ms fused); with more CTAs than SMs,
 // or with nothing to store, the fused output wins (4B: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
+// done != nullptr: the wgmma scan flags each (sample, head) when its h and D are stored (gdn_backward's
+// kernels beside it).
 bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
-                    bool for_backward, bf16* out, cudaStream_t stream) {
+                    bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
@@ -3291,7 +3308,7 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     stage_begin(stream);
     launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, keep ? w.h : nullptr,
                 keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, fuse ? out : nullptr, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
-                a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim);
+                a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim, done);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return fuse;
   }
@@ -3370,18 +3387,35 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const Workspace w = place(a, workspace, const_cast<void*>(state));
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
-  if (state == nullptr) forward_common(w, x, g, beta, a, true, nullptr, stream);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
+  static const bool separate = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0,  // read once, as column_block's
+                    mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;
+  // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
+  static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
+  const bool wg_scan = wgmma_scans(K, V), wg_bc = K == kDlD && V == kDlD && !mma_sync_bc;
+  // The wgmma kernels run beside one another (programmatic dependent launch), each waiting only for
+  // what it reads: the reverse scan needs none of the recomputed forward scan's results (only prep's),
+  // so it starts on the SMs the forward's finished CTAs leave; bwd_chunk starts beside the reverse
+  // scan and waits per (sample, head) for both scans' flags, taking items from a counter, shortest
+  // sample first. With the scans' CTAs longest sample first, the short samples' SMs would otherwise
+  // idle while the longest chains finish (2B: one wave of 128 CTAs). QT_GDN_BWD_CHUNK_AFTER_SCAN=1
+  // launches each after the one before, for A/B.
+  static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
+  const bool beside = wg_scan && wg_bc && !after_scan, rev_beside = beside && state == nullptr && !separate;
+  const size_t nflags = static_cast<size_t>(a.num_seqs) * Hv;
+  int* done_fwd = rev_beside ? w.done : nullptr;
+  int* done_rev = beside ? w.done + nflags : nullptr;
+  int* work = beside ? w.done + 2 * nflags : nullptr;
+  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, (2 * nflags + 1) * sizeof(int), stream));
+  if (state == nullptr) forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd);
 
   // A separate dlocal kernel (QT_GDN_DLOCAL_SEPARATE=1, or where no reverse scan forms dD_local) is the
   // wgmma one at dk = dv = 128; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
   const int bv = column_block(K, V, a.num_v_heads, true), scan_thr = scan_threads(K, bv);
-  static const bool separate = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0,  // read once, as column_block's
-                    mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;
   // dD_local is formed inside the reverse scan (the wgmma one, or the mma.sync one where it fits)
   // unless QT_GDN_DLOCAL_SEPARATE=1; otherwise by a dlocal kernel first.
-  const bool wg_scan = wgmma_scans(K, V), in_scan = !separate && (wg_scan || scan_bwd_fused(K, bv));
+  const bool in_scan = !separate && (wg_scan || scan_bwd_fused(K, bv));
   const bool fused = in_scan && !wg_scan;  // the mma.sync reverse scan's fused variant
   if (!in_scan) {
     stage_begin(stream);
@@ -3399,24 +3433,13 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Row scales of q, k for the reverse scan and bwd_chunk: written by gdn_prep_kernel into the
   // state (kept by the forward, or recomputed above).
   const float* rs = w.rs;
-  // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
-  static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
-  const bool wg_bc = K == kDlD && V == kDlD && !mma_sync_bc;
-  // After the wgmma reverse scan, the wgmma bwd_chunk starts beside it (programmatic dependent
-  // launch) on the SMs its finished CTAs leave, each item waiting for its (sample, head)'s flag:
-  // one wave of scan CTAs (2B) leaves a third of the SMs idle while the longest samples finish.
-  // QT_GDN_BWD_CHUNK_AFTER_SCAN=1 launches it after the scan, for A/B.
-  static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
-  const bool beside = wg_scan && wg_bc && !after_scan;
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
     auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
-    if (beside)
-      CUDA_CHECK(cudaMemsetAsync(w.done, 0, (static_cast<size_t>(a.num_seqs) * Hv + 1) * sizeof(int), stream));
     stage_begin(stream);
-    launch_smem(kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh, w.dDh, w.dDl, w.dD,
-                w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim,
-                beside ? w.done : nullptr);
+    launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh,
+                       w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk,
+                       Hv, conv_dim, done_rev);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
@@ -3442,8 +3465,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     launch_smem_beside(beside, l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
                        "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream, w.dqn, w.dkn,
                        static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
-                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, beside ? w.done : nullptr,
-                       beside ? w.done + static_cast<size_t>(a.num_seqs) * Hv : nullptr);
+                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work);
   } else {
     const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
     launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
