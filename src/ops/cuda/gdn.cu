@@ -223,7 +223,7 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 // ---- chunk table -------------------------------------------------------------------------------
 // table[c] = {bos, len, seq, index in seq} for every chunk, seq_off[s] = first chunk of sample s,
 // seq_off[N] = *nchunks; seq_order[r] = the sample of rank r, longest first; rtable = the table's
-// entries ordered shortest sample first, with .w = the chunk's index in table (the order in which
+// entries ordered shortest sample first, with .w = the chunk's index in table (nullptr: not built; the order in which
 // a single wave of reverse-scan CTAs finishes: bwd_chunk's order when it starts beside that scan).
 // One block of 1024 threads, each owning a run of samples (of ranks, for rtable).
 // The scans are serial over a sample's chunks, so a long sample whose CTAs start in the last wave
@@ -267,6 +267,7 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   count[tid] = sums[tid] - mine;  // first rank of key tid
   __syncthreads();
   for (int s = s0; s < s1; ++s) seq_order[atomicAdd(&count[key_of((cu[s + 1] - cu[s] + kC - 1) / kC)], 1)] = s;
+  if (rtable == nullptr) return;  // a forward that keeps nothing for the backward
   __syncthreads();  // seq_order and seq_off complete (global writes of this block)
   // rtable: this thread's ranks s0..s1 - 1 counted from the shortest sample.
   auto nchunks_of = [&](int s) { return (cu[s + 1] - cu[s] + kC - 1) / kC; };
@@ -3282,7 +3283,8 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   stage_begin(stream);
-  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, w.rtable, w.nchunks, w.seq_off, w.seq_order,
+  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward ? w.rtable : nullptr, w.nchunks,
+                                                          w.seq_off, w.seq_order,
                                                           a.cu_seqlens, a.num_seqs);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
