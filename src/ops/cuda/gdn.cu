@@ -370,6 +370,32 @@ __device__ __forceinline__ void lower_tile(int idx, int& m0, int& n0) {
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
 // kGroup (the wgmma scans' prep at more than one value head per key head): the CTA loops over the
 // group's value heads, holding k k^T through the loop: 64 registers, 4 CTAs per SM; otherwise 48, 5.
+// Kernels beside a scan (programmatic dependent launch: gdn_forward, gdn_backward) read a (sample,
+// head)'s results once its flag is set. The scan CTA's end: the flag after every thread's stores,
+// which the barrier and thread 0's fence make visible to the GPU first (the fence is cumulative).
+__device__ __forceinline__ void signal_done(int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(s) * Hv + head), "r"(1)
+                 : "memory");
+  }
+}
+// Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
+// included, see them.
+__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  const int* f = done + static_cast<size_t>(s) * Hv + head;
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    if (v != 0) return;
+    __nanosleep(200);
+  }
+}
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 template <bool kWU, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
@@ -742,15 +768,19 @@ int out_smem_floats(int K, int V) {
 }
 
 // O = diag(e^G rq) (q S0) + P D, per (chunk, value head).
+// A 1-D grid, heads fastest, over the entries of `table` (the chunk table, or rtable: shortest sample
+// first, the order in which a single wave of scan CTAs finishes). done != nullptr: launched beside
+// the scan, a CTA waits for its (sample, head)'s flag first.
 __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* table, const int* nchunks,
                                                               const float* rs, const bf16* qkv, const float* Gc,
                                                               const bf16* Dgh, const bf16* Dgl, const float* h,
                                                               int Hk, int Hv,
-                                                              int K, int V, int conv_dim) {
-  const int c = blockIdx.x, head = blockIdx.y;
-  if (c >= *nchunks) return;
-  const int4 ch = table[c];
-  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+                                                              int K, int V, int conv_dim, const int* done) {
+  const int e = static_cast<int>(blockIdx.x) / Hv, head = static_cast<int>(blockIdx.x) % Hv;
+  if (e >= *nchunks) return;
+  const int4 ch = table[e];
+  const int c = ch.w, bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  wait_done(done, ch.z, Hv, head);
   extern __shared__ float smem[];
   Carve cv{smem};
   const int ldr = raw_ld(K), ldd = raw_ld(V);
@@ -1054,32 +1084,6 @@ __device__ __forceinline__ WgScanCta wg_scan_cta(const int* seq_order, const int
   const int bos = cu[sb.s], len = cu[sb.s + 1] - bos;
   return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s], sb.s};
 }
-// Kernels beside a scan (programmatic dependent launch: gdn_backward) read a (sample, head)'s results
-// once its flag is set. The scan CTA's end: the flag after every thread's stores, which the barrier
-// and thread 0's fence make visible to the GPU first (the fence is cumulative).
-__device__ __forceinline__ void signal_done(int* done, int s, int Hv, int head) {
-  if (done == nullptr) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(s) * Hv + head), "r"(1)
-                 : "memory");
-  }
-}
-// Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
-// included, see them.
-__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
-  if (done == nullptr) return;
-  const int* f = done + static_cast<size_t>(s) * Hv + head;
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-    if (v != 0) return;
-    __nanosleep(200);
-  }
-}
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-
 // The first 1024-byte-aligned address of dynamic smem (the 128-byte swizzle's panels need it).
 __device__ __forceinline__ char* align1024(unsigned char* smem) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -3276,20 +3280,29 @@ void stage_end(const char* name, cudaStream_t stream) {
 // CTAs (2B: 8 samples x 16 heads on 132 SMs), every CTA's chain is the critical path and the output
 // kernel beside it is cheaper (training path 1.38 against 1.40 ms fused); with more CTAs than SMs,
 // or with nothing to store, the fused output wins (4B: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
-// done != nullptr: the wgmma scan flags each (sample, head) when its h and D are stored (gdn_backward's
-// kernels beside it).
+// done != nullptr: the wgmma scan flags each (sample, head) when its h and D are stored (the kernels
+// beside it).
+bool output_in_scan(const GdnArgs& a, bool for_backward, bool has_out) {
+  // QT_GDN_OUTPUT_FUSED=1: always where the scan is the wgmma one, for A/B.
+  static const bool separate_output = env_knob("QT_GDN_OUTPUT_SEPARATE", {1}) != 0,
+                    fused_output = env_knob("QT_GDN_OUTPUT_FUSED", {1}) != 0;
+  return wgmma_scans(a.k_head_dim, a.v_head_dim) && has_out && !separate_output &&
+         (fused_output || !for_backward || static_cast<int64_t>(a.num_seqs) * a.num_v_heads > sm_count());
+}
 bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
-  stage_begin(stream);
-  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward ? w.rtable : nullptr, w.nchunks,
-                                                          w.seq_off, w.seq_order,
-                                                          a.cu_seqlens, a.num_seqs);
-  QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
-  stage_end("gdn_chunk_table_kernel", stream);
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
   const bool wg_scans = wgmma_scans(K, V);
+  const bool fuse = output_in_scan(a, for_backward, out != nullptr);
+  stage_begin(stream);
+  // rtable: bwd_chunk's and the output kernel's order, not needed by a plain forward with the output fused.
+  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward || !fuse ? w.rtable : nullptr,
+                                                          w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
+                                                          a.num_seqs);
+  QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
+  stage_end("gdn_chunk_table_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
   stage_begin(stream);
@@ -3300,9 +3313,6 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
               conv_dim);
   stage_end("gdn_prep_kernel", stream);
   if (wg_scans) {
-    static const bool separate_output = env_knob("QT_GDN_OUTPUT_SEPARATE", {1}) != 0;
-    const bool fuse = out != nullptr && !separate_output &&
-                      (!for_backward || static_cast<int64_t>(a.num_seqs) * Hv > sm_count());
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
     auto kernel = fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true>)
@@ -3350,36 +3360,23 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
   const Workspace w = place(a, workspace, state);
   const bf16* x = static_cast<const bf16*>(qkv);
-  // A kept state is computed at the backward's precision, so reusing it changes nothing.
-  if (forward_common(w, x, g, beta, a, state != nullptr, static_cast<bf16*>(o), stream)) return;
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
+  // Where the output kernel follows the wgmma scan (one wave of scan CTAs with the state kept: 2B),
+  // it starts beside it (programmatic dependent launch) on the SMs the short samples' CTAs leave,
+  // each CTA waiting for its (sample, head)'s flag, shortest sample first (rtable).
+  // QT_GDN_OUTPUT_AFTER_SCAN=1 launches it after the scan, for A/B.
+  static const bool after_scan = env_knob("QT_GDN_OUTPUT_AFTER_SCAN", {1}) != 0;
+  const bool beside = wgmma_scans(K, V) && !output_in_scan(a, state != nullptr, true) && !after_scan;
+  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(a.num_seqs) * Hv * sizeof(int), stream));
+  // A kept state is computed at the backward's precision, so reusing it changes nothing.
+  if (forward_common(w, x, g, beta, a, state != nullptr, static_cast<bf16*>(o), stream, beside ? w.done : nullptr))
+    return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
-  launch_smem(gdn_output_kernel, "gdn_output_kernel", dim3(w.nc_max, Hv), kThreads, bytes, stream,
-              static_cast<bf16*>(o), w.table, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
-              2 * Hk * K + Hv * V);
+  launch_smem_beside(beside, gdn_output_kernel, "gdn_output_kernel", dim3(w.nc_max * Hv), kThreads, bytes, stream,
+                     static_cast<bf16*>(o), w.rtable, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
+                     2 * Hk * K + Hv * V, beside ? w.done : nullptr);
   stage_end("gdn_output_kernel", stream);
-}
-
-// launch_smem, with programmatic dependent launch where `beside`: the kernel may then start once
-// every CTA of the previous kernel in the stream has run griddepcontrol.launch_dependents (or
-// exited), so it must wait for what it reads of that kernel's results by itself.
-template <class... P, class... A>
-void launch_smem_beside(bool beside, void (*kernel)(P...), const char* what, dim3 grid, dim3 block, size_t smem,
-                        cudaStream_t stream, A&&... args) {
-  set_smem(kernel, smem);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = beside ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-  QT_LAUNCH_CHECK(what);
 }
 
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,

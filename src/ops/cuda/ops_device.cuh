@@ -223,4 +223,24 @@ void launch_smem(void (*kernel)(P...), const char* what, dim3 grid, dim3 block, 
   kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
   QT_LAUNCH_CHECK(what);
 }
+// launch_smem, with programmatic dependent launch where `beside`: the kernel may then start once
+// every CTA of the previous kernel in the stream has run griddepcontrol.launch_dependents (or
+// exited), so it must wait for what it reads of that kernel's results by itself.
+template <class... P, class... A>
+void launch_smem_beside(bool beside, void (*kernel)(P...), const char* what, dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, A&&... args) {
+  set_smem(kernel, smem);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = beside ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+  QT_LAUNCH_CHECK(what);
+}
 }  // namespace qt::cuda
