@@ -3278,8 +3278,9 @@ void stage_end(const char* name, cudaStream_t stream) {
 // formed by the wgmma scan where it runs (QT_GDN_OUTPUT_SEPARATE=1 keeps the output kernel, for A/B
 // runs); returns whether it was. When h and D are stored anyway and the scan is a single wave of
 // CTAs (2B: 8 samples x 16 heads on 132 SMs), every CTA's chain is the critical path and the output
-// kernel beside it is cheaper (training path 1.38 against 1.40 ms fused); with more CTAs than SMs,
-// or with nothing to store, the fused output wins (4B: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
+// kernel beside it (gdn_forward) is cheaper: 2B kept forward 0.287 ms against 0.343 fused, 0.350 with
+// the output kernel after the scan. With more CTAs than SMs, or with nothing to store, the fused
+// output wins (4B, an earlier round: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
 // done != nullptr: the wgmma scan flags each (sample, head) when its h and D are stored (the kernels
 // beside it).
 bool output_in_scan(const GdnArgs& a, bool for_backward, bool has_out) {
