@@ -18,10 +18,14 @@
 // are never formed, and the scans run on wgmma with the state in their accumulators.
 // Forward:  chunk table -> prep (G, T by a register-tiled block solve, the q / k L2 row scales; one
 //           CTA per (chunk, key head)) -> state scan on wgmma (h, D when kept; the output formed
-//           in the scan) [-> output kernel when h, D are kept and the scan is one wave].
+//           in the scan) [-> output kernel beside the scan when h, D are kept and the scan is one
+//           wave].
 // Backward: the same up to the scan, then the reverse scan on wgmma (dh, full dD, dD_local formed
 //           inside) -> per-chunk gradients on wgmma, one persistent kernel (dq^, dk^ per value head,
-//           dv, dg, dbeta; T from prep) -> group sum + L2-norm bwd.
+//           dv, dg, dbeta; T from prep) -> group sum + L2-norm bwd (at one value head per key head
+//           the per-chunk kernel applies the L2-norm bwd itself). The wgmma kernels after the
+//           forward scan start beside their predecessors (programmatic dependent launch) and wait
+//           per (sample, head) for the flags of what they read (signal_done / wait_done).
 // Other head dims: prep also forms W, U; mma.sync scans (h, D), then the output kernel; in the
 // backward dD_local = P^T dO by its own kernel unless the mma.sync reverse scan can form it, and
 // the mma.sync per-chunk gradient kernel.
