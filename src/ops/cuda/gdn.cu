@@ -3276,31 +3276,31 @@ void stage_end(const char* name, cudaStream_t stream) {
   s.ms.emplace_back(name, t);
 }
 
-// The stages shared by forward and backward: chunk table, L2 norm, prep, forward scan (h, D).
-// for_backward: prep also stores T for bwd_chunk, the scan h and D (a forward that keeps no state
-// skips those stores where the output is formed in the scan). out != nullptr: the forward's output,
-// formed by the wgmma scan where it runs (QT_GDN_OUTPUT_SEPARATE=1 keeps the output kernel, for A/B
-// runs); returns whether it was. When h and D are stored anyway and the scan is a single wave of
-// CTAs (2B: 8 samples x 16 heads on 132 SMs), every CTA's chain is the critical path and the output
-// kernel beside it (gdn_forward) is cheaper: 2B kept forward 0.287 ms against 0.343 fused, 0.350 with
-// the output kernel after the scan. With more CTAs than SMs, or with nothing to store, the fused
-// output wins (4B, an earlier round: 2.30 -> 2.26 ms, forward alone 0.79 -> 0.59).
-// done != nullptr: the wgmma scan flags each (sample, head) when its h and D are stored (the kernels
-// beside it).
-bool output_in_scan(const GdnArgs& a, bool for_backward, bool has_out) {
-  // QT_GDN_OUTPUT_FUSED=1: always where the scan is the wgmma one, for A/B.
+// Whether the forward's output is formed by the wgmma scan (QT_GDN_OUTPUT_SEPARATE=1: never,
+// QT_GDN_OUTPUT_FUSED=1: always, for A/B runs). When h and D are stored anyway (for_backward) and the
+// scan is a single wave of CTAs (2B: 8 samples x 16 heads on 132 SMs), every CTA's chain is the
+// critical path and the output kernel beside it (gdn_forward) is cheaper: 2B kept forward 0.287 ms
+// against 0.343 fused, 0.350 with the output kernel after the scan. With more CTAs than SMs, or with
+// nothing to store, the fused output wins (4B, an earlier round: 2.30 -> 2.26 ms, forward alone
+// 0.79 -> 0.59).
+bool output_in_scan(const GdnArgs& a, bool for_backward) {
   static const bool separate_output = env_knob("QT_GDN_OUTPUT_SEPARATE", {1}) != 0,
                     fused_output = env_knob("QT_GDN_OUTPUT_FUSED", {1}) != 0;
-  return wgmma_scans(a.k_head_dim, a.v_head_dim) && has_out && !separate_output &&
+  return wgmma_scans(a.k_head_dim, a.v_head_dim) && !separate_output &&
          (fused_output || !for_backward || static_cast<int64_t>(a.num_seqs) * a.num_v_heads > sm_count());
 }
-bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
+// The stages shared by forward and backward: chunk table, prep (G, T, the L2 row scales), forward
+// scan. for_backward: prep also stores T for bwd_chunk, the scan h and D (a forward that keeps no
+// state skips those stores where the output is formed in the scan). out != nullptr: the wgmma scan
+// forms the forward's output there (output_in_scan, decided by gdn_forward). done != nullptr: the
+// wgmma scan flags each (sample, head) when its h and D are stored (the kernels beside it).
+void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
   const bool wg_scans = wgmma_scans(K, V);
-  const bool fuse = output_in_scan(a, for_backward, out != nullptr);
+  const bool fuse = out != nullptr;
   stage_begin(stream);
   // rtable: bwd_chunk's and the output kernel's order, not needed by a plain forward with the output fused.
   gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward || !fuse ? w.rtable : nullptr,
@@ -3324,10 +3324,10 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                        : gdn_scan_fwd_wgmma_kernel<false>;
     stage_begin(stream);
     launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, keep ? w.h : nullptr,
-                keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, fuse ? out : nullptr, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
+                keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
                 a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim, done);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
-    return fuse;
+    return;
   }
   const int bv = column_block(K, V, a.num_v_heads, false), scan_thr = scan_threads(K, bv);
   const size_t scan_bytes = static_cast<size_t>(scan_fwd_smem_floats(K, bv)) * sizeof(float);
@@ -3336,7 +3336,6 @@ bool forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   launch_smem(scan_fwd, "gdn_scan_fwd_kernel", scan_grid(a, bv), scan_thr, scan_bytes, stream, w.h, w.Dh, w.Dl, w.dD,
               w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
   stage_end("gdn_scan_fwd_kernel", stream);
-  return false;
 }
 
 }  // namespace
@@ -3371,11 +3370,13 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   // each CTA waiting for its (sample, head)'s flag, shortest sample first (rtable).
   // QT_GDN_OUTPUT_AFTER_SCAN=1 launches it after the scan, for A/B.
   static const bool after_scan = env_knob("QT_GDN_OUTPUT_AFTER_SCAN", {1}) != 0;
-  const bool beside = wgmma_scans(K, V) && !output_in_scan(a, state != nullptr, true) && !after_scan;
+  const bool in_scan = output_in_scan(a, state != nullptr);
+  const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(a.num_seqs) * Hv * sizeof(int), stream));
   // A kept state is computed at the backward's precision, so reusing it changes nothing.
-  if (forward_common(w, x, g, beta, a, state != nullptr, static_cast<bf16*>(o), stream, beside ? w.done : nullptr))
-    return;
+  forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
+                 beside ? w.done : nullptr);
+  if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
   launch_smem_beside(beside, gdn_output_kernel, "gdn_output_kernel", dim3(w.nc_max * Hv), kThreads, bytes, stream,
