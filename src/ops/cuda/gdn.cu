@@ -132,16 +132,14 @@ __device__ void solve_unit_lower(float* Ts, float* As, int tid) {
   }
 }
 
-// The chunk's entries from a raw-row dot product (q_i . k_j or k_i . k_j) and the per-row data:
-// P_ij = rq_i rk_j (q_i . k_j) e^{G_i - G_j} for j <= i (output, dlocal, the fused reverse scan),
-// A_ij = b_i rk_i rk_j (k_i . k_j) e^{G_i - G_j} for j < i (prep, and bwd_chunk's recompute of it);
-// 0 elsewhere. One definition, so every kernel forms the same bits.
+// The chunk's entries from a raw-row dot product (q_i . k_j) and the per-row data: P_ij = rq_i rk_j
+// (q_i . k_j) e^{G_i - G_j} for j <= i, 0 elsewhere (the mma.sync output and dlocal kernels). The
+// wgmma kernels (scans, bwd_chunk) and prep's A form their gates as ex2 of log2-scaled G
+// differences with the row and column data hoisted per thread; e^{G_i - G_j} <= 1 either way.
 __device__ __forceinline__ float p_entry(float qk, int i, int j, const float* gs, const float* rq, const float* rk) {
   return j <= i ? rq[i] * rk[j] * qk * expf(gs[i] - gs[j]) : 0.f;
 }
-__device__ __forceinline__ float a_entry(float kk, int i, int j, const float* gs, const float* bs, const float* rk) {
-  return j < i ? bs[i] * rk[i] * rk[j] * kk * expf(gs[i] - gs[j]) : 0.f;
-}
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Ps[i][j] = (q^_i . k^_j) exp(G_i - G_j) for j <= i, else 0, from the raw bf16 q, k rows (exact
 // products, fp32 sums: 1 mma per k step) and their L2 scales rq, rk. Ps may start at Kb (the output
@@ -510,11 +508,27 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
       if (u == 1 && xw >= 2) break;
       int m0, n0;
       lower_tile(xw + 8 * u, m0, n0);
+      // The tile's 2 rows and 4 columns of this thread read once; the gates by ex2 of log2-scaled
+      // differences (a_entry's expf and per-entry loads: ~17 % of prep's stall samples at 27B).
+      float g2i[2], bri[2], g2j[4], rkj[4];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = m0 + xg + 8 * hh;
+        g2i[hh] = gs[i] * kLog2e;
+        bri[hh] = bs[i] * rk[i];
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = n0 + (c >> 1) * 8 + 2 * xt + (c & 1);
+        g2j[c] = gs[j] * kLog2e;
+        rkj[c] = rk[j];
+      }
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        const int i = m0 + xg + ((q & 3) >= 2 ? 8 : 0), j = n0 + (q >> 2) * 8 + 2 * xt + (q & 1);
+        const int hh = (q & 3) >> 1, c = ((q >> 2) << 1) | (q & 1);
+        const int i = m0 + xg + 8 * hh, j = n0 + (q >> 2) * 8 + 2 * xt + (q & 1);
         const float v = u == 0 ? kk[q >> 2][q & 3] : kx[(xw * 8 + q) * 32 + (x & 31)];
-        As[i * kLdC + j] = a_entry(v, i, j, gs, bs, rk);
+        As[i * kLdC + j] = j < i ? bri[hh] * rkj[c] * v * ex2_ftz(g2i[hh] - g2j[c]) : 0.f;
       }
     }
     __syncthreads();  // A complete; every warp is done reading k's rows (T goes over them)
@@ -1107,14 +1121,36 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
   const int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   float pacc[kHalf / 2];
   wg::mma_abt_sync<kHalf, kDlD / 16>(pacc, qt, kDlPanel, kt + wgi * kHalf * 128, kDlPanel);
+  // The row and column data of this thread's 2 rows and 8 columns read once, and the gates by ex2 of
+  // log2-scaled differences (as bwd_chunk's CcThread): p_entry's expf and per-entry loads made this
+  // epilogue ~42 instructions per entry, 16 % of the 27B forward scan (ncu, sixteenth round).
+  const int i0 = 16 * w + g, j0 = kHalf * wgi + 2 * t;
+  float g2i[2], rqi[2], g2j[kHalf / 4], rkj[kHalf / 4];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    g2i[hh] = gsc[i0 + 8 * hh] * kLog2e;
+    rqi[hh] = rqc[i0 + 8 * hh];
+  }
+#pragma unroll
+  for (int nb = 0; nb < kHalf / 8; ++nb) {
+    const float2 gj = ld_f2(gsc + j0 + 8 * nb), rj = ld_f2(rkc + j0 + 8 * nb);
+    g2j[2 * nb] = gj.x * kLog2e;
+    g2j[2 * nb + 1] = gj.y * kLog2e;
+    rkj[2 * nb] = rj.x;
+    rkj[2 * nb + 1] = rj.y;
+  }
 #pragma unroll
   for (int nb = 0; nb < kHalf / 8; ++nb)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int i = 16 * w + g + 8 * hh, j = kHalf * wgi + 8 * nb + 2 * t;
+      const int i = i0 + 8 * hh, j = j0 + 8 * nb;
+      float x[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        x[e] = j + e <= i ? rqi[hh] * rkj[2 * nb + e] * pacc[4 * nb + 2 * hh + e] * ex2_ftz(g2i[hh] - g2j[2 * nb + e])
+                          : 0.f;
       uint32_t h2, l2;
-      gdn_mma::split_bf16(p_entry(pacc[4 * nb + 2 * hh], i, j, gsc, rqc, rkc),
-                          p_entry(pacc[4 * nb + 2 * hh + 1], i, j + 1, gsc, rqc, rkc), h2, l2);
+      gdn_mma::split_bf16(x[0], x[1], h2, l2);
       *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = h2;
       *reinterpret_cast<uint32_t*>(planes + kDlPanel + wg::sw128(i, j)) = l2;
     }
@@ -1209,7 +1245,8 @@ constexpr size_t scan_fwd_wg_smem() {
 }
 static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 1024 == 0, "panels 1024-aligned");
 
-template <bool kOut, bool kLoadsFirst = false>
+// kOrder: each product batch issued by warpgroup 0 before warpgroup 1 (wg::issue_after_wg0).
+template <bool kOut, bool kLoadsFirst = false, bool kOrder = false>
 __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, bf16* o,
                                                                     const bf16* Th, const bf16* Tl, const bf16* qkv,
                                                                     const float* rs, const float* Gc,
@@ -1285,6 +1322,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
       state_frags_t(sT, ah, al);
       const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + kTk, 16, 1024));
       const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kTq, 16, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 1);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -1297,6 +1335,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
         }
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 1);
       if constexpr (!kLoadsFirst) {
         if (ci + 1 < n) load_chunk(ci + 1, buf ^ 1);
         cp_async_commit();
@@ -1322,6 +1361,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
       }
       const uint64_t th0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
       const uint64_t tl0 = wg::desc_opaque(wg::desc_sw128(cur + kDlPanel, 16, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 2);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
@@ -1330,6 +1370,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
         wg::mma_m64n64k16_rs<0>(dT, yh[kk], wg::desc_advance(tl0, kk * 32), 1);
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 2);
       wg::wait<0>();
     }
     wg::fence_operands(dT);
@@ -1366,6 +1407,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     {
       const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + kTk, kDlPanel, 1024));
       const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, 16, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 3);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
@@ -1381,6 +1423,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
         }
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 3);
       wg::wait<0>();
     }
     wg::fence_operands(sT);
@@ -1628,7 +1671,8 @@ constexpr size_t scan_bwd_wg_smem() {
   return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
 }
 
-template <bool kFused>
+// kOrder: each product batch issued by warpgroup 0 before warpgroup 1 (wg::issue_after_wg0).
+template <bool kFused, bool kOrder = false>
 __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD,
                                                                     const bf16* Th, const bf16* Tl, const bf16* qkv,
                                                                     const float* rs, const float* Gc,
@@ -1709,6 +1753,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       uint32_t ah[D / 16][4], al[D / 16][4];
       state_frags_t(sT, ah, al);
       const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur, 16, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 1);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -1717,6 +1762,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
         wg::mma_m64n64k16_rs<0>(acc, al[kk], wg::desc_advance(k0, off), 1);
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 1);
       wg::wait<0>();
     }
     wg::fence_operands(acc);
@@ -1733,6 +1779,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       }
       const uint64_t o0 = wg::desc_opaque(wg::desc_sw128(cur + kTo + wgi * kDlPanel, kDlPanel, 1024));
       const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, kDlPanel, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 2);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
@@ -1740,6 +1787,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
         wg::mma_m64n64k16<1, 1>(acc, wg::desc_advance(o0, kk * 2048), wg::desc_advance(p0, kDlPanel + kk * 2048), 1);
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 2);
       wg::wait<0>();
       wg::fence_operands(acc);
     }
@@ -1789,6 +1837,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kTq, kDlPanel, 1024));
       const uint64_t th0 = wg::desc_opaque(wg::desc_sw128(cur + kTt, kDlPanel, 1024));
       const uint64_t tl0 = wg::desc_opaque(wg::desc_sw128(cur + kTt + kDlPanel, kDlPanel, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 3);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
@@ -1800,6 +1849,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
         wg::mma_m64n128k16_rs<1>(sT, ol[kk], wg::desc_advance(q0, off), 1);
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 3);
       wg::wait<0>();
     }
     wg::fence_operands(zT);
@@ -1814,6 +1864,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                               zl[j >> 1][hh + 2 * (j & 1)]);
       }
       const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur, kDlPanel, 1024));
+      wg::issue_after_wg0<kOrder>(wgi, 4);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kC / 16; ++kk) {
@@ -1821,6 +1872,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
         wg::mma_m64n128k16_rs<1>(sT, zl[kk], wg::desc_advance(k0, kk * 2048), 1);
       }
       wg::commit();
+      wg::issued_by_wg0<kOrder>(wgi, 4);
       wg::wait<0>();
     }
     wg::fence_operands(sT);
@@ -3204,6 +3256,13 @@ int env_knob(const char* name, std::initializer_list<int> allowed) {
 
 // The wgmma scans (one CTA per (sample, head) at every head count) serve dk = dv = 128, Qwen3.5's;
 // QT_GDN_SCAN_MMA_SYNC=1 keeps the mma.sync ones (A/B runs of bench_gdn).
+// The wgmma scans issue each product batch of warpgroup 0 before warpgroup 1's (their kOrder):
+// forward 2B / 4B / 27B +1.5-2 %, the reverse scan even (sixteenth round, second call).
+// QT_GDN_SCAN_UNORDERED=1 launches the unordered instances (A/B).
+bool scan_order() {
+  static const bool unordered = env_knob("QT_GDN_SCAN_UNORDERED", {1}) != 0;
+  return !unordered;
+}
 bool wgmma_scans(int K, int V) {
   static const bool off = env_knob("QT_GDN_SCAN_MMA_SYNC", {1}) != 0;
   return K == kDlD && V == kDlD && !off;
@@ -3320,8 +3379,11 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   if (wg_scans) {
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
-    auto kernel = fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true>)
-                       : gdn_scan_fwd_wgmma_kernel<false>;
+    auto kernel = scan_order() ? (fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true, true>
+                                               : gdn_scan_fwd_wgmma_kernel<true, false, true>)
+                                       : gdn_scan_fwd_wgmma_kernel<false, false, true>)
+                               : (fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true>)
+                                       : gdn_scan_fwd_wgmma_kernel<false>);
     stage_begin(stream);
     launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, keep ? w.h : nullptr,
                 keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
@@ -3440,7 +3502,8 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const float* rs = w.rs;
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
-    auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
+    auto kernel = scan_order() ? (separate ? gdn_scan_bwd_wgmma_kernel<false, true> : gdn_scan_bwd_wgmma_kernel<true, true>)
+                        : (separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>);
     stage_begin(stream);
     launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh,
                        w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk,

@@ -266,5 +266,25 @@ __device__ __forceinline__ void regs_inc() {
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the other side syncs on it).
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Issue order of a product batch between the two warpgroups of a 256-thread CTA (FA3's scheduler
+// barriers): warpgroup 1 issues its batch only once warpgroup 0 has issued its own, so the tensor
+// cores finish warpgroup 0's batch first and its epilogue runs under warpgroup 1's batch, instead of
+// both batches interleaving and both epilogues waiting for both. Each id is used once per batch and
+// the CTA meets at a block barrier before the id is used again (one arrive per sync). kOn = false:
+// no code.
+template <bool kOn>
+__device__ __forceinline__ void issue_after_wg0(int wgi, int id) {
+  if constexpr (kOn)
+    if (wgi == 1) named_sync(id, 256);
+}
+template <bool kOn>
+__device__ __forceinline__ void issued_by_wg0(int wgi, int id) {
+  if constexpr (kOn)
+    if (wgi == 0) named_arrive(id, 256);
+}
 
 }  // namespace qt::cuda::wg
