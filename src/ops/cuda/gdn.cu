@@ -1162,16 +1162,21 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
 // G (past L: G_L, so e^{G_i - G_j} stays finite), rq, rk for P, beta and kbs = beta e^{G_i} rs_k(i).
 // Rows >= L: scales and beta 0.
 constexpr int kWgRows = 7 * kC;
+// kEx2: the exponentials as ex2 of log2-scaled G (expf's range reduction is ~10 instructions each,
+// at the top of every chunk, where the other warps wait at the barrier for these rows). Used by the
+// plain forward's scan only: there it gained, in the scans that store their state it cost ~1 %.
+template <bool kEx2 = false>
 __device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, float gi, float2 r, float b) {
   const int i = threadIdx.x;
   if (i < kC) {
-    rows[i] = expf(gl - gi) * r.y;
-    rows[kC + i] = expf(gi) * r.x;
+    const float egi = kEx2 ? ex2_ftz(gi * kLog2e) : expf(gi);
+    rows[i] = (kEx2 ? ex2_ftz((gl - gi) * kLog2e) : expf(gl - gi)) * r.y;
+    rows[kC + i] = egi * r.x;
     rows[2 * kC + i] = i < L ? gi : gl;
     rows[3 * kC + i] = r.x;
     rows[4 * kC + i] = r.y;
     rows[5 * kC + i] = b;
-    rows[6 * kC + i] = b * expf(gi) * r.y;
+    rows[6 * kC + i] = b * egi * r.y;
   }
 }
 // The wgmma scans' next chunk (in either direction): G at its last valid row; G, the row scales and
@@ -1259,6 +1264,9 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
   if constexpr (!kOut) launch_dependents();
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
+  // The output instance without kLoadsFirst is the plain forward's (gdn_forward keeps no h, D there):
+  // its state stores are compiled out.
+  constexpr bool kStores = !kOut || kLoadsFirst;
   const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -1296,7 +1304,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     const size_t chunk = static_cast<size_t>(first + ci);
     const float gl = nx.gl;
     const float* rw = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
-    wg_store_rows(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b);
+    wg_store_rows<!kStores>(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b);
     if (ci + 1 < n) nx.load(Gc, rs, beta, c0 + kC, min(kC, len - (ci + 1) * kC), Hk, Hv, head, kh);
     cp_async_wait<0>();  // this chunk's tiles
     wg::fence_proxy_async();
@@ -1311,7 +1319,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     const char* cur = tiles + buf * kBuf;
 
     // h[chunk] = the state entering the chunk (fragment-native K x V).
-    if (h != nullptr) store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    if (kStores && h != nullptr) store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
     if constexpr (kOut) wg_p_planes(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
     // D = U - W S = T Y with Y = diag(b) V - diag(kbs) k S (W = T diag(kbs) k and U = T diag(b) V are
@@ -1387,7 +1395,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float x0 = dT[4 * j + 2 * hh], x1 = dT[4 * j + 2 * hh + 1];
-        if (Dgh != nullptr)
+        if (kStores && Dgh != nullptr)
           store_planes_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
         const int kk = j >> 1, q = hh + 2 * (j & 1);
         gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
