@@ -25,7 +25,10 @@
 //           dv, dg, dbeta; T from prep) -> group sum + L2-norm bwd (at one value head per key head
 //           the per-chunk kernel applies the L2-norm bwd itself). The wgmma kernels after the
 //           forward scan start beside their predecessors (programmatic dependent launch) and wait
-//           per (sample, head) for the flags of what they read (signal_done / wait_done).
+//           per (sample, head) for the flags of what they read (signal_done / wait_done). In the
+//           scans warpgroup 0 issues each product batch before warpgroup 1 (named barriers).
+// Gates: e^{G_i - G_j} (j <= i, so <= 1) by ex2 of log2-scaled G wherever a kernel forms many of
+// them (P in the scans, prep's A, bwd_chunk), with the row and column values read once per thread.
 // Other head dims: prep also forms W, U; mma.sync scans (h, D), then the output kernel; in the
 // backward dD_local = P^T dO by its own kernel unless the mma.sync reverse scan can form it, and
 // the mma.sync per-chunk gradient kernel.
