@@ -1110,11 +1110,12 @@ __device__ __forceinline__ char* align1024(unsigned char* smem) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   return reinterpret_cast<char*>(smem) + ((1024u - (a & 1023u)) & 1023u);
 }
-// P = (q k^T) gated (p_entry) for a chunk whose raw q and k rows sit in the 128-byte-swizzled panel
-// tiles qt, kt, shared by both warpgroups: warpgroup wgi forms columns j = 32 wgi .. 32 wgi + 31
-// (exact bf16 products: 8 m64n32k16 with B = k's rows from 32 wgi) and splits them into the hi /
-// lo planes [i][j] at planes, planes + kDlPanel (row i, column j: the K-major layout of B = P^T and
-// the N-major one of B = P). Ends with a CTA barrier, so either warpgroup's wgmma may read all of P.
+// P = (q k^T) gated (p_entry's values, its gates by ex2) for a chunk whose raw q and k rows sit in
+// the 128-byte-swizzled panel tiles qt, kt, shared by both warpgroups: warpgroup wgi forms columns
+// j = 32 wgi .. 32 wgi + 31 (exact bf16 products: 8 m64n32k16 with B = k's rows from 32 wgi) and
+// splits them into the hi / lo planes [i][j] at planes, planes + kDlPanel (row i, column j: the
+// K-major layout of B = P^T and the N-major one of B = P). Ends with a CTA barrier, so either
+// warpgroup's wgmma may read all of P.
 // (Each warpgroup formed the whole of P for itself before: its epilogue was ~23 % of the forward
 // scan's stall samples.) The caller has no product in flight (with one in flight, reading registers
 // it wrote makes ptxas wait for it), and both warpgroups are done reading the previous chunk's P.
@@ -1322,7 +1323,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     const char* cur = tiles + buf * kBuf;
 
     // h[chunk] = the state entering the chunk (fragment-native K x V).
-    if (kStores && h != nullptr) store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    if (kStores && h != nullptr)
+      store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
     if constexpr (kOut) wg_p_planes(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
     // D = U - W S = T Y with Y = diag(b) V - diag(kbs) k S (W = T diag(kbs) k and U = T diag(b) V are
