@@ -223,7 +223,7 @@ __device__ __forceinline__ uint32_t blk(uint32_t row_base, const LaneSwz& x, int
   return row_base + static_cast<uint32_t>(2 * W * r0 + 128 * (cb >> 2)) + x.xo[cb & 3];
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
+using dev::kLog2e;
 
 // Epilogue of a warp's 16 rows: acc (the m16 accumulator over D columns) times mul[r] for rows
 // g and g + 8, to bf16, staged in the warp's own rows of the swizzled tile s, then 16-byte stores to

@@ -43,6 +43,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,7 @@ constexpr float kL2Eps = 1e-6f;
 
 using dev::to_f;
 using dev::ex2_ftz;
+using dev::kLog2e;
 using dev::warp_sum;
 
 // Bump allocator over dynamic shared memory (floats); the host mirrors each kernel's sequence.
@@ -142,7 +144,6 @@ __device__ void solve_unit_lower(float* Ts, float* As, int tid) {
 __device__ __forceinline__ float p_entry(float qk, int i, int j, const float* gs, const float* rq, const float* rk) {
   return j <= i ? rq[i] * rk[j] * qk * expf(gs[i] - gs[j]) : 0.f;
 }
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Ps[i][j] = (q^_i . k^_j) exp(G_i - G_j) for j <= i, else 0, from the raw bf16 q, k rows (exact
 // products, fp32 sums: 1 mma per k step) and their L2 scales rq, rk. Ps may start at Kb (the output
@@ -228,8 +229,9 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 // ---- chunk table -------------------------------------------------------------------------------
 // table[c] = {bos, len, seq, index in seq} for every chunk, seq_off[s] = first chunk of sample s,
 // seq_off[N] = *nchunks; seq_order[r] = the sample of rank r, longest first; rtable = the table's
-// entries ordered shortest sample first, with .w = the chunk's index in table (nullptr: not built; the order in which
-// a single wave of reverse-scan CTAs finishes: bwd_chunk's order when it starts beside that scan).
+// entries ordered shortest sample first, with .w = the chunk's index in table (nullptr: not built).
+// That is the order in which a single wave of reverse-scan CTAs finishes: bwd_chunk's order when it
+// starts beside that scan.
 // One block of 1024 threads, each owning a run of samples (of ranks, for rtable).
 // The scans are serial over a sample's chunks, so a long sample whose CTAs start in the last wave
 // sets the tail; their grid runs samples in seq_order (LPT). The order is a counting sort over the
@@ -245,17 +247,17 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   const int per = (num_seqs + nt - 1) / nt;
   const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
   static_assert(kOrderKeys == kTableThreads, "one order key per thread");
+  auto nchunks_of = [&](int s) { return (cu[s + 1] - cu[s] + kC - 1) / kC; };
   count[tid] = 0;
   int local = 0;
-  for (int s = s0; s < s1; ++s) local += (cu[s + 1] - cu[s] + kC - 1) / kC;
+  for (int s = s0; s < s1; ++s) local += nchunks_of(s);
   sums[tid] = local;
   dev::block_inclusive_scan(sums);  // starts with a barrier: count[] is zeroed
   int base = sums[tid] - local;
   // Key k = kOrderKeys - 1 - min(chunks, kOrderKeys - 1): ascending keys are descending lengths.
   auto key_of = [](int n) { return kOrderKeys - 1 - min(n, kOrderKeys - 1); };
   for (int s = s0; s < s1; ++s) {
-    const int bos = cu[s], len = cu[s + 1] - cu[s];
-    const int n = (len + kC - 1) / kC;
+    const int bos = cu[s], len = cu[s + 1] - cu[s], n = nchunks_of(s);
     seq_off[s] = base;
     for (int c = 0; c < n; ++c) table[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), s, c);
     base += n;
@@ -271,11 +273,10 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   dev::block_inclusive_scan(sums);
   count[tid] = sums[tid] - mine;  // first rank of key tid
   __syncthreads();
-  for (int s = s0; s < s1; ++s) seq_order[atomicAdd(&count[key_of((cu[s + 1] - cu[s] + kC - 1) / kC)], 1)] = s;
+  for (int s = s0; s < s1; ++s) seq_order[atomicAdd(&count[key_of(nchunks_of(s))], 1)] = s;
   if (rtable == nullptr) return;  // a forward that keeps nothing for the backward
   __syncthreads();  // seq_order and seq_off complete (global writes of this block)
   // rtable: this thread's ranks s0..s1 - 1 counted from the shortest sample.
-  auto nchunks_of = [&](int s) { return (cu[s + 1] - cu[s] + kC - 1) / kC; };
   local = 0;
   for (int r = s0; r < s1; ++r) local += nchunks_of(seq_order[num_seqs - 1 - r]);
   sums[tid] = local;
@@ -345,6 +346,33 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// ---- flags between kernels launched beside one another ------------------------------------------
+// Kernels beside a scan (programmatic dependent launch: gdn_forward, gdn_backward) read a (sample,
+// head)'s results once its flag is set. The scan CTA's end: the flag after every thread's stores,
+// which the barrier and thread 0's fence make visible to the GPU first (the fence is cumulative).
+__device__ __forceinline__ void signal_done(int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(s) * Hv + head), "r"(1)
+                 : "memory");
+  }
+}
+// Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
+// included, see them.
+__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  const int* f = done + static_cast<size_t>(s) * Hv + head;
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    if (v != 0) return;
+    __nanosleep(200);
+  }
+}
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // ---- prep: G, T (W, U) per (chunk, value head) ------------------------------------------------
 // Gc [T, Hv] = chunk-local cumsum of g; T = (I + A)^-1 (solve_unit_lower, gdn_solve.h) as hi / lo
 // planes; with kWU (the mma.sync scans) also W [T, Hv, K] = T diag(b e^G) K^ and U [T, Hv, V] =
@@ -375,31 +403,6 @@ __device__ __forceinline__ void lower_tile(int idx, int& m0, int& n0) {
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
 // kGroup (the wgmma scans' prep at more than one value head per key head): the CTA loops over the
 // group's value heads, holding k k^T through the loop: 64 registers, 4 CTAs per SM; otherwise 48, 5.
-// Kernels beside a scan (programmatic dependent launch: gdn_forward, gdn_backward) read a (sample,
-// head)'s results once its flag is set. The scan CTA's end: the flag after every thread's stores,
-// which the barrier and thread 0's fence make visible to the GPU first (the fence is cumulative).
-__device__ __forceinline__ void signal_done(int* done, int s, int Hv, int head) {
-  if (done == nullptr) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(done + static_cast<size_t>(s) * Hv + head), "r"(1)
-                 : "memory");
-  }
-}
-// Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
-// included, see them.
-__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
-  if (done == nullptr) return;
-  const int* f = done + static_cast<size_t>(s) * Hv + head;
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-    if (v != 0) return;
-    __nanosleep(200);
-  }
-}
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 template <bool kWU, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
@@ -521,17 +524,17 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
         bri[hh] = bs[i] * rk[i];
       }
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = n0 + (c >> 1) * 8 + 2 * xt + (c & 1);
-        g2j[c] = gs[j] * kLog2e;
-        rkj[c] = rk[j];
+      for (int col = 0; col < 4; ++col) {
+        const int j = n0 + (col >> 1) * 8 + 2 * xt + (col & 1);
+        g2j[col] = gs[j] * kLog2e;
+        rkj[col] = rk[j];
       }
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        const int hh = (q & 3) >> 1, c = ((q >> 2) << 1) | (q & 1);
+        const int hh = (q & 3) >> 1, col = ((q >> 2) << 1) | (q & 1);
         const int i = m0 + xg + 8 * hh, j = n0 + (q >> 2) * 8 + 2 * xt + (q & 1);
         const float v = u == 0 ? kk[q >> 2][q & 3] : kx[(xw * 8 + q) * 32 + (x & 31)];
-        As[i * kLdC + j] = j < i ? bri[hh] * rkj[c] * v * ex2_ftz(g2i[hh] - g2j[c]) : 0.f;
+        As[i * kLdC + j] = j < i ? bri[hh] * rkj[col] * v * ex2_ftz(g2i[hh] - g2j[col]) : 0.f;
       }
     }
     __syncthreads();  // A complete; every warp is done reading k's rows (T goes over them)
@@ -2731,7 +2734,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   if (tid < kC) {
     eg[tid] = expf(gs[tid]);
     ekl[tid] = expf(gs[kC - 1] - gs[tid]);
-    fl[kBcG2 + tid] = gs[tid] * 1.4426950408889634f;
+    fl[kBcG2 + tid] = gs[tid] * kLog2e;
   }
   cp_async_wait<1>();
   wg::fence_proxy_async();
@@ -3178,9 +3181,9 @@ struct Workspace {
   int* nchunks;
   int* seq_off;
   int* seq_order;  // samples longest first (the scans' CTA order)
-  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
+  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
   int* done;  // [2][N, Hv]: the forward, the reverse scan has stored (sample, head) (gdn_backward's
-              // kernels beside one another), then bwd_chunk's item counter  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+              // kernels beside one another), then bwd_chunk's item counter
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K] (mma.sync scans only)
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
@@ -3269,16 +3272,16 @@ int env_knob(const char* name, std::initializer_list<int> allowed) {
 
 // The wgmma scans (one CTA per (sample, head) at every head count) serve dk = dv = 128, Qwen3.5's;
 // QT_GDN_SCAN_MMA_SYNC=1 keeps the mma.sync ones (A/B runs of bench_gdn).
+bool wgmma_scans(int K, int V) {
+  static const bool off = env_knob("QT_GDN_SCAN_MMA_SYNC", {1}) != 0;
+  return K == kDlD && V == kDlD && !off;
+}
 // The wgmma scans issue each product batch of warpgroup 0 before warpgroup 1's (their kOrder):
 // forward 2B / 4B / 27B +1.5-2 %, the reverse scan even (sixteenth round, second call).
 // QT_GDN_SCAN_UNORDERED=1 launches the unordered instances (A/B).
 bool scan_order() {
   static const bool unordered = env_knob("QT_GDN_SCAN_UNORDERED", {1}) != 0;
   return !unordered;
-}
-bool wgmma_scans(int K, int V) {
-  static const bool off = env_knob("QT_GDN_SCAN_MMA_SYNC", {1}) != 0;
-  return K == kDlD && V == kDlD && !off;
 }
 
 // dv columns per scan CTA (16, 32, 64 or 128, dividing V); QT_GDN_BV_FWD / QT_GDN_BV_BWD override
@@ -3392,11 +3395,13 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   if (wg_scans) {
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
-    auto kernel = scan_order() ? (fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true, true>
-                                               : gdn_scan_fwd_wgmma_kernel<true, false, true>)
-                                       : gdn_scan_fwd_wgmma_kernel<false, false, true>)
-                               : (fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true>)
-                                       : gdn_scan_fwd_wgmma_kernel<false>);
+    // The instance: output formed here (fuse), its loads first where the state is kept too, the order.
+    auto pick = [&](auto order) {
+      constexpr bool kOrd = decltype(order)::value;
+      return fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true, kOrd> : gdn_scan_fwd_wgmma_kernel<true, false, kOrd>)
+                  : gdn_scan_fwd_wgmma_kernel<false, false, kOrd>;
+    };
+    auto kernel = scan_order() ? pick(std::true_type{}) : pick(std::false_type{});
     stage_begin(stream);
     launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, keep ? w.h : nullptr,
                 keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
@@ -3515,8 +3520,11 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const float* rs = w.rs;
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
-    auto kernel = scan_order() ? (separate ? gdn_scan_bwd_wgmma_kernel<false, true> : gdn_scan_bwd_wgmma_kernel<true, true>)
-                        : (separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>);
+    auto pick = [&](auto order) {
+      constexpr bool kOrd = decltype(order)::value;
+      return separate ? gdn_scan_bwd_wgmma_kernel<false, kOrd> : gdn_scan_bwd_wgmma_kernel<true, kOrd>;
+    };
+    auto kernel = scan_order() ? pick(std::true_type{}) : pick(std::false_type{});
     stage_begin(stream);
     launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh,
                        w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk,
