@@ -1756,8 +1756,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     float dT[kC / 2];
     if constexpr (!kFused)
       load_tile_t(dT, dD + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D, w_ld, L, ncol, t);
-    // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V).
-    store_state_t(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V); fused: as 16-byte stores.
+    store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
     // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
     // product anyway: 0.36 instead of 0.30 ms at 4B.)
