@@ -4,6 +4,10 @@
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
 // Usage: bench_gdn [iters] [shape]   (prints one `key value unit` row per figure; shape 2b, 4b or
 // 27b runs that one only, e.g. under a profiler)
+// Single long samples, where the scans' serial chains over chunks set the time (KERNELS.md 1.7: not
+// split across CTAs yet), run only when named: 2b_one8k (one 8192-token sample, Hv = 16) and
+// 4b_one32k (one 32768-token sample, Hv = 32: the shape of KERNELS.md 1.9's FLA / FlashQLA
+// anchors), or all of them with shape "long".
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 #include <cuda_bf16.h>
@@ -60,33 +64,39 @@ int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
   const std::string only = argc > 2 ? argv[2] : "";
   // A fixed chat-like mix of 8 samples summing to 8192.
-  const std::vector<int> lens = {1187, 412, 1603, 256, 977, 1420, 731, 1606};
-  std::vector<int32_t> cu(1, 0);
-  int max_len = 0;
-  for (int l : lens) {
-    cu.push_back(cu.back() + l);
-    max_len = l > max_len ? l : max_len;
-  }
-  const int T = cu.back(), N = static_cast<int>(lens.size());
+  const std::vector<int> mix = {1187, 412, 1603, 256, 977, 1420, 731, 1606};
   const int Hk = 16, K = 128, V = 128, C = 64;
   struct Shape {
     const char* name;
     int Hv;
+    std::vector<int> lens;
+    bool long_sample;
   };
-  const Shape shapes[] = {{"2b", 16}, {"4b", 32}, {"27b", 48}};
+  const Shape shapes[] = {{"2b", 16, mix, false},
+                          {"4b", 32, mix, false},
+                          {"27b", 48, mix, false},
+                          {"2b_one8k", 16, {8192}, true},
+                          {"4b_one32k", 32, {32768}, true}};
   const double fwd_per = 6.0 * C * K + 4.0 * C * V + 6.0 * K * V + C * C / 3.0;
   const double bwd_per = 18.0 * C * K + 10.0 * C * V + 16.0 * K * V + 4.0 * C * C;
 
-  int32_t* cu_d = nullptr;
-  BCHECK(cudaMalloc(&cu_d, cu.size() * sizeof(int32_t)));
-  BCHECK(cudaMemcpy(cu_d, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   cudaEvent_t e0, e1;
   BCHECK(cudaEventCreate(&e0));
   BCHECK(cudaEventCreate(&e1));
-  std::printf("# T %d, %d samples, Hk %d, dk = dv = %d, %d iterations\n", T, N, Hk, K, iters);
   std::printf("| key | value | unit |\n|---|---|---|\n");
   for (const Shape& s : shapes) {
-    if (!only.empty() && only != s.name) continue;
+    if (only.empty() ? s.long_sample : only != s.name && !(only == "long" && s.long_sample)) continue;
+    std::vector<int32_t> cu(1, 0);
+    int max_len = 0;
+    for (int l : s.lens) {
+      cu.push_back(cu.back() + l);
+      max_len = l > max_len ? l : max_len;
+    }
+    const int T = cu.back(), N = static_cast<int>(s.lens.size());
+    int32_t* cu_d = nullptr;
+    BCHECK(cudaMalloc(&cu_d, cu.size() * sizeof(int32_t)));
+    BCHECK(cudaMemcpy(cu_d, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    std::printf("# %s: T %d, %d samples, Hk %d, dk = dv = %d, %d iterations\n", s.name, T, N, Hk, K, iters);
     const int Hv = s.Hv, CD = 2 * Hk * K + Hv * V;
     qt::cuda::GdnArgs a{cu_d, N, max_len, T, Hk, Hv, K, V};
     __nv_bfloat16 *qkv, *o, *d_o, *dqkv;
@@ -159,7 +169,7 @@ int main(int argc, char** argv) {
     BCHECK(cudaFree(dbeta));
     BCHECK(cudaFree(ws));
     BCHECK(cudaFree(kept));
+    BCHECK(cudaFree(cu_d));
   }
-  BCHECK(cudaFree(cu_d));
   return 0;
 }
