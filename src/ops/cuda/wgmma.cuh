@@ -274,17 +274,12 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // barriers): warpgroup 1 issues its batch only once warpgroup 0 has issued its own, so the tensor
 // cores finish warpgroup 0's batch first and its epilogue runs under warpgroup 1's batch, instead of
 // both batches interleaving and both epilogues waiting for both. Each id is used once per batch and
-// the CTA meets at a block barrier before the id is used again (one arrive per sync). kOn = false:
-// no code.
-template <bool kOn>
+// the CTA meets at a block barrier before the id is used again (one arrive per sync).
 __device__ __forceinline__ void issue_after_wg0(int wgi, int id) {
-  if constexpr (kOn)
-    if (wgi == 1) named_sync(id, 256);
+  if (wgi == 1) named_sync(id, 256);
 }
-template <bool kOn>
 __device__ __forceinline__ void issued_by_wg0(int wgi, int id) {
-  if constexpr (kOn)
-    if (wgi == 0) named_arrive(id, 256);
+  if (wgi == 0) named_arrive(id, 256);
 }
 
 }  // namespace qt::cuda::wg
