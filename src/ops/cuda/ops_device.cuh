@@ -230,6 +230,10 @@ void launch_smem(void (*kernel)(P...), const char* what, dim3 grid, dim3 block, 
 template <class... P, class... A>
 void launch_smem_beside(bool beside, void (*kernel)(P...), const char* what, dim3 grid, dim3 block, size_t smem,
                         cudaStream_t stream, A&&... args) {
+  if (!beside) {
+    launch_smem(kernel, what, grid, block, smem, stream, std::forward<A>(args)...);
+    return;
+  }
   set_smem(kernel, smem);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -240,7 +244,7 @@ void launch_smem_beside(bool beside, void (*kernel)(P...), const char* what, dim
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = beside ? 1 : 0;
+  cfg.numAttrs = 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
   QT_LAUNCH_CHECK(what);
 }
