@@ -460,6 +460,56 @@ TEST_F(CpuOpsForward, GatedDeltaRuleMatchesMatrixRecurrence) {
   expect_close("gdn o", o, naive_gdn(qkv, g, beta, dims, cu), 1e-12);
 }
 
+// The intra-sample split (gdn_segment_map): a sample cut into segments (at chunk multiples and at
+// odd places, one of a single token), run as maps, the serial combine S_{s+1} = M_s S_s + E_s and each
+// segment's forward from its S_s, gives gdn_forward's outputs; the maps compose (dk != dv, so M's
+// dk x dk shape is exercised).
+TEST_F(CpuOpsForward, GatedDeltaRuleSegmentSplit) {
+  const GdnDims dims{2, 4, 5, 3};
+  const Cu cu = {0, 37, 237};  // the split sample is the second of the row: tokens 37 .. 236
+  const int64_t T = cu.back(), Hv = 4, dk = 5, dv = 3;
+  Vec qkv = random_vec(rng, T * dims.conv_dim()), g = random_vec(rng, T * Hv, -1.0, 0.0),
+      beta = random_vec(rng, T * Hv, 0.0, 1.0);
+  Vec o(static_cast<size_t>(T * Hv * dv));
+  ref::gdn_forward(o.data(), qkv.data(), g.data(), beta.data(), dims, T, cu.data(), num_seqs(cu));
+  const std::vector<Cu> cuts = {{37, 101, 165, 237}, {37, 38, 150, 151, 237}, {37, 237}};
+  for (const Cu& seg : cuts) {
+    Vec split(o.size(), 0.0);
+    for (int64_t j = 0; j < Hv; ++j) {
+      Vec S(static_cast<size_t>(dk * dv), 0.0);  // the state entering segment s
+      for (size_t s = 0; s + 1 < seg.size(); ++s) {
+        Vec M(static_cast<size_t>(dk * dk)), E(static_cast<size_t>(dk * dv)), fwd = S;
+        ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, j, seg[s], seg[s + 1]);
+        ref::gdn_forward_segment(split.data(), fwd.data(), qkv.data(), g.data(), beta.data(), dims, j, seg[s],
+                                 seg[s + 1]);
+        Vec next = E;
+        for (int64_t r = 0; r < dk; ++r)
+          for (int64_t c = 0; c < dv; ++c)
+            for (int64_t m = 0; m < dk; ++m) next[r * dv + c] += M[r * dk + m] * S[m * dv + c];
+        expect_close("segment's leaving state: M S + E against its forward", next, fwd, 1e-12);
+        S = next;
+      }
+    }
+    Vec want(o.size(), 0.0);  // rows of the split sample only
+    for (int64_t t = 37; t < 237; ++t)
+      for (int64_t e = 0; e < Hv * dv; ++e) want[t * Hv * dv + e] = o[t * Hv * dv + e];
+    expect_close("gdn o by segments", split, want, 1e-12);
+  }
+  // Composition: the map of [37, 237) is the map of [101, 237) after that of [37, 101).
+  Vec M0(static_cast<size_t>(dk * dk)), E0(static_cast<size_t>(dk * dv)), M1 = M0, E1 = E0, M = M0, E = E0;
+  ref::gdn_segment_map(M0.data(), E0.data(), qkv.data(), g.data(), beta.data(), dims, 1, 37, 101);
+  ref::gdn_segment_map(M1.data(), E1.data(), qkv.data(), g.data(), beta.data(), dims, 1, 101, 237);
+  ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, 1, 37, 237);
+  Vec MM(M.size(), 0.0), EE = E1;
+  for (int64_t r = 0; r < dk; ++r)
+    for (int64_t m = 0; m < dk; ++m) {
+      for (int64_t c = 0; c < dk; ++c) MM[r * dk + c] += M1[r * dk + m] * M0[m * dk + c];
+      for (int64_t c = 0; c < dv; ++c) EE[r * dv + c] += M1[r * dk + m] * E0[m * dv + c];
+    }
+  expect_close("M composed", MM, M, 1e-12);
+  expect_close("E composed", EE, E, 1e-12);
+}
+
 TEST_F(CpuOpsForward, AttentionMatchesMaskedSoftmax) {
   const Cu& cu = kRaggedCu;
   const AttnDims dims{4, 2, 5, 4, 10000.0};

@@ -199,6 +199,26 @@ GdnHead<S> make_head(const S* qkv, const S* g, const S* beta, const GdnDims& d, 
   return h;
 }
 
+// Tokens [t0, t1) of value head j from `state` (updated in place); o rows written unless o is nullptr.
+// zero_v: every v row taken as 0 (the state's columns need not be dv then: gdn_segment_map's M).
+template <typename S>
+void forward_tokens(const GdnHead<S>& head, int64_t j, S* state, S* o, int64_t t0, int64_t t1, bool zero_v = false) {
+  const int64_t dk = head.dk, dv = head.dv;
+  std::vector<S> qn(static_cast<size_t>(dk)), kn(static_cast<size_t>(dk)), m(static_cast<size_t>(dv)),
+      delta(static_cast<size_t>(dv)), zeros(zero_v ? static_cast<size_t>(dv) : 0, S(0));
+  for (int64_t t = t0; t < t1; ++t) {
+    const S* v = nullptr;
+    head.load(t, qn.data(), kn.data(), &v);
+    head.step(state, m.data(), delta.data(), kn.data(), zero_v ? zeros.data() : v, std::exp(head.g[t * head.Hv + j]),
+              head.beta[t * head.Hv + j]);
+    if (o == nullptr) continue;
+    S* ot = o + (t * head.Hv + j) * dv;
+    for (int64_t c = 0; c < dv; ++c) ot[c] = 0;
+    for (int64_t r = 0; r < dk; ++r)
+      for (int64_t c = 0; c < dv; ++c) ot[c] += state[r * dv + c] * qn[static_cast<size_t>(r)];
+  }
+}
+
 }  // namespace
 
 template <typename S>
@@ -207,23 +227,35 @@ void gdn_forward(S* o, const S* qkv, const S* g, const S* beta, const GdnDims& d
   (void)T;
   const int64_t Hv = dims.num_v_heads, dk = dims.k_head_dim, dv = dims.v_head_dim;
   parallel_for(num_seqs * Hv, [&](int64_t task0, int64_t task1) {
-    std::vector<S> state(static_cast<size_t>(dk * dv)), qn(static_cast<size_t>(dk)), kn(static_cast<size_t>(dk)),
-        m(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
+    std::vector<S> state(static_cast<size_t>(dk * dv));
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t s = task / Hv, j = task % Hv;
-      const GdnHead<S> head = make_head(qkv, g, beta, dims, j);
       std::fill(state.begin(), state.end(), S(0));
-      for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
-        const S* v = nullptr;
-        head.load(t, qn.data(), kn.data(), &v);
-        head.step(state.data(), m.data(), delta.data(), kn.data(), v, std::exp(g[t * Hv + j]), beta[t * Hv + j]);
-        S* ot = o + (t * Hv + j) * dv;
-        for (int64_t c = 0; c < dv; ++c) ot[c] = 0;
-        for (int64_t r = 0; r < dk; ++r)
-          for (int64_t c = 0; c < dv; ++c) ot[c] += state[r * dv + c] * qn[r];
-      }
+      forward_tokens(make_head(qkv, g, beta, dims, j), j, state.data(), o, cu[s], cu[s + 1]);
     }
   });
+}
+
+template <typename S>
+void gdn_forward_segment(S* o, S* state, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j,
+                         int64_t t0, int64_t t1) {
+  forward_tokens(make_head(qkv, g, beta, dims, j), j, state, o, t0, t1);
+}
+
+template <typename S>
+void gdn_segment_map(S* M, S* E, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j, int64_t t0,
+                     int64_t t1) {
+  const GdnHead<S> head = make_head(qkv, g, beta, dims, j);
+  const int64_t dk = dims.k_head_dim, dv = dims.v_head_dim;
+  // M: the same recurrence over a dk x dk state from I with every v row 0 (the state's dk columns
+  // play dv's part; load still reads the real v row, which zero_v ignores).
+  GdnHead<S> square = head;
+  square.dv = dk;
+  std::fill(M, M + dk * dk, S(0));
+  for (int64_t r = 0; r < dk; ++r) M[r * dk + r] = S(1);
+  forward_tokens(square, j, M, static_cast<S*>(nullptr), t0, t1, true);
+  std::fill(E, E + dk * dv, S(0));
+  forward_tokens(head, j, E, static_cast<S*>(nullptr), t0, t1);
 }
 
 template <typename S>
@@ -402,6 +434,8 @@ QT_REF_INSTANTIATE(conv1d_silu_backward);
 QT_REF_INSTANTIATE(gdn_gates_forward);
 QT_REF_INSTANTIATE(gdn_gates_backward);
 QT_REF_INSTANTIATE(gdn_forward);
+QT_REF_INSTANTIATE(gdn_forward_segment);
+QT_REF_INSTANTIATE(gdn_segment_map);
 QT_REF_INSTANTIATE(gdn_backward);
 QT_REF_INSTANTIATE(gated_rmsnorm_forward);
 QT_REF_INSTANTIATE(gated_rmsnorm_backward);

@@ -84,6 +84,22 @@ void gdn_gates_backward(S* db, S* da, S* da_log, S* ddt_bias, const S* dbeta, co
 template <typename S>
 void gdn_forward(S* o, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t T, const int32_t* cu,
                  int num_seqs);
+// The intra-sample split of the scans (KERNELS.md 1.7) in exact form, the reference for split
+// kernels. Tokens [t0, t1) of value head j map the state entering them to S_end = M S_0 + E: M [dk, dk]
+// is the product of the per-token maps A_t = e^{g_t} (I - beta_t k^_t k^_t^T) (later tokens on the
+// left), E [dk, dv] the scan of those tokens from S_0 = 0. A sample cut into segments s = 0, 1, ..
+// then runs: the maps of every segment (in parallel), S_{s+1} = M_s S_s + E_s from S_0 = 0 (short and
+// serial), and each segment's forward from its S_s (in parallel; gdn_forward_segment). The backward
+// runs the transposed maps in reverse: each A_t is symmetric, so dL/dS_{s} = M_s^T dL/dS_{s+1} + F_s,
+// with F_s the segment's reverse scan from dL/dS_{s+1} = 0.
+template <typename S>
+void gdn_segment_map(S* M, S* E, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j,
+                     int64_t t0, int64_t t1);
+// gdn_forward of tokens [t0, t1) of value head j from the entering state `state` [dk, dv], which it
+// updates to the leaving state; writes o rows t0 .. t1 - 1 of head j.
+template <typename S>
+void gdn_forward_segment(S* o, S* state, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j,
+                         int64_t t0, int64_t t1);
 // dqkv[T, conv_dim], dg, dbeta [T,Hv]: all overwritten. Memory is O(T + chunk) states per
 // (sample, head) task: states are checkpointed every 64 tokens and recomputed chunk by chunk.
 template <typename S>
