@@ -1,7 +1,8 @@
 // Tests of the CPU reference backend (src/ops/cpu).
 //  * CpuOpsGrad:     every backward against float64 central finite differences of its forward
 //                    (the double instantiation of reference_ops.h), per element.
-//  * CpuOpsForward:  forward math against naive re-implementations written differently here.
+//  * CpuOpsForward:  forward math against naive re-implementations written differently here, and
+//                    the GDN intra-sample split (forward and backward) against the whole range.
 //  * CpuOpsPacked:   a packed row gives exactly what each sample gives alone (conv, GDN, attention).
 //  * CpuOpsFloat:    CpuBackend (float, through Tensors) against the double reference, including
 //                    "=" vs "+=" output semantics and thread-count determinism.
@@ -508,6 +509,55 @@ TEST_F(CpuOpsForward, GatedDeltaRuleSegmentSplit) {
     }
   expect_close("M composed", MM, M, 1e-12);
   expect_close("E composed", EE, E, 1e-12);
+}
+
+// The split backward: segments run last first, each from its entering state S_s and the gradient
+// dL/dS leaving it, give the gradients of the whole range, and the gradient entering a segment is
+// M_s^T (the gradient leaving it) + F_s, with F_s the segment's backward from a zero leaving gradient.
+TEST_F(CpuOpsForward, GatedDeltaRuleSegmentSplitBackward) {
+  const GdnDims dims{2, 4, 5, 3};
+  const Cu cu = {0, 37, 237};
+  const int64_t T = cu.back(), Hv = 4, dk = 5, dv = 3, CD = dims.conv_dim();
+  Vec qkv = random_vec(rng, T * CD), g = random_vec(rng, T * Hv, -1.0, 0.0), beta = random_vec(rng, T * Hv, 0.0, 1.0),
+      d_o = random_vec(rng, T * Hv * dv);
+  auto grads = [&] {  // dq^, dk^, dqkv (v columns), dg, dbeta
+    const auto n = [](int64_t x) { return Vec(static_cast<size_t>(x)); };
+    return std::vector<Vec>{n(T * Hv * dk), n(T * Hv * dk), n(T * CD), n(T * Hv), n(T * Hv)};
+  };
+  auto backward = [&](std::vector<Vec>& x, Vec& dstate, const Vec* state, int64_t j, int64_t t0, int64_t t1) {
+    ref::gdn_backward_segment(x[0].data(), x[1].data(), x[2].data(), x[3].data(), x[4].data(), dstate.data(),
+                              state ? state->data() : nullptr, d_o.data(), qkv.data(), g.data(), beta.data(), dims, j,
+                              t0, t1);
+  };
+  const char* names[] = {"dq^", "dk^", "dv", "dg", "dbeta"};
+  const std::vector<Cu> cuts = {{37, 101, 165, 237}, {37, 38, 150, 151, 237}};
+  for (const Cu& seg : cuts) {
+    std::vector<Vec> whole = grads(), split = grads(), scratch = grads();
+    for (int64_t j = 0; j < Hv; ++j) {
+      Vec none(static_cast<size_t>(dk * dv), 0.0);
+      backward(whole, none, nullptr, j, 37, 237);
+      std::vector<Vec> entering(seg.size() - 1, Vec(static_cast<size_t>(dk * dv), 0.0));  // S_s
+      for (size_t s = 0; s + 2 < seg.size(); ++s) {
+        entering[s + 1] = entering[s];
+        ref::gdn_forward_segment(scratch[2].data(), entering[s + 1].data(), qkv.data(), g.data(), beta.data(), dims, j,
+                                 seg[s], seg[s + 1]);
+      }
+      Vec G(static_cast<size_t>(dk * dv), 0.0);  // dL/dS leaving segment s
+      for (size_t s = seg.size() - 1; s-- > 0;) {
+        Vec M(static_cast<size_t>(dk * dk)), E(static_cast<size_t>(dk * dv)), F(G.size(), 0.0), want = F;
+        ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, j, seg[s], seg[s + 1]);
+        backward(scratch, F, &entering[s], j, seg[s], seg[s + 1]);
+        for (int64_t r = 0; r < dk; ++r)
+          for (int64_t c = 0; c < dv; ++c) {
+            want[r * dv + c] = F[r * dv + c];
+            for (int64_t m = 0; m < dk; ++m) want[r * dv + c] += M[m * dk + r] * G[m * dv + c];
+          }
+        backward(split, G, &entering[s], j, seg[s], seg[s + 1]);
+        expect_close("dL/dS entering a segment: M^T dS_end + F", G, want, 1e-12);
+      }
+    }
+    for (size_t x = 0; x < 5; ++x) expect_close(names[x], split[x], whole[x], 1e-12);
+  }
 }
 
 TEST_F(CpuOpsForward, AttentionMatchesMaskedSoftmax) {

@@ -219,6 +219,112 @@ void forward_tokens(const GdnHead<S>& head, int64_t j, S* state, S* o, int64_t t
   }
 }
 
+// The backward of tokens [t0, t1) of value head j (gdn_backward's per-task work): S0 the state
+// entering the range (nullptr: 0); G_io in: dL/dS leaving the range, out: dL/dS entering it.
+// dqn_all, dkn_all [T, Hv, dk] (gradients w.r.t. q^, k^), head j's v columns of dqkv, dg, dbeta: the
+// range's rows, overwritten.
+template <typename S>
+void backward_tokens(const GdnHead<S>& head, int64_t j, int64_t t0, int64_t t1, const S* S0, S* G_io, S* dqn_all,
+                     S* dkn_all, S* dqkv, S* dg, S* dbeta, const S* d_o) {
+  const int64_t Hv = head.Hv, dk = head.dk, dv = head.dv, CD = head.conv_dim, SZ = dk * dv;
+  const S* g = head.g;
+  const S* beta = head.beta;
+  const int64_t len = t1 - t0;
+  const int64_t nchunks = (len + kGdnChunk - 1) / kGdnChunk;
+  std::vector<S> ckpt, states(static_cast<size_t>(kGdnChunk * SZ)), G(static_cast<size_t>(SZ)),
+      shat(static_cast<size_t>(SZ)), st(static_cast<size_t>(SZ)), qn(static_cast<size_t>(dk)),
+      kn(static_cast<size_t>(dk)), m(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)),
+      ddelta(static_cast<size_t>(dv)), dm(static_cast<size_t>(dv));
+  // Forward pass keeping the state that enters each chunk.
+  ckpt.assign(static_cast<size_t>(nchunks * SZ), S(0));
+  std::vector<S> state(static_cast<size_t>(SZ), S(0));
+  if (S0 != nullptr) std::copy(S0, S0 + SZ, state.begin());
+  for (int64_t t = t0; t < t0 + len; ++t) {
+    if ((t - t0) % kGdnChunk == 0)
+      std::copy(state.begin(), state.end(), ckpt.begin() + (t - t0) / kGdnChunk * SZ);
+    const S* v = nullptr;
+    head.load(t, qn.data(), kn.data(), &v);
+    head.step(state.data(), m.data(), delta.data(), kn.data(), v, std::exp(g[t * Hv + j]), beta[t * Hv + j]);
+  }
+
+  // Backward, last chunk first; G = dL/dS_t, from G_io after the range's last token.
+  std::copy(G_io, G_io + SZ, G.begin());
+  for (int64_t ch = nchunks - 1; ch >= 0; --ch) {
+    const int64_t c0 = t0 + ch * kGdnChunk;
+    const int64_t L = std::min(kGdnChunk, t0 + len - c0);
+    // states[i] = S_{t-1} for token t = c0 + i.
+    std::copy(ckpt.begin() + ch * SZ, ckpt.begin() + (ch + 1) * SZ, st.begin());
+    for (int64_t i = 0; i < L; ++i) {
+      std::copy(st.begin(), st.end(), states.begin() + i * SZ);
+      if (i + 1 == L) break;
+      const S* v = nullptr;
+      head.load(c0 + i, qn.data(), kn.data(), &v);
+      head.step(st.data(), m.data(), delta.data(), kn.data(), v, std::exp(g[(c0 + i) * Hv + j]),
+                beta[(c0 + i) * Hv + j]);
+    }
+    for (int64_t i = L - 1; i >= 0; --i) {
+      const int64_t t = c0 + i;
+      const S decay = std::exp(g[t * Hv + j]);
+      const S b = beta[t * Hv + j];
+      const S* v = nullptr;
+      head.load(t, qn.data(), kn.data(), &v);
+      // Recompute S^ = e^g S_{t-1}, m, delta and S_t.
+      const S* prev = states.data() + i * SZ;
+      for (int64_t e = 0; e < SZ; ++e) shat[static_cast<size_t>(e)] = decay * prev[e];
+      std::copy(prev, prev + SZ, st.begin());
+      head.step(st.data(), m.data(), delta.data(), kn.data(), v, decay, b);
+      const S* dot = d_o + (t * Hv + j) * dv;
+      S* dqn = dqn_all + (t * Hv + j) * dk;
+      S* dkn = dkn_all + (t * Hv + j) * dk;
+
+      // o = S_t^T q^: G += q^ do^T, dq^ = S_t do.
+      for (int64_t r = 0; r < dk; ++r) {
+        S acc = 0;
+        for (int64_t c = 0; c < dv; ++c) {
+          G[static_cast<size_t>(r * dv + c)] += qn[static_cast<size_t>(r)] * dot[c];
+          acc += st[static_cast<size_t>(r * dv + c)] * dot[c];
+        }
+        dqn[r] = acc;
+      }
+      // S_t = S^ + k^ delta^T: d delta = G^T k^, dk^ = G delta.
+      for (int64_t c = 0; c < dv; ++c) ddelta[static_cast<size_t>(c)] = 0;
+      for (int64_t r = 0; r < dk; ++r) {
+        S acc = 0;
+        for (int64_t c = 0; c < dv; ++c) {
+          ddelta[static_cast<size_t>(c)] += G[static_cast<size_t>(r * dv + c)] * kn[static_cast<size_t>(r)];
+          acc += G[static_cast<size_t>(r * dv + c)] * delta[static_cast<size_t>(c)];
+        }
+        dkn[r] = acc;
+      }
+      // delta = beta (v - m).
+      S db = 0;
+      S* dvt = dqkv + t * CD + head.v_off;
+      for (int64_t c = 0; c < dv; ++c) {
+        db += ddelta[static_cast<size_t>(c)] * (v[c] - m[static_cast<size_t>(c)]);
+        dvt[c] = b * ddelta[static_cast<size_t>(c)];
+        dm[static_cast<size_t>(c)] = -b * ddelta[static_cast<size_t>(c)];
+      }
+      dbeta[t * Hv + j] = db;
+      // m = S^^T k^: dS^ = G + k^ dm^T (built in G), dk^ += S^ dm.
+      S dgt = 0;
+      for (int64_t r = 0; r < dk; ++r) {
+        S acc = 0;
+        for (int64_t c = 0; c < dv; ++c) {
+          const size_t e = static_cast<size_t>(r * dv + c);
+          acc += shat[e] * dm[static_cast<size_t>(c)];
+          G[e] += kn[static_cast<size_t>(r)] * dm[static_cast<size_t>(c)];
+          dgt += shat[e] * G[e];
+        }
+        dkn[r] += acc;
+      }
+      // S^ = e^g S_{t-1}: dg = <S^, dS^>, dL/dS_{t-1} = e^g dS^.
+      dg[t * Hv + j] = dgt;
+      for (auto& e : G) e *= decay;
+    }
+  }
+  std::copy(G.begin(), G.end(), G_io);
+}
+
 }  // namespace
 
 template <typename S>
@@ -243,6 +349,13 @@ void gdn_forward_segment(S* o, S* state, const S* qkv, const S* g, const S* beta
 }
 
 template <typename S>
+void gdn_backward_segment(S* dqn, S* dkn, S* dqkv, S* dg, S* dbeta, S* dstate, const S* state, const S* d_o,
+                          const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j, int64_t t0,
+                          int64_t t1) {
+  backward_tokens(make_head(qkv, g, beta, dims, j), j, t0, t1, state, dstate, dqn, dkn, dqkv, dg, dbeta, d_o);
+}
+
+template <typename S>
 void gdn_segment_map(S* M, S* E, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j, int64_t t0,
                      int64_t t1) {
   const GdnHead<S> head = make_head(qkv, g, beta, dims, j);
@@ -263,107 +376,16 @@ void gdn_backward(S* dqkv, S* dg, S* dbeta, const S* d_o, const S* qkv, const S*
                   const GdnDims& dims, int64_t T, const int32_t* cu, int num_seqs) {
   const int64_t Hk = dims.num_k_heads, Hv = dims.num_v_heads, dk = dims.k_head_dim, dv = dims.v_head_dim;
   const int64_t CD = dims.conv_dim(), key_dim = dims.key_dim(), ratio = Hv / Hk;
-  const int64_t SZ = dk * dv;
   // Gradients w.r.t. the normalized q^, k^, per value head; summed over each key head's group below.
   std::vector<S> dqn_all(static_cast<size_t>(T * Hv * dk)), dkn_all(static_cast<size_t>(T * Hv * dk));
 
   parallel_for(num_seqs * Hv, [&](int64_t task0, int64_t task1) {
-    std::vector<S> ckpt, states(static_cast<size_t>(kGdnChunk * SZ)), G(static_cast<size_t>(SZ)),
-        shat(static_cast<size_t>(SZ)), st(static_cast<size_t>(SZ)), qn(static_cast<size_t>(dk)),
-        kn(static_cast<size_t>(dk)), m(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)),
-        ddelta(static_cast<size_t>(dv)), dm(static_cast<size_t>(dv));
+    std::vector<S> G(static_cast<size_t>(dk * dv));
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t s = task / Hv, j = task % Hv;
-      const GdnHead<S> head = make_head(qkv, g, beta, dims, j);
-      const int64_t t_begin = cu[s], len = cu[s + 1] - cu[s];
-      const int64_t nchunks = (len + kGdnChunk - 1) / kGdnChunk;
-
-      // Forward pass keeping the state that enters each chunk.
-      ckpt.assign(static_cast<size_t>(nchunks * SZ), S(0));
-      std::vector<S> state(static_cast<size_t>(SZ), S(0));
-      for (int64_t t = t_begin; t < t_begin + len; ++t) {
-        if ((t - t_begin) % kGdnChunk == 0)
-          std::copy(state.begin(), state.end(), ckpt.begin() + (t - t_begin) / kGdnChunk * SZ);
-        const S* v = nullptr;
-        head.load(t, qn.data(), kn.data(), &v);
-        head.step(state.data(), m.data(), delta.data(), kn.data(), v, std::exp(g[t * Hv + j]), beta[t * Hv + j]);
-      }
-
-      // Backward, last chunk first; G = dL/dS_t, zero after the sample's last token.
-      std::fill(G.begin(), G.end(), S(0));
-      for (int64_t ch = nchunks - 1; ch >= 0; --ch) {
-        const int64_t c0 = t_begin + ch * kGdnChunk;
-        const int64_t L = std::min(kGdnChunk, t_begin + len - c0);
-        // states[i] = S_{t-1} for token t = c0 + i.
-        std::copy(ckpt.begin() + ch * SZ, ckpt.begin() + (ch + 1) * SZ, st.begin());
-        for (int64_t i = 0; i < L; ++i) {
-          std::copy(st.begin(), st.end(), states.begin() + i * SZ);
-          if (i + 1 == L) break;
-          const S* v = nullptr;
-          head.load(c0 + i, qn.data(), kn.data(), &v);
-          head.step(st.data(), m.data(), delta.data(), kn.data(), v, std::exp(g[(c0 + i) * Hv + j]),
-                    beta[(c0 + i) * Hv + j]);
-        }
-        for (int64_t i = L - 1; i >= 0; --i) {
-          const int64_t t = c0 + i;
-          const S decay = std::exp(g[t * Hv + j]);
-          const S b = beta[t * Hv + j];
-          const S* v = nullptr;
-          head.load(t, qn.data(), kn.data(), &v);
-          // Recompute S^ = e^g S_{t-1}, m, delta and S_t.
-          const S* prev = states.data() + i * SZ;
-          for (int64_t e = 0; e < SZ; ++e) shat[static_cast<size_t>(e)] = decay * prev[e];
-          std::copy(prev, prev + SZ, st.begin());
-          head.step(st.data(), m.data(), delta.data(), kn.data(), v, decay, b);
-          const S* dot = d_o + (t * Hv + j) * dv;
-          S* dqn = dqn_all.data() + (t * Hv + j) * dk;
-          S* dkn = dkn_all.data() + (t * Hv + j) * dk;
-
-          // o = S_t^T q^: G += q^ do^T, dq^ = S_t do.
-          for (int64_t r = 0; r < dk; ++r) {
-            S acc = 0;
-            for (int64_t c = 0; c < dv; ++c) {
-              G[static_cast<size_t>(r * dv + c)] += qn[static_cast<size_t>(r)] * dot[c];
-              acc += st[static_cast<size_t>(r * dv + c)] * dot[c];
-            }
-            dqn[r] = acc;
-          }
-          // S_t = S^ + k^ delta^T: d delta = G^T k^, dk^ = G delta.
-          for (int64_t c = 0; c < dv; ++c) ddelta[static_cast<size_t>(c)] = 0;
-          for (int64_t r = 0; r < dk; ++r) {
-            S acc = 0;
-            for (int64_t c = 0; c < dv; ++c) {
-              ddelta[static_cast<size_t>(c)] += G[static_cast<size_t>(r * dv + c)] * kn[static_cast<size_t>(r)];
-              acc += G[static_cast<size_t>(r * dv + c)] * delta[static_cast<size_t>(c)];
-            }
-            dkn[r] = acc;
-          }
-          // delta = beta (v - m).
-          S db = 0;
-          S* dvt = dqkv + t * CD + head.v_off;
-          for (int64_t c = 0; c < dv; ++c) {
-            db += ddelta[static_cast<size_t>(c)] * (v[c] - m[static_cast<size_t>(c)]);
-            dvt[c] = b * ddelta[static_cast<size_t>(c)];
-            dm[static_cast<size_t>(c)] = -b * ddelta[static_cast<size_t>(c)];
-          }
-          dbeta[t * Hv + j] = db;
-          // m = S^^T k^: dS^ = G + k^ dm^T (built in G), dk^ += S^ dm.
-          S dgt = 0;
-          for (int64_t r = 0; r < dk; ++r) {
-            S acc = 0;
-            for (int64_t c = 0; c < dv; ++c) {
-              const size_t e = static_cast<size_t>(r * dv + c);
-              acc += shat[e] * dm[static_cast<size_t>(c)];
-              G[e] += kn[static_cast<size_t>(r)] * dm[static_cast<size_t>(c)];
-              dgt += shat[e] * G[e];
-            }
-            dkn[r] += acc;
-          }
-          // S^ = e^g S_{t-1}: dg = <S^, dS^>, dL/dS_{t-1} = e^g dS^.
-          dg[t * Hv + j] = dgt;
-          for (auto& e : G) e *= decay;
-        }
-      }
+      std::fill(G.begin(), G.end(), S(0));  // nothing flows back from after the sample
+      backward_tokens(make_head(qkv, g, beta, dims, j), j, cu[s], cu[s + 1], static_cast<const S*>(nullptr),
+                      G.data(), dqn_all.data(), dkn_all.data(), dqkv, dg, dbeta, d_o);
     }
   });
 
@@ -436,6 +458,7 @@ QT_REF_INSTANTIATE(gdn_gates_backward);
 QT_REF_INSTANTIATE(gdn_forward);
 QT_REF_INSTANTIATE(gdn_forward_segment);
 QT_REF_INSTANTIATE(gdn_segment_map);
+QT_REF_INSTANTIATE(gdn_backward_segment);
 QT_REF_INSTANTIATE(gdn_backward);
 QT_REF_INSTANTIATE(gated_rmsnorm_forward);
 QT_REF_INSTANTIATE(gated_rmsnorm_backward);

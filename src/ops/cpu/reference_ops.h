@@ -100,6 +100,15 @@ void gdn_segment_map(S* M, S* E, const S* qkv, const S* g, const S* beta, const 
 template <typename S>
 void gdn_forward_segment(S* o, S* state, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j,
                          int64_t t0, int64_t t1);
+// The backward of gdn_forward_segment: tokens [t0, t1) of value head j entered with `state` (nullptr:
+// 0); dstate in: dL/dS leaving the range, out: dL/dS entering it. dqn, dkn [T, Hv, dk]: the gradients
+// w.r.t. q^, k^ of the range's rows (gdn_backward then sums them over a key head's value heads and
+// applies the L2-norm backward); head j's v columns of dqkv, and dg, dbeta: the range's rows. All
+// overwritten. gdn_backward runs it per (sample, head) from state 0 with dstate 0.
+template <typename S>
+void gdn_backward_segment(S* dqn, S* dkn, S* dqkv, S* dg, S* dbeta, S* dstate, const S* state, const S* d_o,
+                          const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j, int64_t t0,
+                          int64_t t1);
 // dqkv[T, conv_dim], dg, dbeta [T,Hv]: all overwritten. Memory is O(T + chunk) states per
 // (sample, head) task: states are checkpointed every 64 tokens and recomputed chunk by chunk.
 template <typename S>
