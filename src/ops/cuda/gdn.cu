@@ -43,7 +43,6 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -403,7 +402,6 @@ __device__ __forceinline__ void lower_tile(int idx, int& m0, int& n0) {
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
 // kGroup (the wgmma scans' prep at more than one value head per key head): the CTA loops over the
 // group's value heads, holding k k^T through the loop: 64 registers, 4 CTAs per SM; otherwise 48, 5.
-
 template <bool kWU, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
