@@ -219,27 +219,36 @@ void forward_tokens(const GdnHead<S>& head, int64_t j, S* state, S* o, int64_t t
   }
 }
 
+// backward_tokens' work buffers, sized once per (dk, dv) and reused by a thread's tasks (a chunk's
+// entering states alone are 64 dk dv values).
+template <typename S>
+struct BackwardScratch {
+  std::vector<S> ckpt, states, state, shat, st, qn, kn, m, delta, ddelta, dm;
+  BackwardScratch(int64_t dk, int64_t dv)
+      : states(static_cast<size_t>(kGdnChunk * dk * dv)), state(static_cast<size_t>(dk * dv)),
+        shat(state.size()), st(state.size()), qn(static_cast<size_t>(dk)), kn(qn.size()),
+        m(static_cast<size_t>(dv)), delta(m.size()), ddelta(m.size()), dm(m.size()) {}
+};
+
 // The backward of tokens [t0, t1) of value head j (gdn_backward's per-task work): S0 the state
-// entering the range (nullptr: 0); G_io in: dL/dS leaving the range, out: dL/dS entering it.
+// entering the range (nullptr: 0); G in: dL/dS leaving the range, out: dL/dS entering it.
 // dqn_all, dkn_all [T, Hv, dk] (gradients w.r.t. q^, k^), head j's v columns of dqkv, dg, dbeta: the
 // range's rows, overwritten.
 template <typename S>
-void backward_tokens(const GdnHead<S>& head, int64_t j, int64_t t0, int64_t t1, const S* S0, S* G_io, S* dqn_all,
-                     S* dkn_all, S* dqkv, S* dg, S* dbeta, const S* d_o) {
+void backward_tokens(BackwardScratch<S>& w, const GdnHead<S>& head, int64_t j, int64_t t0, int64_t t1, const S* S0,
+                     S* G, S* dqn_all, S* dkn_all, S* dqkv, S* dg, S* dbeta, const S* d_o) {
   const int64_t Hv = head.Hv, dk = head.dk, dv = head.dv, CD = head.conv_dim, SZ = dk * dv;
   const S* g = head.g;
   const S* beta = head.beta;
-  const int64_t len = t1 - t0;
-  const int64_t nchunks = (len + kGdnChunk - 1) / kGdnChunk;
-  std::vector<S> ckpt, states(static_cast<size_t>(kGdnChunk * SZ)), G(static_cast<size_t>(SZ)),
-      shat(static_cast<size_t>(SZ)), st(static_cast<size_t>(SZ)), qn(static_cast<size_t>(dk)),
-      kn(static_cast<size_t>(dk)), m(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)),
-      ddelta(static_cast<size_t>(dv)), dm(static_cast<size_t>(dv));
+  const int64_t nchunks = (t1 - t0 + kGdnChunk - 1) / kGdnChunk;
+  auto& [ckpt, states, state, shat, st, qn, kn, m, delta, ddelta, dm] = w;
   // Forward pass keeping the state that enters each chunk.
   ckpt.assign(static_cast<size_t>(nchunks * SZ), S(0));
-  std::vector<S> state(static_cast<size_t>(SZ), S(0));
-  if (S0 != nullptr) std::copy(S0, S0 + SZ, state.begin());
-  for (int64_t t = t0; t < t0 + len; ++t) {
+  if (S0 != nullptr)
+    std::copy(S0, S0 + SZ, state.begin());
+  else
+    std::fill(state.begin(), state.end(), S(0));
+  for (int64_t t = t0; t < t1; ++t) {
     if ((t - t0) % kGdnChunk == 0)
       std::copy(state.begin(), state.end(), ckpt.begin() + (t - t0) / kGdnChunk * SZ);
     const S* v = nullptr;
@@ -247,11 +256,10 @@ void backward_tokens(const GdnHead<S>& head, int64_t j, int64_t t0, int64_t t1, 
     head.step(state.data(), m.data(), delta.data(), kn.data(), v, std::exp(g[t * Hv + j]), beta[t * Hv + j]);
   }
 
-  // Backward, last chunk first; G = dL/dS_t, from G_io after the range's last token.
-  std::copy(G_io, G_io + SZ, G.begin());
+  // Backward, last chunk first; G = dL/dS_t, as given after the range's last token.
   for (int64_t ch = nchunks - 1; ch >= 0; --ch) {
     const int64_t c0 = t0 + ch * kGdnChunk;
-    const int64_t L = std::min(kGdnChunk, t0 + len - c0);
+    const int64_t L = std::min(kGdnChunk, t1 - c0);
     // states[i] = S_{t-1} for token t = c0 + i.
     std::copy(ckpt.begin() + ch * SZ, ckpt.begin() + (ch + 1) * SZ, st.begin());
     for (int64_t i = 0; i < L; ++i) {
@@ -319,10 +327,9 @@ void backward_tokens(const GdnHead<S>& head, int64_t j, int64_t t0, int64_t t1, 
       }
       // S^ = e^g S_{t-1}: dg = <S^, dS^>, dL/dS_{t-1} = e^g dS^.
       dg[t * Hv + j] = dgt;
-      for (auto& e : G) e *= decay;
+      for (int64_t e = 0; e < SZ; ++e) G[e] *= decay;
     }
   }
-  std::copy(G.begin(), G.end(), G_io);
 }
 
 }  // namespace
@@ -352,7 +359,8 @@ template <typename S>
 void gdn_backward_segment(S* dqn, S* dkn, S* dqkv, S* dg, S* dbeta, S* dstate, const S* state, const S* d_o,
                           const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t j, int64_t t0,
                           int64_t t1) {
-  backward_tokens(make_head(qkv, g, beta, dims, j), j, t0, t1, state, dstate, dqn, dkn, dqkv, dg, dbeta, d_o);
+  BackwardScratch<S> w(dims.k_head_dim, dims.v_head_dim);
+  backward_tokens(w, make_head(qkv, g, beta, dims, j), j, t0, t1, state, dstate, dqn, dkn, dqkv, dg, dbeta, d_o);
 }
 
 template <typename S>
@@ -380,11 +388,12 @@ void gdn_backward(S* dqkv, S* dg, S* dbeta, const S* d_o, const S* qkv, const S*
   std::vector<S> dqn_all(static_cast<size_t>(T * Hv * dk)), dkn_all(static_cast<size_t>(T * Hv * dk));
 
   parallel_for(num_seqs * Hv, [&](int64_t task0, int64_t task1) {
+    BackwardScratch<S> w(dk, dv);
     std::vector<S> G(static_cast<size_t>(dk * dv));
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t s = task / Hv, j = task % Hv;
       std::fill(G.begin(), G.end(), S(0));  // nothing flows back from after the sample
-      backward_tokens(make_head(qkv, g, beta, dims, j), j, cu[s], cu[s + 1], static_cast<const S*>(nullptr),
+      backward_tokens(w, make_head(qkv, g, beta, dims, j), j, cu[s], cu[s + 1], static_cast<const S*>(nullptr),
                       G.data(), dqn_all.data(), dkn_all.data(), dqkv, dg, dbeta, d_o);
     }
   });
