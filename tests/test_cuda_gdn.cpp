@@ -112,6 +112,7 @@ struct Case {
   Beta beta = Beta::Normal;
   uint32_t seed = 1;
   bool keep_state = false;  // the forward keeps its state for the backward (the training path)
+  int min_segments = 0;     // the forward's plan must split into at least this many segments
 };
 
 void check_tensor(const char* name, bool bf16_out, const Err& gpu, const Err& floor) {
@@ -197,6 +198,11 @@ void run_case(const Case& c) {
   qt::cuda::gdn_forward(o.p, qkv.p, static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr,
                         state.p);
   CK(cudaDeviceSynchronize());
+  if (c.min_segments > 0) {
+    const int segs = qt::cuda::gdn_planned_segments(a, ws.p);
+    std::printf("  forward scan segments %d (samples %d)\n", segs, N);
+    EXPECT_GE(segs, c.min_segments) << "the forward did not split the long samples";
+  }
   CK(cudaMemset(ws.p, 0xFF, ws.bytes));  // the backward must not rely on what the forward left there
   qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
                          static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr, state.p);
@@ -317,7 +323,27 @@ TEST(CudaGdn, OneLongSegment8192) { run_case({2, 4, 64, 64, {8192}, Gate::Normal
 // The real head dims over 128 chunks of one sample: the wgmma forward scan's state stays in its
 // accumulators across every chunk step (and its two load buffers alternate 64 times).
 TEST(CudaGdn, RealHeadDimsOneLongSegment8192) {
-  run_case({1, 2, 128, 128, {8192}, Gate::Normal, Beta::Normal, 24});
+  Case c{1, 2, 128, 128, {8192}, Gate::Normal, Beta::Normal, 24};
+  c.min_segments = 3;  // the forward splits it (the backward's recompute does not)
+  run_case(c);
+}
+// The intra-sample split (gdn.cu's plan): a long sample among short ones, its state kept for
+// thousands of rows (gates near 0), so every segment's entering state S_s = M S + E matters; and
+// two long samples split at once (their state slots side by side), at the 4B head layout too.
+TEST(CudaGdn, SplitLongSampleAmongShortGatesNearZero) {
+  Case c{2, 4, 128, 128, {700, 5000, 1, 129}, Gate::NearZero, Beta::Normal, 30};
+  c.min_segments = 6;
+  run_case(c);
+}
+TEST(CudaGdn, SplitTwoLongSamplesStrongBeta) {
+  Case c{1, 3, 128, 128, {3000, 65, 2600}, Gate::NearZero, Beta::NearOne, 31};
+  c.min_segments = 7;
+  run_case(c);
+}
+TEST(CudaGdn, SplitFourBHeadsOneLongSample) {
+  Case c{16, 32, 128, 128, {4100}, Gate::Normal, Beta::Normal, 32};
+  c.min_segments = 3;
+  run_case(c);
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 // Forward:  chunk table -> prep (G, T by a register-tiled block solve, the q / k L2 row scales; one
 //           CTA per (chunk, key head)) -> state scan on wgmma (h, D when kept; the output formed
 //           in the scan) [-> output kernel beside the scan when h, D are kept and the scan is one
-//           wave].
+//           wave]. A forward that keeps no state splits a long sample across CTAs (intra-sample
+//           split: segments' maps S_end = M S_0 + E in parallel, then each segment from its
+//           entering state; planned on the device by the chunk table kernel).
 // Backward: the same up to the scan, then the reverse scan on wgmma (dh, full dD, dD_local formed
 //           inside) -> per-chunk gradients on wgmma, one persistent kernel (dq^, dk^ per value head,
 //           dv, dg, dbeta; T from prep) -> group sum + L2-norm bwd (at one value head per key head
@@ -38,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -225,65 +228,255 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
   *reinterpret_cast<uint32_t*>(p) = gdn_mma::pack_bf16(x0, x1);
 }
 
-// ---- chunk table -------------------------------------------------------------------------------
-// table[c] = {bos, len, seq, index in seq} for every chunk, seq_off[s] = first chunk of sample s,
-// seq_off[N] = *nchunks; seq_order[r] = the sample of rank r, longest first; rtable = the table's
-// entries ordered shortest sample first, with .w = the chunk's index in table (nullptr: not built).
-// That is the order in which a single wave of reverse-scan CTAs finishes: bwd_chunk's order when it
-// starts beside that scan.
-// One block of 1024 threads, each owning a run of samples (of ranks, for rtable).
-// The scans are serial over a sample's chunks, so a long sample whose CTAs start in the last wave
-// sets the tail; their grid runs samples in seq_order (LPT). The order is a counting sort over the
-// clamped chunk count; within a count it is arbitrary and harmless, since every (sample, head,
-// column block) CTA's result is independent of when it runs.
+// ---- chunk table and the intra-sample split plan ----------------------------------------------
+// The scans are serial over a sample's chunks, so one long sample with few heads leaves most SMs
+// idle (KERNELS.md 1.7). The plan splits the longest samples into chunk-aligned segments (virtual
+// samples: every table below is over segments) and the forward wgmma scan runs them as items:
+//   kItemOut: a sample's first segment from state 0 (every unsplit sample is one); when the sample
+//             is split, its leaving state is S_1;
+//   kItemE, kItemM: a middle segment's map S_end = M S_0 + E (E from 0, M from I with v = 0);
+//   kItemOutFromState: a later segment s from S_s = M_{s-1} S_{s-1} + E_{s-1} (the item forms it
+//             first, from its predecessor's S, and publishes it for the next).
+// Items are taken by ticket (gdn_scan_fwd_wgmma_kernel), the later segments after every map in
+// segment order, so an item waits only on items taken before it: no deadlock at any grid size.
+constexpr int kSplitTop = 8;       // the longest samples the plan may split
+constexpr int kSplitCand = 32;     // candidate segment counts of the longest sample: 3 .. kSplitCand + 2
+constexpr int kMinSegChunks = 4;   // no segment shorter than 256 rows
+enum ScanItem : int { kItemOut = 0, kItemE = 1, kItemM = 2, kItemOutFromState = 3 };
+struct SplitArgs {
+  int* vcu;           // [P + 1] segment boundaries (rows); P = num_seqs + max_slots
+  int4* seginfo;      // [P] {sample, index in sample, segments of the sample, state slot (-1: unsplit)}
+  int* items;         // [num_seqs + 3 max_slots] item = segment * 4 + ScanItem, in ticket order
+  int* counts;        // [0] items, [1] segments, [2], [3] ticket counters (zeroed here)
+  int* flags;         // [3][max_slots][Hv] ready flags of the S, M, E slots (zeroed here)
+  int max_slots;      // state slots, one per segment of a split sample; 0: never split
+  int hv, sms;
+};
+// Chunks of segment i of a sample of n chunks in k segments, and its first chunk.
+__host__ __device__ __forceinline__ int seg_chunks(int n, int k, int i) { return n / k + (i < n % k ? 1 : 0); }
+__host__ __device__ __forceinline__ int seg_first(int n, int k, int i) { return i * (n / k) + min(i, n % k); }
+
+// The plan's cost estimate in chunk steps of one scan CTA, for candidate c (0: no split; else the
+// longest sample in c + 2 segments, every top sample longer than that segment length split as
+// finely; budget: max_slots segments in all). k_out: the chosen segment counts.
+__device__ float split_cost(int c, const int* top_n, int n_top, int rest_work, int rest_max, const SplitArgs& sp,
+                            int* k_out) {
+  const int lt = c == 0 ? 0x7fffffff : (top_n[0] + c + 1) / (c + 2);
+  int slots = 0, items1 = 0, items3 = 0, lmax = 0;
+  float work = static_cast<float>(rest_work), path = static_cast<float>(rest_max);
+  for (int r = 0; r < n_top; ++r) {
+    const int n = top_n[r];
+    int k = 1;
+    if (n > lt) {
+      k = min(max(3, (n + lt - 1) / lt), n / kMinSegChunks);
+      if (k < 3 || slots + k > sp.max_slots) k = 1;
+    }
+    if (k_out) k_out[r] = k;
+    if (k == 1) {
+      work += n;
+      path = fmaxf(path, static_cast<float>(n));
+      continue;
+    }
+    slots += k;
+    const int l = (n + k - 1) / k;
+    work += static_cast<float>(n + 2 * (k - 2) * l);  // every chunk once, the middle ones twice more
+    path = fmaxf(path, static_cast<float>(2 * l + (k - 2)));  // map, then the chain of combines, then out
+    items1 += 2 * k - 3;
+    items3 += k - 1;
+    lmax = max(lmax, l);
+  }
+  const float hv = static_cast<float>(sp.hv), sms = static_cast<float>(sp.sms);
+  // Whole waves of equal segments: their items do not pack below the ticket order's waves.
+  const float waves = static_cast<float>(lmax) * (ceilf(items1 * hv / sms) + ceilf(items3 * hv / sms));
+  return fmaxf(fmaxf(work * hv / sms, path), waves);
+}
+
+// table[c] = {bos, len, segment, index in segment} for every chunk, seq_off[p] = first chunk of
+// segment p, seq_off[P] = *nchunks; seq_order[r] = the segment of rank r, longest first; rtable =
+// the table's entries ordered shortest segment first, with .w = the chunk's index in table
+// (nullptr: not built). That is the order in which a single wave of reverse-scan CTAs finishes:
+// bwd_chunk's order when it starts beside that scan. Without a split, segment p is sample p.
+// One block of 1024 threads, each owning a run of samples (of segments, of ranks).
+// The scans are serial over a segment's chunks, so a long one whose CTAs start in the last wave
+// sets the tail; they run segments in seq_order (LPT). The order is a counting sort over the
+// clamped chunk count; within a count it is arbitrary and harmless, since every CTA's result is
+// independent of when it runs.
 constexpr int kTableThreads = 1024, kOrderKeys = 1024;
 __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* table, int4* rtable, int* nchunks,
                                                                         int* seq_off, int* seq_order,
-                                                                        const int32_t* cu, int num_seqs) {
+                                                                        const int32_t* cu, int num_seqs,
+                                                                        SplitArgs sp) {
   __shared__ int sums[kTableThreads];
   __shared__ int count[kOrderKeys];
+  __shared__ int top_n[kSplitTop], top_s[kSplitTop], top_k[kSplitTop], top_seg[kSplitTop];
+  __shared__ float cand[kSplitCand + 1];
+  __shared__ int plan[3];  // n_top, the other samples' chunks, the longest of them
   const int tid = threadIdx.x, nt = kTableThreads;
+  for (int i = tid; i < 3 * sp.max_slots * sp.hv; i += nt) sp.flags[i] = 0;
+  if (tid >= 2 && tid < 4) sp.counts[tid] = 0;
+  if (tid == 0) plan[2] = 0;
   const int per = (num_seqs + nt - 1) / nt;
   const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
   static_assert(kOrderKeys == kTableThreads, "one order key per thread");
   auto nchunks_of = [&](int s) { return (cu[s + 1] - cu[s] + kC - 1) / kC; };
+  // Key k = kOrderKeys - 1 - min(chunks, kOrderKeys - 1): ascending keys are descending lengths.
+  auto key_of = [](int n) { return kOrderKeys - 1 - min(n, kOrderKeys - 1); };
+  // Counting sort: count[key] holds counts on entry, each key's first rank on return.
+  auto ranks_from_counts = [&]() {
+    __syncthreads();  // counts complete, every thread done reading sums[]
+    const int mine = count[tid];
+    sums[tid] = mine;
+    dev::block_inclusive_scan(sums);
+    count[tid] = sums[tid] - mine;
+    __syncthreads();
+  };
+
+  // 1. Chunks per sample, their prefix, the samples longest first.
   count[tid] = 0;
   int local = 0;
   for (int s = s0; s < s1; ++s) local += nchunks_of(s);
   sums[tid] = local;
   dev::block_inclusive_scan(sums);  // starts with a barrier: count[] is zeroed
-  int base = sums[tid] - local;
-  // Key k = kOrderKeys - 1 - min(chunks, kOrderKeys - 1): ascending keys are descending lengths.
-  auto key_of = [](int n) { return kOrderKeys - 1 - min(n, kOrderKeys - 1); };
+  const int chunk_base = sums[tid] - local, total = sums[nt - 1];
+  for (int s = s0; s < s1; ++s) atomicAdd(&count[key_of(nchunks_of(s))], 1);
+  ranks_from_counts();
+  // Without a possible split (segment s is sample s) the samples' order is the scans' order;
+  // else the samples of the first ranks (longest first) and the chunks of the next one.
+  const bool may_split = sp.max_slots >= 3;
   for (int s = s0; s < s1; ++s) {
-    const int bos = cu[s], len = cu[s + 1] - cu[s], n = nchunks_of(s);
-    seq_off[s] = base;
-    for (int c = 0; c < n; ++c) table[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), s, c);
-    base += n;
-    atomicAdd(&count[key_of(n)], 1);
+    const int n = nchunks_of(s), r = atomicAdd(&count[key_of(n)], 1);
+    if (!may_split) {
+      seq_order[r] = s;
+    } else if (r < kSplitTop) {
+      top_s[r] = s;
+      top_n[r] = n;
+    } else if (r == kSplitTop) {
+      plan[2] = n;
+    }
+  }
+  __syncthreads();
+
+  // 2. The plan: the cheapest candidate, taken only where it saves a tenth.
+  if (tid == 0) {
+    const int n_top = may_split ? min(num_seqs, kSplitTop) : 0;
+    int top_work = 0;
+    for (int r = 0; r < n_top; ++r) {
+      top_k[r] = 1;
+      top_work += top_n[r];
+    }
+    plan[0] = n_top;
+    plan[1] = total - top_work;
+  }
+  __syncthreads();
+  const int n_top = plan[0];
+  if (n_top > 0 && tid <= kSplitCand) cand[tid] = split_cost(tid, top_n, n_top, plan[1], plan[2], sp, nullptr);
+  __syncthreads();
+  if (tid == 0 && n_top > 0) {
+    int best = 0;
+    for (int c = 1; c <= kSplitCand; ++c)
+      if (cand[c] < cand[best]) best = c;
+    if (best > 0 && cand[best] < 0.9f * cand[0]) split_cost(best, top_n, n_top, plan[1], plan[2], sp, top_k);
+  }
+  __syncthreads();
+  auto k_of = [&](int s) {
+    for (int r = 0; r < n_top; ++r)
+      if (top_s[r] == s) return top_k[r];
+    return 1;
+  };
+
+  // 3. Segments: boundaries, info, the chunk table.
+  int nseg = 0, seg_base = s0, num_segs = num_seqs;
+  if (may_split) {
+    for (int s = s0; s < s1; ++s) nseg += k_of(s);
+    sums[tid] = nseg;
+    dev::block_inclusive_scan(sums);
+    seg_base = sums[tid] - nseg;
+    num_segs = sums[nt - 1];
+  }
+  {
+    int p = seg_base, cb = chunk_base;
+    for (int s = s0; s < s1; ++s) {
+      const int bos = cu[s], len = cu[s + 1] - bos, n = nchunks_of(s), k = k_of(s);
+      int slot = -1;
+      if (k > 1) {  // slots of the split samples in top order
+        slot = 0;
+        for (int r = 0; r < n_top && top_s[r] != s; ++r) slot += top_k[r] > 1 ? top_k[r] : 0;
+        for (int r = 0; r < n_top; ++r)
+          if (top_s[r] == s) top_seg[r] = p;
+      }
+      for (int i = 0; i < k; ++i, ++p) {
+        const int f = seg_first(n, k, i), m = seg_chunks(n, k, i);
+        sp.vcu[p] = bos + f * kC;
+        seq_off[p] = cb + f;
+        if (may_split) sp.seginfo[p] = make_int4(s, i, k, slot < 0 ? -1 : slot + i);
+        for (int c = f; c < f + m; ++c) table[cb + c] = make_int4(bos + c * kC, min(kC, len - c * kC), p, c - f);
+      }
+      cb += n;
+    }
   }
   if (tid == nt - 1) {
-    *nchunks = sums[nt - 1];
-    seq_off[num_seqs] = sums[nt - 1];
+    *nchunks = total;
+    seq_off[num_segs] = total;
+    sp.vcu[num_segs] = num_seqs > 0 ? cu[num_seqs] : 0;
+    sp.counts[1] = num_segs;
   }
-  __syncthreads();  // counts complete, every thread done reading sums[]
-  const int mine = count[tid];
-  sums[tid] = mine;
-  dev::block_inclusive_scan(sums);
-  count[tid] = sums[tid] - mine;  // first rank of key tid
-  __syncthreads();
-  for (int s = s0; s < s1; ++s) seq_order[atomicAdd(&count[key_of(nchunks_of(s))], 1)] = s;
+  __syncthreads();  // vcu, seq_off, seginfo, top_seg complete
+
+  // 4. Segments longest first (the scans' LPT order; without a possible split, done in 1).
+  const int pper = (num_segs + nt - 1) / nt;
+  const int p0 = min(num_segs, tid * pper), p1 = min(num_segs, p0 + pper);
+  auto seg_n = [&](int p) { return seq_off[p + 1] - seq_off[p]; };
+  if (!may_split) {
+    if (tid == 0) sp.counts[0] = 0;  // no items: the ticket scan runs only where a split may happen
+  } else {
+    count[tid] = 0;
+    __syncthreads();
+    for (int p = p0; p < p1; ++p) atomicAdd(&count[key_of(seg_n(p))], 1);
+    ranks_from_counts();
+    for (int p = p0; p < p1; ++p) seq_order[atomicAdd(&count[key_of(seg_n(p))], 1)] = p;
+    __syncthreads();  // seq_order complete
+
+    // 5. The forward scan's items: every sample's first segment and every middle segment's two maps
+    // in LPT order, then the later segments by index (each after its predecessor).
+    auto first_items = [&](int p) {
+      const int4 si = sp.seginfo[p];
+      return si.y == 0 ? 1 : si.y < si.z - 1 ? 2 : 0;
+    };
+    local = 0;
+    for (int r = p0; r < p1; ++r) local += first_items(seq_order[r]);
+    sums[tid] = local;
+    dev::block_inclusive_scan(sums);
+    {
+      int q = sums[tid] - local;
+      for (int r = p0; r < p1; ++r) {
+        const int p = seq_order[r], e = first_items(p);
+        if (e == 1) sp.items[q++] = 4 * p + kItemOut;
+        if (e == 2) {
+          sp.items[q++] = 4 * p + kItemE;
+          sp.items[q++] = 4 * p + kItemM;
+        }
+      }
+    }
+    if (tid == 0) {
+      int q = sums[nt - 1], kmax = 1;
+      for (int r = 0; r < n_top; ++r) kmax = max(kmax, top_k[r]);
+      for (int i = 1; i < kmax; ++i)
+        for (int r = 0; r < n_top; ++r)
+          if (top_k[r] > i) sp.items[q++] = 4 * (top_seg[r] + i) + kItemOutFromState;
+      sp.counts[0] = q;
+    }
+  }
   if (rtable == nullptr) return;  // a forward that keeps nothing for the backward
-  __syncthreads();  // seq_order and seq_off complete (global writes of this block)
-  // rtable: this thread's ranks s0..s1 - 1 counted from the shortest sample.
+  __syncthreads();  // thread 0 is done reading sums[]
+  // rtable: this thread's ranks p0..p1 - 1 counted from the shortest segment.
   local = 0;
-  for (int r = s0; r < s1; ++r) local += nchunks_of(seq_order[num_seqs - 1 - r]);
+  for (int r = p0; r < p1; ++r) local += seg_n(seq_order[num_segs - 1 - r]);
   sums[tid] = local;
   dev::block_inclusive_scan(sums);
-  base = sums[tid] - local;
-  for (int r = s0; r < s1; ++r) {
-    const int s = seq_order[num_seqs - 1 - r], bos = cu[s], len = cu[s + 1] - bos, n = nchunks_of(s);
-    for (int c = 0; c < n; ++c) rtable[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), s, seq_off[s] + c);
+  int base = sums[tid] - local;
+  for (int r = p0; r < p1; ++r) {
+    const int p = seq_order[num_segs - 1 - r], bos = sp.vcu[p], len = sp.vcu[p + 1] - bos, n = seg_n(p);
+    for (int c = 0; c < n; ++c) rtable[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), p, seq_off[p] + c);
     base += n;
   }
 }
@@ -1171,7 +1364,7 @@ constexpr int kWgRows = 7 * kC;
 // at the top of every chunk, where the other warps wait at the barrier for these rows). Used by the
 // plain forward's scan only: there it gained, in the scans that store their state it cost ~1 %.
 template <bool kEx2 = false>
-__device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, float gi, float2 r, float b) {
+__device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, float gi, float2 r, float b, float vb) {
   const int i = threadIdx.x;
   if (i < kC) {
     const float egi = kEx2 ? ex2_ftz(gi * kLog2e) : expf(gi);
@@ -1180,7 +1373,7 @@ __device__ __forceinline__ void wg_store_rows(float* rows, int L, float gl, floa
     rows[2 * kC + i] = i < L ? gi : gl;
     rows[3 * kC + i] = r.x;
     rows[4 * kC + i] = r.y;
-    rows[5 * kC + i] = b;
+    rows[5 * kC + i] = vb;  // beta on v's rows: 0 in the split's M map (v = 0)
     rows[6 * kC + i] = b * egi * r.y;
   }
 }
@@ -1255,27 +1448,93 @@ constexpr size_t scan_fwd_wg_smem() {
 }
 static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 1024 == 0, "panels 1024-aligned");
 
+// The split's state buffers (gdn_chunk_table_kernel's plan): per slot and value head a D x D fp32
+// matrix, fragment-native [d][n] (store_state_t's layout): S entering the slot's segment, its map's
+// M and E; flags [3][slots][Hv] set when each is stored (signal_done).
+struct SplitStates {
+  float *S, *M, *E;
+  int* flags;
+  int slots;
+  __device__ float* at(float* base, int slot, int Hv, int head) const {
+    return base + (static_cast<size_t>(slot) * Hv + head) * kDlD * kDlD;
+  }
+  __device__ int* flag(int which, int Hv) const { return flags + static_cast<size_t>(which) * slots * Hv; }
+};
+// sT (store_state_t's register layout) from a fragment-native D x D state.
+__device__ __forceinline__ void load_state_t(float (&sT)[kDlD / 2], const float* src, int ncol, int t) {
+#pragma unroll
+  for (int j = 0; j < kDlD / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) sT[4 * j + 2 * hh + e] = src[gdn_mma::frag_index(8 * j + 2 * t + e, ncol + 8 * hh, kDlD)];
+}
+// S_out = M S_in + E (D x D, fragment-native), all 256 threads: the split's combine, ~fp32 products
+// (hi / lo split, 3 mma per k step).
+__device__ void combine_state(float* S_out, const float* M, const float* S_in, const float* E) {
+  constexpr int D = kDlD;
+  auto m_pair = [M](int i, int k) { return ld_f2(M + gdn_mma::frag_index(i, k, D)); };
+  gdn_mma::for_tiles<4>(
+      D, D,
+      [&](float (&acc)[4][4], int m0, int n0) { mma_acc<4>(acc, m0, n0, 0, D, Gk<decltype(m_pair)>{m_pair}, NtT{S_in, D}); },
+      Pair{[&](int i, int j, float v0, float v1) {
+        const int o = gdn_mma::frag_index(i, j, D);
+        const float2 e = ld_f2(E + o);
+        *reinterpret_cast<float2*>(S_out + o) = make_float2(v0 + e.x, v1 + e.y);
+      }});
+}
+
+// S_s for a kItemOutFromState item of segment index s (all threads): S_1 is the first segment's
+// leaving state (its flag awaited); from s = 2 on S_s = M_{s-1} S_{s-1} + E_{s-1} is formed here once
+// the predecessor's S and map are stored, and published for segment s + 1.
+__device__ void split_entering_state(const SplitStates& st, int idx, int slot, int Hv, int head) {
+  if (idx < 2) {
+    wait_done(st.flag(0, Hv), slot, Hv, head);
+    return;
+  }
+  for (int which = 0; which < 3; ++which) wait_done(st.flag(which, Hv), slot - 1, Hv, head);
+  combine_state(st.at(st.S, slot, Hv, head), st.at(st.M, slot - 1, Hv, head), st.at(st.S, slot - 1, Hv, head),
+                st.at(st.E, slot - 1, Hv, head));
+  signal_done(st.flag(0, Hv), slot, Hv, head);  // its barrier makes S visible to this CTA too
+}
+
+// One item of the forward scan (gdn_chunk_table_kernel's plan): a segment p (every unsplit sample is
+// one) of one value head.
+struct WgScanItem {
+  int head, kh, bos, len, n, first, p, kind, idx, nseg, slot;
+};
+// The forward scan CTA's current item (a fixed smem address: no register holds a pointer to it).
+__shared__ WgScanItem scan_item;
+__device__ __forceinline__ WgScanItem wg_scan_item(int ticket, const int* items, const int* vcu, const int* seq_off,
+                                                   const int4* seginfo, int Hk, int Hv) {
+  const int it = items[ticket / Hv], head = ticket % Hv, p = it >> 2;
+  const int4 si = seginfo[p];
+  const int bos = vcu[p], len = vcu[p + 1] - bos;
+  return {head, head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[p], p, it & 3, si.y, si.z, si.w};
+}
+
 // Each product batch is issued by warpgroup 0 before warpgroup 1's (wg::issue_after_wg0): forward
 // +1.5-2 % at every shape in the sixteenth round.
-template <bool kOut, bool kLoadsFirst = false>
-__global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, bf16* o,
-                                                                    const bf16* Th, const bf16* Tl, const bf16* qkv,
-                                                                    const float* rs, const float* Gc,
-                                                                    const float* beta, const int32_t* cu,
-                                                                    const int* seq_off, const int* seq_order, int Hk,
-                                                                    int Hv, int conv_dim, int* done) {
+// kMode: kPlain (no split: the code the scans were tuned with), kSplitOut (an output item of the
+// split), kSplitMap (a map: kItemE from 0, kItemM from I with v = 0, i.e. beta 0 on v's rows; it
+// stores nothing but its leaving state). kItemOutFromState starts from S_s (split_entering_state
+// made it); a split sample's kItemOut stores its leaving state as S_1. The split items read their
+// kind and slot again from smem (scan_item) after the chunk loop, so those are not held in registers
+// across it.
+enum ScanMode : int { kPlain = 0, kSplitOut = 1, kSplitMap = 2 };
+template <bool kOut, bool kLoadsFirst, int kMode>
+__device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned char* smem_raw, float* h, bf16* Dgh,
+                                              bf16* Dgl, bf16* o, const bf16* Th, const bf16* Tl, const bf16* qkv,
+                                              const float* rs, const float* Gc, const float* beta,
+                                              const SplitStates& st, int Hk, int Hv, int conv_dim, int* done) {
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
-  // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
-  // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
-  if constexpr (!kOut) launch_dependents();
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
   // The output instance without kLoadsFirst is the plain forward's (gdn_forward keeps no h, D there):
-  // its state stores are compiled out.
-  constexpr bool kStores = !kOut || kLoadsFirst;
-  const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
+  // its state stores are compiled out, as the maps' are.
+  constexpr bool kMap = kMode == kSplitMap;
+  constexpr bool kStores = (!kOut || kLoadsFirst) && !kMap;
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   char* pplanes = tiles + 2 * kBuf;  // kOut: P hi, lo [i][j] (wg_p_planes)
@@ -1303,14 +1562,24 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   cp_async_commit();
   // S^T: rows ncol (regs 4 j + 0, 1) and ncol + 8 (4 j + 2, 3), columns d = 8 j + 2 t (+1).
   float sT[2 * D / 4];
+  if (kMode == kSplitOut && cta.kind == kItemOutFromState) {
+    load_state_t(sT, st.at(st.S, cta.slot, Hv, head), ncol, t);  // split_entering_state made it
+  } else {
 #pragma unroll
-  for (int r = 0; r < 2 * D / 4; ++r) sT[r] = 0.f;
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          sT[4 * j + 2 * hh + e] = cta.kind == kItemM && 8 * j + 2 * t + e == ncol + 8 * hh ? 1.f : 0.f;
+  }
+  const float vb_on = kMap && cta.kind == kItemM ? 0.f : 1.f;
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
     const float gl = nx.gl;
     const float* rw = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
-    wg_store_rows<!kStores>(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b);
+    wg_store_rows<!kStores && kOut>(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b, kMap ? nx.b * vb_on : nx.b);
     if (ci + 1 < n) nx.load(Gc, rs, beta, c0 + kC, min(kC, len - (ci + 1) * kC), Hk, Hv, head, kh);
     cp_async_wait<0>();  // this chunk's tiles
     wg::fence_proxy_async();
@@ -1457,7 +1726,73 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     }
   }
   cp_async_wait<0>();
-  if constexpr (!kOut) signal_done(done, cta.s, Hv, head);
+  if constexpr (kMode == kPlain) {
+    if constexpr (!kOut) signal_done(done, cta.p, Hv, head);
+    return;
+  }
+  // The leaving state where the split needs it: a map's M or E, a split sample's S_1.
+  const volatile WgScanItem* vit = &scan_item;
+  const int kind = vit->kind, slot = vit->slot;
+  const int which = kind == kItemE ? 2 : kind == kItemM ? 1 : kind == kItemOut && vit->nseg > 1 ? 0 : -1;
+  if (which >= 0) {
+    const int to = which == 0 ? slot + 1 : slot, hd = vit->head;
+    store_state_t(st.at(which == 0 ? st.S : which == 1 ? st.M : st.E, to, Hv, hd), sT, ncol, t);
+    signal_done(st.flag(which, Hv), to, Hv, hd);
+  }
+  if constexpr (!kOut && !kMap) signal_done(done, vit->p, Hv, vit->head);
+}
+
+// The forward scan. Plain: CTA b runs (segment of rank b / Hv, head b % Hv) from state 0, as the
+// scans were tuned (no split). kTickets (a forward with a long sample, split_possible): the CTAs take
+// (item, value head) tickets in the plan's order until none are left (gdn_chunk_table_kernel zeroes
+// the counter); an item that waits for another's state waits only for one of a smaller ticket, taken
+// by a running CTA. The ticket walk costs the chat mix's forward ~5 % (its per-item code in a loop;
+// launched beside the plain one, each returning at once where the plan was the other's, 8-10 %), so
+// it runs only where a long sample may be split.
+template <bool kOut, bool kLoadsFirst = false, bool kTickets = false>
+__global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, bf16* o,
+                                                                    const bf16* Th, const bf16* Tl, const bf16* qkv,
+                                                                    const float* rs, const float* Gc,
+                                                                    const float* beta, const int* vcu,
+                                                                    const int* seq_off, const int* seq_order,
+                                                                    const int4* seginfo, const int* items,
+                                                                    int* counts, SplitStates st, int Hk, int Hv,
+                                                                    int conv_dim, int* done) {
+  // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
+  // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
+  if constexpr (!kOut) launch_dependents();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  if constexpr (!kTickets) {
+    const WgScanCta c = wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv);
+    const WgScanItem cta{c.head, c.kh, c.bos, c.len, c.n, c.first, c.s, kItemOut, 0, 1, -1};
+    scan_fwd_item<kOut, kLoadsFirst, kPlain>(cta, smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
+                                             conv_dim, done);
+  } else {
+    WgScanItem& item = scan_item;
+    for (;;) {
+      __syncthreads();  // every thread is done with the last item
+      if (threadIdx.x == 0) {
+        const int b = atomicAdd(counts + 2, 1);
+        if (b < counts[0] * Hv) {
+          item = wg_scan_item(b, items, vcu, seq_off, seginfo, Hk, Hv);
+        } else {
+          item.head = -1;
+        }
+      }
+      __syncthreads();
+      if (item.head < 0) break;
+      // The maps form no output and store no h, D: the output-free code.
+      if (item.kind == kItemE || item.kind == kItemM) {
+        scan_fwd_item<false, false, kSplitMap>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
+                                          conv_dim, done);
+      } else {
+        if (item.kind == kItemOutFromState) split_entering_state(st, item.idx, item.slot, Hv, item.head);
+        // (The output items with their loads first: the other order spills here.)
+        scan_fwd_item<kOut, true, kSplitOut>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
+                                                conv_dim, done);
+      }
+    }
+  }
 }
 
 // ---- backward reverse state scan -------------------------------------------------------------------
@@ -1742,7 +2077,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     const float gl = nx.gl;
     const float* ksc = rows + buf * kWgRows;  // two copies: the other warpgroup may still read the last chunk's
     const float* eqc = ksc + kC;
-    wg_store_rows(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b);
+    wg_store_rows(rows + buf * kWgRows, L, gl, nx.gi, nx.r, nx.b, nx.b);
     if (ci > 0) next_gates(ci - 1);
     cp_async_wait<0>();  // k, q, T, dO of this chunk
     wg::fence_proxy_async();
@@ -3179,7 +3514,12 @@ struct Workspace {
   int4* rtable;  // the table shortest sample first (.w: chunk index), bwd_chunk's item order
   int* nchunks;
   int* seq_off;
-  int* seq_order;  // samples longest first (the scans' CTA order)
+  int* seq_order;  // segments longest first (the scans' CTA order)
+  int* vcu;        // segment boundaries (rows): without a split, cu_seqlens
+  int4* seginfo;
+  int *items, *counts;
+  SplitStates split;
+  int max_segs;    // num_seqs + split.slots
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
   int* done;  // [2][N, Hv]: the forward, the reverse scan has stored (sample, head) (gdn_backward's
               // kernels beside one another), then bwd_chunk's item counter
@@ -3190,6 +3530,17 @@ struct Workspace {
   int nc_max;
 };
 
+bool wgmma_scans(int K, int V);
+int env_knob(const char* name, std::initializer_list<int> allowed);
+
+// State slots of the intra-sample split (gdn_chunk_table_kernel): about two scan CTAs per SM's worth
+// of segments (each slot is a D x D state per value head, three times); QT_GDN_NO_SPLIT=1: none.
+int split_slots(const GdnArgs& a) {
+  static const bool off = env_knob("QT_GDN_NO_SPLIT", {1}) != 0;
+  if (off || !wgmma_scans(a.k_head_dim, a.v_head_dim)) return 0;
+  return std::min(32, 2 * sm_count() / std::max(1, a.num_v_heads));
+}
+
 // Upper bound on the chunk count: sum ceil(len/C) <= T/C + N, and never more than T.
 int max_chunks(const GdnArgs& a) {
   const int64_t b = static_cast<int64_t>(a.total_tokens) / kC + a.num_seqs;
@@ -3199,8 +3550,6 @@ int max_chunks(const GdnArgs& a) {
 // Lays the forward state (chunk table, Gc, W, D, h, rs: what the backward reuses when the
 // forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
 // only). Returns {state bytes, scratch bytes}.
-bool wgmma_scans(int K, int V);
-
 std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
   size_t off = 0;
   char* base = state;
@@ -3219,8 +3568,15 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.rtable = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.nchunks = reinterpret_cast<int*>(take(sizeof(int)));
-  ws.seq_off = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 1) * sizeof(int)));
-  ws.seq_order = reinterpret_cast<int*>(take(static_cast<size_t>(a.num_seqs) * sizeof(int)));
+  const int slots = split_slots(a);
+  const size_t P = static_cast<size_t>(a.num_seqs) + slots;
+  ws.max_segs = static_cast<int>(P);
+  ws.seq_off = reinterpret_cast<int*>(take((P + 1) * sizeof(int)));
+  ws.seq_order = reinterpret_cast<int*>(take(P * sizeof(int)));
+  ws.vcu = reinterpret_cast<int*>(take((P + 1) * sizeof(int)));
+  ws.seginfo = reinterpret_cast<int4*>(take(P * sizeof(int4)));
+  ws.items = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 3 * slots) * sizeof(int)));
+  ws.counts = reinterpret_cast<int*>(take(4 * sizeof(int)));
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   // W's planes: only the mma.sync scans read them (the wgmma ones form W S from T).
   const size_t w_bytes = wgmma_scans(a.k_head_dim, a.v_head_dim) ? 0 : T * Hv * K * sizeof(bf16);
@@ -3241,7 +3597,16 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
-  ws.done = reinterpret_cast<int*>(take((2 * static_cast<size_t>(a.num_seqs) * Hv + 1) * sizeof(int)));
+  ws.done = reinterpret_cast<int*>(take((2 * P * Hv + 1) * sizeof(int)));
+  // The split's states: only a forward that keeps no state splits (its backward recomputes), so
+  // they are scratch.
+  const size_t slot_bytes = static_cast<size_t>(slots) * Hv * K * V * sizeof(float);
+  ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
+  ws.split.M = reinterpret_cast<float*>(take(slot_bytes));
+  ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
+  ws.split.flags = reinterpret_cast<int*>(take(3 * static_cast<size_t>(slots) * Hv * sizeof(int)));
+  ws.split.slots = slots;
+
   if (w) *w = ws;
   return {state_bytes, off};
 }
@@ -3360,8 +3725,19 @@ bool output_in_scan(const GdnArgs& a, bool for_backward) {
 // state skips those stores where the output is formed in the scan). out != nullptr: the wgmma scan
 // forms the forward's output there (output_in_scan, decided by gdn_forward). done != nullptr: the
 // wgmma scan flags each (sample, head) when its h and D are stored (the kernels beside it).
+// Whether a sample as long as max_seqlen could be worth splitting (the plan, on the device, decides):
+// only where its chunks are more than twice an even share of all the scan's chunk steps over the
+// SMs. The plain scan is kept otherwise (the ticket walk costs the chat mix ~5 %). max_seqlen is the
+// caller's bound, so a captured step keeps the decision of its capture.
+bool split_possible(const GdnArgs& a, const Workspace& w) {
+  const double n_max = std::ceil(static_cast<double>(a.max_seqlen) / kC);
+  const double share = static_cast<double>(max_chunks(a)) * a.num_v_heads / sm_count();
+  return w.split.slots >= 3 && n_max >= 3 * kMinSegChunks && n_max > 2 * share;
+}
+// split: the plan may split long samples (only where the wgmma forward scan is the only scan over
+// the tables: the reverse scan has no split yet).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
-                    bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr) {
+                    bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
@@ -3369,9 +3745,11 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const bool fuse = out != nullptr;
   stage_begin(stream);
   // rtable: bwd_chunk's and the output kernel's order, not needed by a plain forward with the output fused.
+  const SplitArgs sp{w.vcu,  w.seginfo, w.items, w.counts, w.split.flags, split && split_possible(a, w) ? w.split.slots : 0,
+                     Hv,     sm_count()};
   gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward || !fuse ? w.rtable : nullptr,
                                                           w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
-                                                          a.num_seqs);
+                                                          a.num_seqs, sp);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
@@ -3386,13 +3764,21 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   if (wg_scans) {
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
-    // The instance: output formed here (fuse), its loads first where the state is kept too.
-    auto kernel = fuse ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true, false>)
-                       : gdn_scan_fwd_wgmma_kernel<false, false>;
+    // The instance: output formed here (fuse), its loads first where the state is kept too (a kept
+    // state never splits); by tickets where the plan may split a long sample.
+    const bool tickets = sp.max_slots >= 3;
+    auto kernel = fuse ? (keep      ? gdn_scan_fwd_wgmma_kernel<true, true>
+                          : tickets ? gdn_scan_fwd_wgmma_kernel<true, false, true>
+                                    : gdn_scan_fwd_wgmma_kernel<true, false>)
+                       : (tickets ? gdn_scan_fwd_wgmma_kernel<false, false, true> : gdn_scan_fwd_wgmma_kernel<false, false>);
+    // By tickets at most one CTA per SM runs (its smem allows one), and there are at most
+    // max_segs + 2 slots items per value head; else one CTA per (sample, value head).
+    const int64_t most = (static_cast<int64_t>(w.max_segs) + 2 * w.split.slots) * Hv;
+    const unsigned grid = tickets ? static_cast<unsigned>(std::min<int64_t>(most, sm_count())) : scan_grid(a, V);
     stage_begin(stream);
-    launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, keep ? w.h : nullptr,
-                keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs, w.Gc, beta,
-                a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, conv_dim, done);
+    launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", dim3(grid), 256, bytes, stream, keep ? w.h : nullptr,
+                keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs, w.Gc, beta, w.vcu,
+                w.seq_off, w.seq_order, w.seginfo, w.items, w.counts, w.split, Hk, Hv, conv_dim, done);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return;
   }
@@ -3401,7 +3787,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   auto scan_fwd = scan_thr > kThreads ? gdn_scan_fwd_kernel<2 * kThreads> : gdn_scan_fwd_kernel<kThreads>;
   stage_begin(stream);
   launch_smem(scan_fwd, "gdn_scan_fwd_kernel", scan_grid(a, bv), scan_thr, scan_bytes, stream, w.h, w.Dh, w.Dl, w.dD,
-              w.Wh, w.Wl, qkv, w.rs, w.Gc, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
+              w.Wh, w.Wl, qkv, w.rs, w.Gc, w.vcu, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
   stage_end("gdn_scan_fwd_kernel", stream);
 }
 
@@ -3426,6 +3812,13 @@ void gdn_stage_report(const char* label, int calls) {
   s.ms.clear();
 }
 
+int gdn_planned_segments(const GdnArgs& a, const void* workspace) {
+  const Workspace w = place(a, const_cast<void*>(workspace), nullptr);
+  int n = 0;
+  CUDA_CHECK(cudaMemcpy(&n, w.counts + 1, sizeof(int), cudaMemcpyDeviceToHost));
+  return n;
+}
+
 void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
                  cudaStream_t stream, void* state) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
@@ -3439,10 +3832,11 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   static const bool after_scan = env_knob("QT_GDN_OUTPUT_AFTER_SCAN", {1}) != 0;
   const bool in_scan = output_in_scan(a, state != nullptr);
   const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
-  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(a.num_seqs) * Hv * sizeof(int), stream));
-  // A kept state is computed at the backward's precision, so reusing it changes nothing.
+  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(w.max_segs) * Hv * sizeof(int), stream));
+  // A kept state is computed at the backward's precision, so reusing it changes nothing. Only a
+  // forward that keeps nothing splits long samples (the backward's reverse scan does not split).
   forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
-                 beside ? w.done : nullptr);
+                 beside ? w.done : nullptr, state == nullptr);
   if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
@@ -3475,7 +3869,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // launches each after the one before, for A/B.
   static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
   const bool beside = wg_scan && wg_bc && !after_scan, rev_beside = beside && state == nullptr && !separate;
-  const size_t nflags = static_cast<size_t>(a.num_seqs) * Hv;
+  const size_t nflags = static_cast<size_t>(w.max_segs) * Hv;
   int* done_fwd = rev_beside ? w.done : nullptr;
   int* done_rev = beside ? w.done + nflags : nullptr;
   int* work = beside ? w.done + 2 * nflags : nullptr;
@@ -3510,7 +3904,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
     stage_begin(stream);
     launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh,
-                       w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk,
+                       w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, w.vcu, w.seq_off, w.seq_order, Hk,
                        Hv, conv_dim, done_rev);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
@@ -3521,7 +3915,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
                                             : gdn_scan_bwd_kernel<kThreads, false>;
     stage_begin(stream);
     launch_smem(scan_bwd, "gdn_scan_bwd_kernel", scan_grid(a, bv), scan_thr, sb_bytes, stream, w.dh, w.dDh, w.dDl, w.dD,
-                w.Wh, w.Wl, x, rs, w.Gc, dO, a.cu_seqlens, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
+                w.Wh, w.Wl, x, rs, w.Gc, dO, w.vcu, w.seq_off, w.seq_order, Hk, Hv, K, V, conv_dim, bv);
     stage_end("gdn_scan_bwd_kernel", stream);
   }
 
