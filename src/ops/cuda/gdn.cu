@@ -40,7 +40,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +53,7 @@
 #include "ops/cuda/ops_device.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/gdn_mma.cuh"
+#include "ops/cuda/gdn_plan.h"
 #include "ops/cuda/gdn_solve.h"
 #include "ops/cuda/wgmma.cuh"
 
@@ -239,9 +239,11 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 //             first, from its predecessor's S, and publishes it for the next).
 // Items are taken by ticket (gdn_scan_fwd_wgmma_kernel), the later segments after every map in
 // segment order, so an item waits only on items taken before it: no deadlock at any grid size.
-constexpr int kSplitTop = 8;       // the longest samples the plan may split
-constexpr int kSplitCand = 32;     // candidate segment counts of the longest sample: 3 .. kSplitCand + 2
-constexpr int kMinSegChunks = 4;   // no segment shorter than 256 rows
+using gdn_plan::kMinSegChunks;
+using gdn_plan::kSplitCand;
+using gdn_plan::kSplitTop;
+using gdn_plan::seg_chunks;
+using gdn_plan::seg_first;
 enum ScanItem : int { kItemOut = 0, kItemE = 1, kItemM = 2, kItemOutFromState = 3 };
 struct SplitArgs {
   int* vcu;           // [P + 1] segment boundaries (rows); P = num_seqs + max_slots
@@ -249,47 +251,8 @@ struct SplitArgs {
   int* items;         // [num_seqs + 3 max_slots] item = segment * 4 + ScanItem, in ticket order
   int* counts;        // [0] items, [1] segments, [2], [3] ticket counters (zeroed here)
   int* flags;         // [3][max_slots][Hv] ready flags of the S, M, E slots (zeroed here)
-  int max_slots;      // state slots, one per segment of a split sample; 0: never split
-  int hv, sms;
+  gdn_plan::SplitShape shape;  // max_slots: state slots, one per segment of a split sample; 0: never split
 };
-// Chunks of segment i of a sample of n chunks in k segments, and its first chunk.
-__host__ __device__ __forceinline__ int seg_chunks(int n, int k, int i) { return n / k + (i < n % k ? 1 : 0); }
-__host__ __device__ __forceinline__ int seg_first(int n, int k, int i) { return i * (n / k) + min(i, n % k); }
-
-// The plan's cost estimate in chunk steps of one scan CTA, for candidate c (0: no split; else the
-// longest sample in c + 2 segments, every top sample longer than that segment length split as
-// finely; budget: max_slots segments in all). k_out: the chosen segment counts.
-__device__ float split_cost(int c, const int* top_n, int n_top, int rest_work, int rest_max, const SplitArgs& sp,
-                            int* k_out) {
-  const int lt = c == 0 ? 0x7fffffff : (top_n[0] + c + 1) / (c + 2);
-  int slots = 0, items1 = 0, items3 = 0, lmax = 0;
-  float work = static_cast<float>(rest_work), path = static_cast<float>(rest_max);
-  for (int r = 0; r < n_top; ++r) {
-    const int n = top_n[r];
-    int k = 1;
-    if (n > lt) {
-      k = min(max(3, (n + lt - 1) / lt), n / kMinSegChunks);
-      if (k < 3 || slots + k > sp.max_slots) k = 1;
-    }
-    if (k_out) k_out[r] = k;
-    if (k == 1) {
-      work += n;
-      path = fmaxf(path, static_cast<float>(n));
-      continue;
-    }
-    slots += k;
-    const int l = (n + k - 1) / k;
-    work += static_cast<float>(n + 2 * (k - 2) * l);  // every chunk once, the middle ones twice more
-    path = fmaxf(path, static_cast<float>(2 * l + (k - 2)));  // map, then the chain of combines, then out
-    items1 += 2 * k - 3;
-    items3 += k - 1;
-    lmax = max(lmax, l);
-  }
-  const float hv = static_cast<float>(sp.hv), sms = static_cast<float>(sp.sms);
-  // Whole waves of equal segments: their items do not pack below the ticket order's waves.
-  const float waves = static_cast<float>(lmax) * (ceilf(items1 * hv / sms) + ceilf(items3 * hv / sms));
-  return fmaxf(fmaxf(work * hv / sms, path), waves);
-}
 
 // table[c] = {bos, len, segment, index in segment} for every chunk, seq_off[p] = first chunk of
 // segment p, seq_off[P] = *nchunks; seq_order[r] = the segment of rank r, longest first; rtable =
@@ -312,7 +275,7 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   __shared__ float cand[kSplitCand + 1];
   __shared__ int plan[3];  // n_top, the other samples' chunks, the longest of them
   const int tid = threadIdx.x, nt = kTableThreads;
-  for (int i = tid; i < 3 * sp.max_slots * sp.hv; i += nt) sp.flags[i] = 0;
+  for (int i = tid; i < 3 * sp.shape.max_slots * sp.shape.hv; i += nt) sp.flags[i] = 0;
   if (tid >= 2 && tid < 4) sp.counts[tid] = 0;
   if (tid == 0) plan[2] = 0;
   const int per = (num_seqs + nt - 1) / nt;
@@ -342,7 +305,7 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   ranks_from_counts();
   // Without a possible split (segment s is sample s) the samples' order is the scans' order;
   // else the samples of the first ranks (longest first) and the chunks of the next one.
-  const bool may_split = sp.max_slots >= 3;
+  const bool may_split = sp.shape.max_slots >= 3;
   for (int s = s0; s < s1; ++s) {
     const int n = nchunks_of(s), r = atomicAdd(&count[key_of(n)], 1);
     if (!may_split) {
@@ -369,13 +332,12 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   }
   __syncthreads();
   const int n_top = plan[0];
-  if (n_top > 0 && tid <= kSplitCand) cand[tid] = split_cost(tid, top_n, n_top, plan[1], plan[2], sp, nullptr);
+  if (n_top > 0 && tid <= kSplitCand)
+    cand[tid] = gdn_plan::split_cost(tid, top_n, n_top, plan[1], plan[2], sp.shape, nullptr);
   __syncthreads();
   if (tid == 0 && n_top > 0) {
-    int best = 0;
-    for (int c = 1; c <= kSplitCand; ++c)
-      if (cand[c] < cand[best]) best = c;
-    if (best > 0 && cand[best] < 0.9f * cand[0]) split_cost(best, top_n, n_top, plan[1], plan[2], sp, top_k);
+    const int best = gdn_plan::split_pick(cand);
+    if (best > 0) gdn_plan::split_cost(best, top_n, n_top, plan[1], plan[2], sp.shape, top_k);
   }
   __syncthreads();
   auto k_of = [&](int s) {
@@ -3730,9 +3692,7 @@ bool output_in_scan(const GdnArgs& a, bool for_backward) {
 // SMs. The plain scan is kept otherwise (the ticket walk costs the chat mix ~5 %). max_seqlen is the
 // caller's bound, so a captured step keeps the decision of its capture.
 bool split_possible(const GdnArgs& a, const Workspace& w) {
-  const double n_max = std::ceil(static_cast<double>(a.max_seqlen) / kC);
-  const double share = static_cast<double>(max_chunks(a)) * a.num_v_heads / sm_count();
-  return w.split.slots >= 3 && n_max >= 3 * kMinSegChunks && n_max > 2 * share;
+  return gdn_plan::split_worth_trying(a.max_seqlen, max_chunks(a), {w.split.slots, a.num_v_heads, sm_count()});
 }
 // split: the plan may split long samples (only where the wgmma forward scan is the only scan over
 // the tables: the reverse scan has no split yet).
@@ -3745,8 +3705,12 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const bool fuse = out != nullptr;
   stage_begin(stream);
   // rtable: bwd_chunk's and the output kernel's order, not needed by a plain forward with the output fused.
-  const SplitArgs sp{w.vcu,  w.seginfo, w.items, w.counts, w.split.flags, split && split_possible(a, w) ? w.split.slots : 0,
-                     Hv,     sm_count()};
+  const SplitArgs sp{w.vcu,
+                     w.seginfo,
+                     w.items,
+                     w.counts,
+                     w.split.flags,
+                     {split && split_possible(a, w) ? w.split.slots : 0, Hv, sm_count()}};
   gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward || !fuse ? w.rtable : nullptr,
                                                           w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
                                                           a.num_seqs, sp);
@@ -3766,7 +3730,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
     // The instance: output formed here (fuse), its loads first where the state is kept too (a kept
     // state never splits); by tickets where the plan may split a long sample.
-    const bool tickets = sp.max_slots >= 3;
+    const bool tickets = sp.shape.max_slots >= 3;
     auto kernel = fuse ? (keep      ? gdn_scan_fwd_wgmma_kernel<true, true>
                           : tickets ? gdn_scan_fwd_wgmma_kernel<true, false, true>
                                     : gdn_scan_fwd_wgmma_kernel<true, false>)

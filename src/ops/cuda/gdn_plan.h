@@ -1,0 +1,97 @@
+// The intra-sample split's plan (KERNELS.md 1.7; gdn.cu's chunk table kernel makes it on the device,
+// notes/gdn_kernels.md step 22): which of the longest samples the forward scan splits into how many
+// chunk-aligned segments. The functions compile for the host too, so a CPU test runs the plan the
+// kernel runs (tests/test_gdn_plan.cpp).
+//
+// Cost model, in chunk steps of one scan CTA (one CTA per SM; all value heads alike): a sample of n
+// chunks unsplit is n steps of work and a chain of n. Split into k >= 3 segments of about l = n / k:
+// the first segment runs from state 0 and the middle ones' maps (M, E: two items each) at once,
+// then the later segments from their entering states, each formed by a combine (~1 step) in
+// segment order: work n + 2 (k - 2) l, chain 2 l + k - 2. The estimate is the largest of the work
+// over the SMs, the longest chain, and the waves of equal segments (items that do not pack).
+#pragma once
+
+#if !defined(QT_HD)
+#if defined(__CUDACC__)
+#define QT_HD __host__ __device__ __forceinline__
+#else
+#define QT_HD inline
+#endif
+#endif
+
+#include <cmath>
+
+namespace qt::gdn_plan {
+
+constexpr int kSplitTop = 8;      // the longest samples the plan may split
+constexpr int kSplitCand = 32;    // candidate segment counts of the longest sample: 3 .. kSplitCand + 2
+constexpr int kMinSegChunks = 4;  // no segment shorter than 256 rows
+
+QT_HD int imin(int a, int b) { return a < b ? a : b; }
+QT_HD int imax(int a, int b) { return a > b ? a : b; }
+
+// Chunks of segment i of a sample of n chunks in k segments, and its first chunk.
+QT_HD int seg_chunks(int n, int k, int i) { return n / k + (i < n % k ? 1 : 0); }
+QT_HD int seg_first(int n, int k, int i) { return i * (n / k) + imin(i, n % k); }
+
+// What the estimate needs of the call: state slots (segments of split samples in all), value
+// heads, SMs.
+struct SplitShape {
+  int max_slots, hv, sms;
+};
+
+// The estimate for candidate c (0: no split; else the longest sample in c + 2 segments, every top
+// sample longer than that segment length split as finely, longest first while slots last).
+// top_n: the n_top longest samples' chunk counts, longest first; rest_work: the other samples'
+// chunks, rest_max: the longest of them. k_out (may be null): the segment counts chosen.
+QT_HD float split_cost(int c, const int* top_n, int n_top, int rest_work, int rest_max, SplitShape sp, int* k_out) {
+  const int lt = c == 0 ? 0x7fffffff : (top_n[0] + c + 1) / (c + 2);
+  int slots = 0, items1 = 0, items3 = 0, lmax = 0;
+  float work = static_cast<float>(rest_work), path = static_cast<float>(rest_max);
+  for (int r = 0; r < n_top; ++r) {
+    const int n = top_n[r];
+    int k = 1;
+    if (n > lt) {
+      k = imin(imax(3, (n + lt - 1) / lt), n / kMinSegChunks);
+      if (k < 3 || slots + k > sp.max_slots) k = 1;
+    }
+    if (k_out) k_out[r] = k;
+    if (k == 1) {
+      work += static_cast<float>(n);
+      path = fmaxf(path, static_cast<float>(n));
+      continue;
+    }
+    slots += k;
+    const int l = (n + k - 1) / k;
+    work += static_cast<float>(n + 2 * (k - 2) * l);          // every chunk once, the middle ones twice more
+    path = fmaxf(path, static_cast<float>(2 * l + (k - 2)));  // map, the chain of combines, then out
+    items1 += 2 * k - 3;
+    items3 += k - 1;
+    lmax = imax(lmax, l);
+  }
+  const float hv = static_cast<float>(sp.hv), sms = static_cast<float>(sp.sms);
+  // Whole waves of equal segments: their items do not pack below the ticket order's waves.
+  const float waves = static_cast<float>(lmax) * (ceilf(items1 * hv / sms) + ceilf(items3 * hv / sms));
+  return fmaxf(fmaxf(work * hv / sms, path), waves);
+}
+
+// The candidate to take from the estimates cost[0..kSplitCand]: the cheapest, where it saves a
+// tenth of the unsplit estimate (the split's own costs, the combines and the ticket walk, are not
+// in the model); else 0.
+QT_HD int split_pick(const float* cost) {
+  int best = 0;
+  for (int c = 1; c <= kSplitCand; ++c)
+    if (cost[c] < cost[best]) best = c;
+  return best > 0 && cost[best] < 0.9f * cost[0] ? best : 0;
+}
+
+// Whether a sample as long as max_seqlen could be worth splitting (the host's check, before the
+// device plans): its chunks must be more than twice an even share of all chunk steps over the SMs,
+// and enough for three segments.
+QT_HD bool split_worth_trying(int max_seqlen, int max_chunks, SplitShape sp) {
+  const float n_max = ceilf(static_cast<float>(max_seqlen) / 64.f);
+  const float share = static_cast<float>(max_chunks) * sp.hv / sp.sms;
+  return sp.max_slots >= 3 && n_max >= 3 * kMinSegChunks && n_max > 2.f * share;
+}
+
+}  // namespace qt::gdn_plan
