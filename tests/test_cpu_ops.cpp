@@ -461,97 +461,108 @@ TEST_F(CpuOpsForward, GatedDeltaRuleMatchesMatrixRecurrence) {
   expect_close("gdn o", o, naive_gdn(qkv, g, beta, dims, cu), 1e-12);
 }
 
+// The split tests' row: a first sample of 37 tokens, then the sample they cut (tokens 37 .. 236),
+// dk = 5 != dv = 3, and their small products. Gates near 0 and small betas keep the state (and a
+// segment's M) of order 1 across the sample: with g in [-1, 0] M was ~1e-14 and symmetric to 1e-17,
+// so a transposed M in the backward's combine passed unnoticed.
+struct SplitRow {
+  static constexpr int64_t kBegin = 37, kEnd = 237, Hv = 4, dk = 5, dv = 3;
+  const GdnDims dims{2, Hv, dk, dv};
+  const Cu cu = {0, kBegin, kEnd};
+  const int64_t T = kEnd, CD = dims.conv_dim();
+  Vec qkv, g, beta;
+  explicit SplitRow(std::mt19937_64& rng)
+      : qkv(random_vec(rng, T * CD)), g(random_vec(rng, T * Hv, -0.01, 0.0)), beta(random_vec(rng, T * Hv, 0.0, 0.2)) {}
+  // Value head j's map over tokens [t0, t1): S_end = M S_0 + E.
+  void map(Vec& M, Vec& E, int64_t j, int64_t t0, int64_t t1) const {
+    M.assign(static_cast<size_t>(dk * dk), 0.0);
+    E.assign(static_cast<size_t>(dk * dv), 0.0);
+    ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, j, t0, t1);
+  }
+};
+// A X + B for A [n, n] (transposed: A^T X + B), X and B [n, m], row-major.
+Vec affine(const Vec& A, const Vec& X, const Vec& B, int64_t n, int64_t m, bool transpose_a = false) {
+  Vec y = B;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < n; ++k)
+      for (int64_t c = 0; c < m; ++c) y[r * m + c] += (transpose_a ? A[k * n + r] : A[r * n + k]) * X[k * m + c];
+  return y;
+}
+
 // The intra-sample split (gdn_segment_map): a sample cut into segments (at chunk multiples and at
 // odd places, one of a single token), run as maps, the serial combine S_{s+1} = M_s S_s + E_s and each
 // segment's forward from its S_s, gives gdn_forward's outputs; the maps compose (dk != dv, so M's
 // dk x dk shape is exercised).
 TEST_F(CpuOpsForward, GatedDeltaRuleSegmentSplit) {
-  const GdnDims dims{2, 4, 5, 3};
-  const Cu cu = {0, 37, 237};  // the split sample is the second of the row: tokens 37 .. 236
-  const int64_t T = cu.back(), Hv = 4, dk = 5, dv = 3;
-  Vec qkv = random_vec(rng, T * dims.conv_dim()), g = random_vec(rng, T * Hv, -1.0, 0.0),
-      beta = random_vec(rng, T * Hv, 0.0, 1.0);
-  Vec o(static_cast<size_t>(T * Hv * dv));
-  ref::gdn_forward(o.data(), qkv.data(), g.data(), beta.data(), dims, T, cu.data(), num_seqs(cu));
-  const std::vector<Cu> cuts = {{37, 101, 165, 237}, {37, 38, 150, 151, 237}, {37, 237}};
+  const SplitRow row(rng);
+  const int64_t Hv = SplitRow::Hv, dk = SplitRow::dk, dv = SplitRow::dv, b = SplitRow::kBegin, e = SplitRow::kEnd;
+  Vec o(static_cast<size_t>(row.T * Hv * dv));
+  ref::gdn_forward(o.data(), row.qkv.data(), row.g.data(), row.beta.data(), row.dims, row.T, row.cu.data(),
+                   num_seqs(row.cu));
+  const std::vector<Cu> cuts = {{b, 101, 165, e}, {b, 38, 150, 151, e}, {b, e}};
   for (const Cu& seg : cuts) {
-    Vec split(o.size(), 0.0);
+    Vec split(o.size(), 0.0), M, E;
     for (int64_t j = 0; j < Hv; ++j) {
       Vec S(static_cast<size_t>(dk * dv), 0.0);  // the state entering segment s
       for (size_t s = 0; s + 1 < seg.size(); ++s) {
-        Vec M(static_cast<size_t>(dk * dk)), E(static_cast<size_t>(dk * dv)), fwd = S;
-        ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, j, seg[s], seg[s + 1]);
-        ref::gdn_forward_segment(split.data(), fwd.data(), qkv.data(), g.data(), beta.data(), dims, j, seg[s],
-                                 seg[s + 1]);
-        Vec next = E;
-        for (int64_t r = 0; r < dk; ++r)
-          for (int64_t c = 0; c < dv; ++c)
-            for (int64_t m = 0; m < dk; ++m) next[r * dv + c] += M[r * dk + m] * S[m * dv + c];
-        expect_close("segment's leaving state: M S + E against its forward", next, fwd, 1e-12);
-        S = next;
+        Vec fwd = S;
+        row.map(M, E, j, seg[s], seg[s + 1]);
+        ref::gdn_forward_segment(split.data(), fwd.data(), row.qkv.data(), row.g.data(), row.beta.data(), row.dims, j,
+                                 seg[s], seg[s + 1]);
+        S = affine(M, S, E, dk, dv);
+        expect_close("segment's leaving state: M S + E against its forward", S, fwd, 1e-12);
       }
     }
     Vec want(o.size(), 0.0);  // rows of the split sample only
-    for (int64_t t = 37; t < 237; ++t)
-      for (int64_t e = 0; e < Hv * dv; ++e) want[t * Hv * dv + e] = o[t * Hv * dv + e];
+    for (int64_t t = b; t < e; ++t)
+      for (int64_t x = 0; x < Hv * dv; ++x) want[t * Hv * dv + x] = o[t * Hv * dv + x];
     expect_close("gdn o by segments", split, want, 1e-12);
   }
   // Composition: the map of [37, 237) is the map of [101, 237) after that of [37, 101).
-  Vec M0(static_cast<size_t>(dk * dk)), E0(static_cast<size_t>(dk * dv)), M1 = M0, E1 = E0, M = M0, E = E0;
-  ref::gdn_segment_map(M0.data(), E0.data(), qkv.data(), g.data(), beta.data(), dims, 1, 37, 101);
-  ref::gdn_segment_map(M1.data(), E1.data(), qkv.data(), g.data(), beta.data(), dims, 1, 101, 237);
-  ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, 1, 37, 237);
-  Vec MM(M.size(), 0.0), EE = E1;
-  for (int64_t r = 0; r < dk; ++r)
-    for (int64_t m = 0; m < dk; ++m) {
-      for (int64_t c = 0; c < dk; ++c) MM[r * dk + c] += M1[r * dk + m] * M0[m * dk + c];
-      for (int64_t c = 0; c < dv; ++c) EE[r * dv + c] += M1[r * dk + m] * E0[m * dv + c];
-    }
-  expect_close("M composed", MM, M, 1e-12);
-  expect_close("E composed", EE, E, 1e-12);
+  Vec M0, E0, M1, E1, M, E;
+  row.map(M0, E0, 1, b, 101);
+  row.map(M1, E1, 1, 101, e);
+  row.map(M, E, 1, b, e);
+  expect_close("M composed", affine(M1, M0, Vec(M.size(), 0.0), dk, dk), M, 1e-12);
+  expect_close("E composed", affine(M1, E0, E1, dk, dv), E, 1e-12);
 }
 
 // The split backward: segments run last first, each from its entering state S_s and the gradient
 // dL/dS leaving it, give the gradients of the whole range, and the gradient entering a segment is
 // M_s^T (the gradient leaving it) + F_s, with F_s the segment's backward from a zero leaving gradient.
 TEST_F(CpuOpsForward, GatedDeltaRuleSegmentSplitBackward) {
-  const GdnDims dims{2, 4, 5, 3};
-  const Cu cu = {0, 37, 237};
-  const int64_t T = cu.back(), Hv = 4, dk = 5, dv = 3, CD = dims.conv_dim();
-  Vec qkv = random_vec(rng, T * CD), g = random_vec(rng, T * Hv, -1.0, 0.0), beta = random_vec(rng, T * Hv, 0.0, 1.0),
-      d_o = random_vec(rng, T * Hv * dv);
+  const SplitRow row(rng);
+  const int64_t T = row.T, Hv = SplitRow::Hv, dk = SplitRow::dk, dv = SplitRow::dv, CD = row.CD;
+  const int64_t b = SplitRow::kBegin, e = SplitRow::kEnd;
+  const Vec d_o = random_vec(rng, T * Hv * dv);
   auto grads = [&] {  // dq^, dk^, dqkv (v columns), dg, dbeta
     const auto n = [](int64_t x) { return Vec(static_cast<size_t>(x)); };
     return std::vector<Vec>{n(T * Hv * dk), n(T * Hv * dk), n(T * CD), n(T * Hv), n(T * Hv)};
   };
   auto backward = [&](std::vector<Vec>& x, Vec& dstate, const Vec* state, int64_t j, int64_t t0, int64_t t1) {
     ref::gdn_backward_segment(x[0].data(), x[1].data(), x[2].data(), x[3].data(), x[4].data(), dstate.data(),
-                              state ? state->data() : nullptr, d_o.data(), qkv.data(), g.data(), beta.data(), dims, j,
-                              t0, t1);
+                              state ? state->data() : nullptr, d_o.data(), row.qkv.data(), row.g.data(),
+                              row.beta.data(), row.dims, j, t0, t1);
   };
   const char* names[] = {"dq^", "dk^", "dv", "dg", "dbeta"};
-  const std::vector<Cu> cuts = {{37, 101, 165, 237}, {37, 38, 150, 151, 237}};
+  const std::vector<Cu> cuts = {{b, 101, 165, e}, {b, 38, 150, 151, e}};
   for (const Cu& seg : cuts) {
     std::vector<Vec> whole = grads(), split = grads(), scratch = grads();
     for (int64_t j = 0; j < Hv; ++j) {
       Vec none(static_cast<size_t>(dk * dv), 0.0);
-      backward(whole, none, nullptr, j, 37, 237);
+      backward(whole, none, nullptr, j, b, e);
       std::vector<Vec> entering(seg.size() - 1, Vec(static_cast<size_t>(dk * dv), 0.0));  // S_s
       for (size_t s = 0; s + 2 < seg.size(); ++s) {
         entering[s + 1] = entering[s];
-        ref::gdn_forward_segment(scratch[2].data(), entering[s + 1].data(), qkv.data(), g.data(), beta.data(), dims, j,
-                                 seg[s], seg[s + 1]);
+        ref::gdn_forward_segment(scratch[2].data(), entering[s + 1].data(), row.qkv.data(), row.g.data(),
+                                 row.beta.data(), row.dims, j, seg[s], seg[s + 1]);
       }
-      Vec G(static_cast<size_t>(dk * dv), 0.0);  // dL/dS leaving segment s
+      Vec G(static_cast<size_t>(dk * dv), 0.0), M, E;  // G: dL/dS leaving segment s
       for (size_t s = seg.size() - 1; s-- > 0;) {
-        Vec M(static_cast<size_t>(dk * dk)), E(static_cast<size_t>(dk * dv)), F(G.size(), 0.0), want = F;
-        ref::gdn_segment_map(M.data(), E.data(), qkv.data(), g.data(), beta.data(), dims, j, seg[s], seg[s + 1]);
+        Vec F(G.size(), 0.0);
+        row.map(M, E, j, seg[s], seg[s + 1]);
         backward(scratch, F, &entering[s], j, seg[s], seg[s + 1]);
-        for (int64_t r = 0; r < dk; ++r)
-          for (int64_t c = 0; c < dv; ++c) {
-            want[r * dv + c] = F[r * dv + c];
-            for (int64_t m = 0; m < dk; ++m) want[r * dv + c] += M[m * dk + r] * G[m * dv + c];
-          }
+        const Vec want = affine(M, G, F, dk, dv, true);
         backward(split, G, &entering[s], j, seg[s], seg[s + 1]);
         expect_close("dL/dS entering a segment: M^T dS_end + F", G, want, 1e-12);
       }
