@@ -138,6 +138,8 @@ int main(int argc, char** argv) {
       return static_cast<double>(ms) / iters;
     };
     const double fwd_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr); });
+    // The scan's segments in that forward (more than the samples where it split a long one).
+    const int fwd_segments = qt::cuda::gdn_planned_segments(a, ws);
     const double bwd_ms =
         time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr); });
     // The training path: the forward keeps its state (computed at the backward's precision) and the
@@ -154,7 +156,7 @@ int main(int argc, char** argv) {
     std::printf("| gdn_fwd_keep_ms_%s | %.3f | ms |\n| gdn_bwd_kept_ms_%s | %.3f | ms |\n", s.name, fk_ms, s.name,
                 bk_ms);
     std::printf("| gdn_train_ms_%s | %.3f | ms |\n", s.name, fk_ms + bk_ms);
-    std::printf("# %s: workspace %.1f MiB\n", s.name, ws_bytes / 1048576.0);
+    std::printf("# %s: workspace %.1f MiB, forward scan segments %d\n", s.name, ws_bytes / 1048576.0, fwd_segments);
     const char* st = std::getenv("QT_GDN_STAGE_TIMES");
     if (st && st[0] == '1') {
       qt::cuda::gdn_stage_timing(true);
