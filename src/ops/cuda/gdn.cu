@@ -239,18 +239,21 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 //             first, from its predecessor's S, and publishes it for the next).
 // Items are taken by ticket (gdn_scan_fwd_wgmma_kernel), the later segments after every map in
 // segment order, so an item waits only on items taken before it: no deadlock at any grid size.
+static_assert(gdn_plan::kChunkRows == kC, "the plan counts chunks of the scans' rows");
 using gdn_plan::kMinSegChunks;
 using gdn_plan::kSplitCand;
 using gdn_plan::kSplitTop;
 using gdn_plan::seg_chunks;
 using gdn_plan::seg_first;
 enum ScanItem : int { kItemOut = 0, kItemE = 1, kItemM = 2, kItemOutFromState = 3 };
+// The split's states per slot: S entering the segment, its map's M and E (SplitStates).
+enum SplitState : int { kStateS = 0, kStateM = 1, kStateE = 2, kSplitStateCount = 3 };
 struct SplitArgs {
   int* vcu;           // [P + 1] segment boundaries (rows); P = num_seqs + max_slots
   int4* seginfo;      // [P] {sample, index in sample, segments of the sample, state slot (-1: unsplit)}
   int* items;         // [num_seqs + 3 max_slots] item = segment * 4 + ScanItem, in ticket order
-  int* counts;        // [0] items, [1] segments, [2], [3] ticket counters (zeroed here)
-  int* flags;         // [3][max_slots][Hv] ready flags of the S, M, E slots (zeroed here)
+  int* counts;        // [0] items, [1] segments, [2] the forward scan's ticket counter (zeroed here)
+  int* flags;         // [SplitState][max_slots][Hv] ready flags of the S, M, E slots (zeroed here)
   gdn_plan::SplitShape shape;  // max_slots: state slots, one per segment of a split sample; 0: never split
 };
 
@@ -275,8 +278,8 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   __shared__ float cand[kSplitCand + 1];
   __shared__ int plan[3];  // n_top, the other samples' chunks, the longest of them
   const int tid = threadIdx.x, nt = kTableThreads;
-  for (int i = tid; i < 3 * sp.shape.max_slots * sp.shape.hv; i += nt) sp.flags[i] = 0;
-  if (tid >= 2 && tid < 4) sp.counts[tid] = 0;
+  for (int i = tid; i < kSplitStateCount * sp.shape.max_slots * sp.shape.hv; i += nt) sp.flags[i] = 0;
+  if (tid == 0) sp.counts[2] = 0;
   if (tid == 0) plan[2] = 0;
   const int per = (num_seqs + nt - 1) / nt;
   const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
@@ -1250,16 +1253,19 @@ __device__ __forceinline__ void store_planes_t(bf16* hi, bf16* lo, size_t ld, in
   }
 }
 
-// A wgmma scan CTA's (sample, value head) from the 1-D grid (scan_block at bv = dv), the sample's
-// first row, length, chunk count and first chunk.
-struct WgScanCta {
-  int head, kh, bos, len, n, first, s;
+// One item of a wgmma scan: segment p (every unsplit sample is one) of one value head, its first row,
+// length, chunk count and first chunk; and, for the split (gdn_chunk_table_kernel's plan), the
+// item's kind (ScanItem), the segment's index in its sample, the sample's segment count and the
+// segment's state slot.
+struct WgScanItem {
+  int head, kh, bos, len, n, first, p, kind, idx, nseg, slot;
 };
-__device__ __forceinline__ WgScanCta wg_scan_cta(const int* seq_order, const int32_t* cu, const int* seq_off, int Hk,
-                                                 int Hv) {
+// A plain wgmma scan CTA's item from the 1-D grid (scan_block at bv = dv): an unsplit segment.
+__device__ __forceinline__ WgScanItem wg_scan_cta(const int* seq_order, const int32_t* cu, const int* seq_off, int Hk,
+                                                  int Hv) {
   const ScanBlock sb = scan_block(seq_order, Hv, kDlD, kDlD);
   const int bos = cu[sb.s], len = cu[sb.s + 1] - bos;
-  return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s], sb.s};
+  return {sb.head, sb.head / (Hv / Hk), bos, len, (len + kC - 1) / kC, seq_off[sb.s], sb.s, kItemOut, 0, 1, -1};
 }
 // The first 1024-byte-aligned address of dynamic smem (the 128-byte swizzle's panels need it).
 __device__ __forceinline__ char* align1024(unsigned char* smem) {
@@ -1417,10 +1423,11 @@ struct SplitStates {
   float *S, *M, *E;
   int* flags;
   int slots;
-  __device__ float* at(float* base, int slot, int Hv, int head) const {
+  __device__ float* at(SplitState which, int slot, int Hv, int head) const {
+    float* base = which == kStateS ? S : which == kStateM ? M : E;
     return base + (static_cast<size_t>(slot) * Hv + head) * kDlD * kDlD;
   }
-  __device__ int* flag(int which, int Hv) const { return flags + static_cast<size_t>(which) * slots * Hv; }
+  __device__ int* flag(SplitState which, int Hv) const { return flags + static_cast<size_t>(which) * slots * Hv; }
 };
 // sT (store_state_t's register layout) from a fragment-native D x D state.
 __device__ __forceinline__ void load_state_t(float (&sT)[kDlD / 2], const float* src, int ncol, int t) {
@@ -1451,20 +1458,15 @@ __device__ void combine_state(float* S_out, const float* M, const float* S_in, c
 // the predecessor's S and map are stored, and published for segment s + 1.
 __device__ void split_entering_state(const SplitStates& st, int idx, int slot, int Hv, int head) {
   if (idx < 2) {
-    wait_done(st.flag(0, Hv), slot, Hv, head);
+    wait_done(st.flag(kStateS, Hv), slot, Hv, head);
     return;
   }
-  for (int which = 0; which < 3; ++which) wait_done(st.flag(which, Hv), slot - 1, Hv, head);
-  combine_state(st.at(st.S, slot, Hv, head), st.at(st.M, slot - 1, Hv, head), st.at(st.S, slot - 1, Hv, head),
-                st.at(st.E, slot - 1, Hv, head));
-  signal_done(st.flag(0, Hv), slot, Hv, head);  // its barrier makes S visible to this CTA too
+  for (SplitState which : {kStateS, kStateM, kStateE}) wait_done(st.flag(which, Hv), slot - 1, Hv, head);
+  combine_state(st.at(kStateS, slot, Hv, head), st.at(kStateM, slot - 1, Hv, head),
+                st.at(kStateS, slot - 1, Hv, head), st.at(kStateE, slot - 1, Hv, head));
+  signal_done(st.flag(kStateS, Hv), slot, Hv, head);  // its barrier makes S visible to this CTA too
 }
 
-// One item of the forward scan (gdn_chunk_table_kernel's plan): a segment p (every unsplit sample is
-// one) of one value head.
-struct WgScanItem {
-  int head, kh, bos, len, n, first, p, kind, idx, nseg, slot;
-};
 // The forward scan CTA's current item (a fixed smem address: no register holds a pointer to it).
 __shared__ WgScanItem scan_item;
 __device__ __forceinline__ WgScanItem wg_scan_item(int ticket, const int* items, const int* vcu, const int* seq_off,
@@ -1525,7 +1527,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   // S^T: rows ncol (regs 4 j + 0, 1) and ncol + 8 (4 j + 2, 3), columns d = 8 j + 2 t (+1).
   float sT[2 * D / 4];
   if (kMode == kSplitOut && cta.kind == kItemOutFromState) {
-    load_state_t(sT, st.at(st.S, cta.slot, Hv, head), ncol, t);  // split_entering_state made it
+    load_state_t(sT, st.at(kStateS, cta.slot, Hv, head), ncol, t);  // split_entering_state made it
   } else {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
@@ -1695,10 +1697,10 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   // The leaving state where the split needs it: a map's M or E, a split sample's S_1.
   const volatile WgScanItem* vit = &scan_item;
   const int kind = vit->kind, slot = vit->slot;
-  const int which = kind == kItemE ? 2 : kind == kItemM ? 1 : kind == kItemOut && vit->nseg > 1 ? 0 : -1;
-  if (which >= 0) {
-    const int to = which == 0 ? slot + 1 : slot, hd = vit->head;
-    store_state_t(st.at(which == 0 ? st.S : which == 1 ? st.M : st.E, to, Hv, hd), sT, ncol, t);
+  if (kind != kItemOut || vit->nseg > 1) {
+    const SplitState which = kind == kItemE ? kStateE : kind == kItemM ? kStateM : kStateS;
+    const int to = which == kStateS ? slot + 1 : slot, hd = vit->head;
+    store_state_t(st.at(which, to, Hv, hd), sT, ncol, t);
     signal_done(st.flag(which, Hv), to, Hv, hd);
   }
   if constexpr (!kOut && !kMap) signal_done(done, vit->p, Hv, vit->head);
@@ -1725,10 +1727,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   if constexpr (!kOut) launch_dependents();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   if constexpr (!kTickets) {
-    const WgScanCta c = wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv);
-    const WgScanItem cta{c.head, c.kh, c.bos, c.len, c.n, c.first, c.s, kItemOut, 0, 1, -1};
-    scan_fwd_item<kOut, kLoadsFirst, kPlain>(cta, smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
-                                             conv_dim, done);
+    scan_fwd_item<kOut, kLoadsFirst, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh, Dgl, o,
+                                             Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
   } else {
     WgScanItem& item = scan_item;
     for (;;) {
@@ -1997,7 +1997,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
   // bwd_chunk may be launched beside this grid once every CTA of it is running; it waits for each
   // (sample, head)'s `done` flag before reading its dh, dD.
   launch_dependents();
-  const WgScanCta cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
+  const WgScanItem cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
@@ -2190,7 +2190,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     wg::fence_operands(sT);
   }
   cp_async_wait<0>();
-  signal_done(done, cta.s, Hv, head);
+  signal_done(done, cta.p, Hv, head);
 }
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
@@ -3538,7 +3538,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.vcu = reinterpret_cast<int*>(take((P + 1) * sizeof(int)));
   ws.seginfo = reinterpret_cast<int4*>(take(P * sizeof(int4)));
   ws.items = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 3 * slots) * sizeof(int)));
-  ws.counts = reinterpret_cast<int*>(take(4 * sizeof(int)));
+  ws.counts = reinterpret_cast<int*>(take(3 * sizeof(int)));
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   // W's planes: only the mma.sync scans read them (the wgmma ones form W S from T).
   const size_t w_bytes = wgmma_scans(a.k_head_dim, a.v_head_dim) ? 0 : T * Hv * K * sizeof(bf16);
@@ -3566,7 +3566,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.M = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
-  ws.split.flags = reinterpret_cast<int*>(take(3 * static_cast<size_t>(slots) * Hv * sizeof(int)));
+  ws.split.flags = reinterpret_cast<int*>(take(kSplitStateCount * static_cast<size_t>(slots) * Hv * sizeof(int)));
   ws.split.slots = slots;
 
   if (w) *w = ws;

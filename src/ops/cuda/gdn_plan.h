@@ -23,6 +23,7 @@
 
 namespace qt::gdn_plan {
 
+constexpr int kChunkRows = 64;    // rows per chunk (gdn.cu's kC)
 constexpr int kSplitTop = 8;      // the longest samples the plan may split
 constexpr int kSplitCand = 32;    // candidate segment counts of the longest sample: 3 .. kSplitCand + 2
 constexpr int kMinSegChunks = 4;  // no segment shorter than 256 rows
@@ -89,7 +90,7 @@ QT_HD int split_pick(const float* cost) {
 // device plans): its chunks must be more than twice an even share of all chunk steps over the SMs,
 // and enough for three segments.
 QT_HD bool split_worth_trying(int max_seqlen, int max_chunks, SplitShape sp) {
-  const float n_max = ceilf(static_cast<float>(max_seqlen) / 64.f);
+  const float n_max = ceilf(static_cast<float>(max_seqlen) / kChunkRows);
   const float share = static_cast<float>(max_chunks) * sp.hv / sp.sms;
   return sp.max_slots >= 3 && n_max >= 3 * kMinSegChunks && n_max > 2.f * share;
 }
