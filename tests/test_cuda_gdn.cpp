@@ -207,6 +207,11 @@ void run_case(const Case& c) {
   qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
                          static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr, state.p);
   CK(cudaDeviceSynchronize());
+  if (c.min_segments > 0 && !c.keep_state) {  // the recomputed forward and the reverse scan split too
+    const int segs = qt::cuda::gdn_planned_segments(a, ws.p);
+    std::printf("  backward segments %d\n", segs);
+    EXPECT_GE(segs, c.min_segments) << "the backward did not split the long samples";
+  }
 
   std::vector<uint16_t> o_gh(o_d.size()), dqkv_gh(qkv_h.size());
   std::vector<float> dg_g(g_h.size()), db_g(g_h.size());
@@ -324,7 +329,7 @@ TEST(CudaGdn, OneLongSegment8192) { run_case({2, 4, 64, 64, {8192}, Gate::Normal
 // accumulators across every chunk step (and its two load buffers alternate 64 times).
 TEST(CudaGdn, RealHeadDimsOneLongSegment8192) {
   Case c{1, 2, 128, 128, {8192}, Gate::Normal, Beta::Normal, 24};
-  c.min_segments = 3;  // the forward splits it (the backward's recompute does not)
+  c.min_segments = 3;  // the forward and the backward split it
   run_case(c);
 }
 // The intra-sample split (gdn.cu's plan): a long sample among short ones, its state kept for

@@ -246,14 +246,18 @@ using gdn_plan::kSplitTop;
 using gdn_plan::seg_chunks;
 using gdn_plan::seg_first;
 enum ScanItem : int { kItemOut = 0, kItemE = 1, kItemM = 2, kItemOutFromState = 3 };
-// The split's states per slot: S entering the segment, its map's M and E (SplitStates).
-enum SplitState : int { kStateS = 0, kStateM = 1, kStateE = 2, kSplitStateCount = 3 };
+// The split's states per slot: S entering the segment, its map's M and E; the reverse scan's G (the
+// gradient entering the segment) and F (that from a zero leaving gradient) (SplitStates).
+enum SplitState : int { kStateS = 0, kStateM = 1, kStateE = 2, kStateG = 3, kStateF = 4, kSplitStateCount = 5 };
+enum RevItem : int { kRevOut = 0, kRevF = 1, kRevOutFromGrad = 3 };  // the reverse scan's (gdn_scan_bwd_wgmma_kernel)
 struct SplitArgs {
   int* vcu;           // [P + 1] segment boundaries (rows); P = num_seqs + max_slots
   int4* seginfo;      // [P] {sample, index in sample, segments of the sample, state slot (-1: unsplit)}
   int* items;         // [num_seqs + 3 max_slots] item = segment * 4 + ScanItem, in ticket order
-  int* counts;        // [0] items, [1] segments, [2] the forward scan's ticket counter (zeroed here)
-  int* flags;         // [SplitState][max_slots][Hv] ready flags of the S, M, E slots (zeroed here)
+  int* items_rev;     // [num_seqs + 2 max_slots] the reverse scan's items (RevItem), in ticket order
+  int* counts;        // [0] items, [1] segments, [2], [3] the forward, reverse scans' ticket counters
+                      // (zeroed here), [4] items_rev
+  int* flags;         // [SplitState][max_slots][Hv] ready flags of the slots (zeroed here)
   gdn_plan::SplitShape shape;  // max_slots: state slots, one per segment of a split sample; 0: never split
 };
 
@@ -268,7 +272,7 @@ struct SplitArgs {
 // clamped chunk count; within a count it is arbitrary and harmless, since every CTA's result is
 // independent of when it runs.
 constexpr int kTableThreads = 1024, kOrderKeys = 1024;
-__global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* table, int4* rtable, int* nchunks,
+__global__ void __launch_bounds__(kTableThreads, 1) gdn_chunk_table_kernel(int4* table, int4* rtable, int* nchunks,
                                                                         int* seq_off, int* seq_order,
                                                                         const int32_t* cu, int num_seqs,
                                                                         SplitArgs sp) {
@@ -279,7 +283,7 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   __shared__ int plan[3];  // n_top, the other samples' chunks, the longest of them
   const int tid = threadIdx.x, nt = kTableThreads;
   for (int i = tid; i < kSplitStateCount * sp.shape.max_slots * sp.shape.hv; i += nt) sp.flags[i] = 0;
-  if (tid == 0) sp.counts[2] = 0;
+  if (tid >= 2 && tid < 4) sp.counts[tid] = 0;
   if (tid == 0) plan[2] = 0;
   const int per = (num_seqs + nt - 1) / nt;
   const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
@@ -392,7 +396,7 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
   const int p0 = min(num_segs, tid * pper), p1 = min(num_segs, p0 + pper);
   auto seg_n = [&](int p) { return seq_off[p + 1] - seq_off[p]; };
   if (!may_split) {
-    if (tid == 0) sp.counts[0] = 0;  // no items: the ticket scan runs only where a split may happen
+    if (tid == 0) sp.counts[0] = sp.counts[4] = 0;  // no items: the ticket scans run only where a split may happen
   } else {
     count[tid] = 0;
     __syncthreads();
@@ -429,6 +433,35 @@ __global__ void __launch_bounds__(kTableThreads) gdn_chunk_table_kernel(int4* ta
         for (int r = 0; r < n_top; ++r)
           if (top_k[r] > i) sp.items[q++] = 4 * (top_seg[r] + i) + kItemOutFromState;
       sp.counts[0] = q;
+    }
+
+    // 6. The reverse scan's items: every sample's last segment and every middle segment's F in LPT
+    // order, then the earlier segments from the last but one down (each after its successor).
+    auto rev_items = [&](int p) {
+      const int4 si = sp.seginfo[p];
+      return si.y == si.z - 1 || (si.y > 0 && si.y < si.z - 1) ? 1 : 0;
+    };
+    __syncthreads();  // thread 0 is done reading sums[]
+    local = 0;
+    for (int r = p0; r < p1; ++r) local += rev_items(seq_order[r]);
+    sums[tid] = local;
+    dev::block_inclusive_scan(sums);
+    {
+      int q = sums[tid] - local;
+      for (int r = p0; r < p1; ++r) {
+        const int p = seq_order[r];
+        if (rev_items(p) == 0) continue;
+        const int4 si = sp.seginfo[p];
+        sp.items_rev[q++] = 4 * p + (si.y == si.z - 1 ? kRevOut : kRevF);
+      }
+    }
+    if (tid == 0) {
+      int q = sums[nt - 1], kmax = 1;
+      for (int r = 0; r < n_top; ++r) kmax = max(kmax, top_k[r]);
+      for (int j = 0; j + 2 <= kmax; ++j)  // segment index k - 2 - j of each split sample
+        for (int r = 0; r < n_top; ++r)
+          if (top_k[r] > 1 && top_k[r] - 2 - j >= 0) sp.items_rev[q++] = 4 * (top_seg[r] + top_k[r] - 2 - j) + kRevOutFromGrad;
+      sp.counts[4] = q;
     }
   }
   if (rtable == nullptr) return;  // a forward that keeps nothing for the backward
@@ -1418,13 +1451,14 @@ static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 
 
 // The split's state buffers (gdn_chunk_table_kernel's plan): per slot and value head a D x D fp32
 // matrix, fragment-native [d][n] (store_state_t's layout): S entering the slot's segment, its map's
-// M and E; flags [3][slots][Hv] set when each is stored (signal_done).
+// M and E, and the reverse scan's G and F; flags [SplitState][slots][Hv] set when each is stored
+// (signal_done).
 struct SplitStates {
-  float *S, *M, *E;
+  float *S, *M, *E, *G, *F;
   int* flags;
   int slots;
   __device__ float* at(SplitState which, int slot, int Hv, int head) const {
-    float* base = which == kStateS ? S : which == kStateM ? M : E;
+    float* base = which == kStateS ? S : which == kStateM ? M : which == kStateE ? E : which == kStateG ? G : F;
     return base + (static_cast<size_t>(slot) * Hv + head) * kDlD * kDlD;
   }
   __device__ int* flag(SplitState which, int Hv) const { return flags + static_cast<size_t>(which) * slots * Hv; }
@@ -1983,23 +2017,55 @@ constexpr size_t scan_bwd_wg_smem() {
   return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
 }
 
+// The reverse scan's split (the forward's transposed, notes/gdn_kernels.md step 22): the gradient
+// entering a segment is M_s^T (the gradient leaving it) + F_s. Items (gdn_chunk_table_kernel):
+//   kRevOut: a sample's last segment from 0 (every unsplit sample is one); a split sample's stores
+//            its entering gradient G_{k-1};
+//   kRevF: a middle segment's F_s (from 0, no dh, dD stores), stored;
+//   kRevOutFromGrad: an earlier segment s from G_{s+1}, which the item forms first where s + 1 is a
+//            middle segment (G_{s+1} = M_{s+1}^T G_{s+2} + F_{s+1}, M from the forward's maps) and
+//            publishes for segment s - 1.
+// S_out = M^T G + F (D x D, fragment-native), all 256 threads.
+__device__ void combine_state_t(float* S_out, const float* M, const float* G, const float* F) {
+  constexpr int D = kDlD;
+  auto mt = [M](int i, int k) { return M[gdn_mma::frag_index(k, i, D)]; };  // M^T(i, k)
+  gdn_mma::for_tiles<4>(
+      D, D, [&](float (&acc)[4][4], int m0, int n0) { mma_acc<4>(acc, m0, n0, 0, D, mt, NtT{G, D}); },
+      Pair{[&](int i, int j, float v0, float v1) {
+        const int o = gdn_mma::frag_index(i, j, D);
+        const float2 f = ld_f2(F + o);
+        *reinterpret_cast<float2*>(S_out + o) = make_float2(v0 + f.x, v1 + f.y);
+      }});
+}
+// The gradient leaving segment s (index idx of nseg) of a kRevOutFromGrad item, G_{s+1}, at slot + 1
+// on return (all threads).
+__device__ void split_leaving_gradient(const SplitStates& st, int idx, int nseg, int slot, int Hv, int head) {
+  if (idx + 1 == nseg - 1) {  // the last segment's entering gradient
+    wait_done(st.flag(kStateG, Hv), slot + 1, Hv, head);
+    return;
+  }
+  wait_done(st.flag(kStateG, Hv), slot + 2, Hv, head);
+  wait_done(st.flag(kStateF, Hv), slot + 1, Hv, head);
+  wait_done(st.flag(kStateM, Hv), slot + 1, Hv, head);
+  combine_state_t(st.at(kStateG, slot + 1, Hv, head), st.at(kStateM, slot + 1, Hv, head),
+                  st.at(kStateG, slot + 2, Hv, head), st.at(kStateF, slot + 1, Hv, head));
+  signal_done(st.flag(kStateG, Hv), slot + 1, Hv, head);  // its barrier makes G visible to this CTA too
+}
+
 // Each product batch is issued by warpgroup 0 before warpgroup 1's (wg::issue_after_wg0).
-template <bool kFused>
-__global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD,
-                                                                    const bf16* Th, const bf16* Tl, const bf16* qkv,
-                                                                    const float* rs, const float* Gc,
-                                                                    const float* beta, const bf16* d_o,
-                                                                    const int32_t* cu, const int* seq_off,
-                                                                    const int* seq_order, int Hk, int Hv,
-                                                                    int conv_dim, int* done) {
+// kMode: kPlain (no split: the code as tuned) or kSplitOut (every split item, kRevF with its dh, dD
+// stores off). The split items read their kind and slot again from smem (scan_item) after the chunk
+// loop.
+template <bool kFused, int kMode>
+__device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned char* smem_raw, float* dh, bf16* dDgh,
+                                              bf16* dDgl, const float* dD, const bf16* Th, const bf16* Tl,
+                                              const bf16* qkv, const float* rs, const float* Gc, const float* beta,
+                                              const bf16* d_o, const SplitStates& st, int Hk, int Hv, int conv_dim,
+                                              int* done) {
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
-  // bwd_chunk may be launched beside this grid once every CTA of it is running; it waits for each
-  // (sample, head)'s `done` flag before reading its dh, dD.
-  launch_dependents();
-  const WgScanItem cta = wg_scan_cta(seq_order, cu, seq_off, Hk, Hv);
+  const bool stores = kMode == kPlain || cta.kind != kRevF;  // a split F item stores only its result
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   float* rows = reinterpret_cast<float*>(tiles + 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0));  // [parity][kWgRows]
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -2031,8 +2097,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
   cp_async_commit();
   // dS^T: rows ncol (regs 4 j + 0, 1) and ncol + 8 (4 j + 2, 3), columns d = 8 j + 2 t (+1).
   float sT[2 * D / 4];
+  if (kMode == kSplitOut && cta.kind == kRevOutFromGrad) {
+    load_state_t(sT, st.at(kStateG, cta.slot + 1, Hv, head), ncol, t);  // split_leaving_gradient made it
+  } else {
 #pragma unroll
-  for (int r = 0; r < 2 * D / 4; ++r) sT[r] = 0.f;
+    for (int r = 0; r < 2 * D / 4; ++r) sT[r] = 0.f;
+  }
   for (int ci = n - 1; ci >= 0; --ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
@@ -2053,7 +2123,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     if constexpr (!kFused)
       load_tile_t(dT, dD + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D, w_ld, L, ncol, t);
     // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V); fused: as 16-byte stores.
-    store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    if (stores) store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
     // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
     // product anyway: 0.36 instead of 0.30 ms at 4B.)
@@ -2115,7 +2185,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       for (int hh = 0; hh < 2; ++hh) {
         const float x0 = kFused ? acc[4 * j + 2 * hh] : dT[4 * j + 2 * hh] + kv.x * acc[4 * j + 2 * hh];
         const float x1 = kFused ? acc[4 * j + 2 * hh + 1] : dT[4 * j + 2 * hh + 1] + kv.y * acc[4 * j + 2 * hh + 1];
-        store_planes_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
+        if (stores)
+          store_planes_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
         gdn_mma::split_bf16(-x0, -x1, ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
       }
     }
@@ -2190,7 +2261,62 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
     wg::fence_operands(sT);
   }
   cp_async_wait<0>();
-  signal_done(done, cta.p, Hv, head);
+  if constexpr (kMode == kPlain) {
+    signal_done(done, cta.p, Hv, head);
+    return;
+  }
+  // The entering gradient where the split needs it: F_s, or a split sample's G_{k-1}.
+  const volatile WgScanItem* vit = &scan_item;
+  const int kind = vit->kind, slot = vit->slot, hd = vit->head;
+  if (kind == kRevF || vit->nseg > 1) {
+    const SplitState which = kind == kRevF ? kStateF : kStateG;
+    store_state_t(st.at(which, slot, Hv, hd), sT, ncol, t);
+    signal_done(st.flag(which, Hv), slot, Hv, hd);
+  }
+  if (kind != kRevF) signal_done(done, vit->p, Hv, hd);
+}
+
+// The reverse scan. Plain: CTA b runs (segment of rank b / Hv, head b % Hv), as tuned. kTickets
+// (a backward whose recomputed forward may split): the CTAs take (item, value head) tickets in the
+// plan's order (items_rev, counts[4] of them, counter counts[3]), as the forward's ticket instance.
+// bwd_chunk may be launched beside this grid once every CTA of it is running; it waits for each
+// (segment, head)'s `done` flag before reading its dh, dD.
+template <bool kFused, bool kTickets = false>
+__global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD,
+                                                                    const bf16* Th, const bf16* Tl, const bf16* qkv,
+                                                                    const float* rs, const float* Gc,
+                                                                    const float* beta, const bf16* d_o,
+                                                                    const int* vcu, const int* seq_off,
+                                                                    const int* seq_order, const int4* seginfo,
+                                                                    const int* items_rev, int* counts,
+                                                                    SplitStates st, int Hk, int Hv, int conv_dim,
+                                                                    int* done) {
+  launch_dependents();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  if constexpr (!kTickets) {
+    scan_bwd_item<kFused, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o, st, Hk, Hv,
+                                  conv_dim, done);
+  } else {
+    WgScanItem& item = scan_item;
+    for (;;) {
+      __syncthreads();  // every thread is done with the last item
+      if (threadIdx.x == 0) {
+        const int b = atomicAdd(counts + 3, 1);
+        if (b < counts[4] * Hv) {
+          item = wg_scan_item(b, items_rev, vcu, seq_off, seginfo, Hk, Hv);
+        } else {
+          item.head = -1;
+        }
+      }
+      __syncthreads();
+      if (item.head < 0) break;
+      if (item.kind == kRevOutFromGrad) split_leaving_gradient(st, item.idx, item.nseg, item.slot, Hv, item.head);
+      // F items run the same code with their dh, dD stores off (one copy of the chunk loop: with a
+      // second, output-free copy for them the kernel spilled).
+      scan_bwd_item<kFused, kSplitOut>(WgScanItem(item), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o,
+                                       st, Hk, Hv, conv_dim, done);
+    }
+  }
 }
 
 // ---- backward per-chunk gradients ----------------------------------------------------------------
@@ -3479,7 +3605,7 @@ struct Workspace {
   int* seq_order;  // segments longest first (the scans' CTA order)
   int* vcu;        // segment boundaries (rows): without a split, cu_seqlens
   int4* seginfo;
-  int *items, *counts;
+  int *items, *items_rev, *counts;
   SplitStates split;
   int max_segs;    // num_seqs + split.slots
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
@@ -3538,7 +3664,8 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.vcu = reinterpret_cast<int*>(take((P + 1) * sizeof(int)));
   ws.seginfo = reinterpret_cast<int4*>(take(P * sizeof(int4)));
   ws.items = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 3 * slots) * sizeof(int)));
-  ws.counts = reinterpret_cast<int*>(take(3 * sizeof(int)));
+  ws.items_rev = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 2 * slots) * sizeof(int)));
+  ws.counts = reinterpret_cast<int*>(take(5 * sizeof(int)));
   ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   // W's planes: only the mma.sync scans read them (the wgmma ones form W S from T).
   const size_t w_bytes = wgmma_scans(a.k_head_dim, a.v_head_dim) ? 0 : T * Hv * K * sizeof(bf16);
@@ -3566,6 +3693,8 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.M = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
+  ws.split.G = reinterpret_cast<float*>(take(slot_bytes));
+  ws.split.F = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.flags = reinterpret_cast<int*>(take(kSplitStateCount * static_cast<size_t>(slots) * Hv * sizeof(int)));
   ws.split.slots = slots;
 
@@ -3694,8 +3823,8 @@ bool output_in_scan(const GdnArgs& a, bool for_backward) {
 bool split_possible(const GdnArgs& a, const Workspace& w) {
   return gdn_plan::split_worth_trying(a.max_seqlen, max_chunks(a), {w.split.slots, a.num_v_heads, sm_count()});
 }
-// split: the plan may split long samples (only where the wgmma forward scan is the only scan over
-// the tables: the reverse scan has no split yet).
+// split: the plan may split long samples (a plain forward, or the backward's recompute, whose
+// reverse scan then splits too; a kept state never does: the backward would need the maps' M).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
@@ -3708,6 +3837,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const SplitArgs sp{w.vcu,
                      w.seginfo,
                      w.items,
+                     w.items_rev,
                      w.counts,
                      w.split.flags,
                      {split && split_possible(a, w) ? w.split.slots : 0, Hv, sm_count()}};
@@ -3798,7 +3928,8 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(w.max_segs) * Hv * sizeof(int), stream));
   // A kept state is computed at the backward's precision, so reusing it changes nothing. Only a
-  // forward that keeps nothing splits long samples (the backward's reverse scan does not split).
+  // forward that keeps nothing splits long samples (a backward reading a kept state would need the
+  // maps' M, which are scratch).
   forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
                  beside ? w.done : nullptr, state == nullptr);
   if (in_scan) return;
@@ -3838,7 +3969,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   int* done_rev = beside ? w.done + nflags : nullptr;
   int* work = beside ? w.done + 2 * nflags : nullptr;
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, (2 * nflags + 1) * sizeof(int), stream));
-  if (state == nullptr) forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd);
+  // A recomputed forward may split long samples; the reverse scan then splits them as well (its
+  // ticket instance; with the separate dlocal kernel, A/B only, neither splits).
+  const bool split = state == nullptr && wg_scan && !separate && split_possible(a, w);
+  if (state == nullptr) forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split);
 
   // A separate dlocal kernel (QT_GDN_DLOCAL_SEPARATE=1, or where no reverse scan forms dD_local) is the
   // wgmma one at dk = dv = 128; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
@@ -3865,11 +3999,17 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const float* rs = w.rs;
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
-    auto kernel = separate ? gdn_scan_bwd_wgmma_kernel<false> : gdn_scan_bwd_wgmma_kernel<true>;
+    auto kernel = split      ? gdn_scan_bwd_wgmma_kernel<true, true>
+                  : separate ? gdn_scan_bwd_wgmma_kernel<false>
+                             : gdn_scan_bwd_wgmma_kernel<true>;
+    // By tickets at most one CTA per SM runs, and there are at most max_segs items per value head.
+    const unsigned grid = split ? static_cast<unsigned>(std::min<int64_t>(static_cast<int64_t>(w.max_segs) * Hv,
+                                                                          sm_count()))
+                                : scan_grid(a, V);
     stage_begin(stream);
-    launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", scan_grid(a, V), 256, bytes, stream, w.dh,
-                       w.dDh, w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, w.vcu, w.seq_off, w.seq_order, Hk,
-                       Hv, conv_dim, done_rev);
+    launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", dim3(grid), 256, bytes, stream, w.dh, w.dDh,
+                       w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, w.vcu, w.seq_off, w.seq_order, w.seginfo,
+                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
