@@ -1513,6 +1513,23 @@ __device__ __forceinline__ WgScanItem wg_scan_item(int ticket, const int* items,
 
 // Each product batch is issued by warpgroup 0 before warpgroup 1's (wg::issue_after_wg0): forward
 // +1.5-2 % at every shape in the sixteenth round.
+// The next ticket of counts[counter] (of counts[count] x Hv), decoded into scan_item by thread 0; every
+// thread returns whether there was one. Starts with a barrier: every thread is done with the last.
+__device__ __forceinline__ bool take_scan_item(int* counts, int counter, int count, const int* items, const int* vcu,
+                                               const int* seq_off, const int4* seginfo, int Hk, int Hv) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int b = atomicAdd(counts + counter, 1);
+    if (b < counts[count] * Hv) {
+      scan_item = wg_scan_item(b, items, vcu, seq_off, seginfo, Hk, Hv);
+    } else {
+      scan_item.head = -1;
+    }
+  }
+  __syncthreads();
+  return scan_item.head >= 0;
+}
+
 // kMode: kPlain (no split: the code the scans were tuned with), kSplitOut (an output item of the
 // split), kSplitMap (a map: kItemE from 0, kItemM from I with v = 0, i.e. beta 0 on v's rows; it
 // stores nothing but its leaving state). kItemOutFromState starts from S_s (split_entering_state
@@ -1765,18 +1782,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                              Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
   } else {
     WgScanItem& item = scan_item;
-    for (;;) {
-      __syncthreads();  // every thread is done with the last item
-      if (threadIdx.x == 0) {
-        const int b = atomicAdd(counts + 2, 1);
-        if (b < counts[0] * Hv) {
-          item = wg_scan_item(b, items, vcu, seq_off, seginfo, Hk, Hv);
-        } else {
-          item.head = -1;
-        }
-      }
-      __syncthreads();
-      if (item.head < 0) break;
+    while (take_scan_item(counts, 2, 0, items, vcu, seq_off, seginfo, Hk, Hv)) {
       // The maps form no output and store no h, D: the output-free code.
       if (item.kind == kItemE || item.kind == kItemM) {
         scan_fwd_item<false, false, kSplitMap>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
@@ -2298,18 +2304,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                                   conv_dim, done);
   } else {
     WgScanItem& item = scan_item;
-    for (;;) {
-      __syncthreads();  // every thread is done with the last item
-      if (threadIdx.x == 0) {
-        const int b = atomicAdd(counts + 3, 1);
-        if (b < counts[4] * Hv) {
-          item = wg_scan_item(b, items_rev, vcu, seq_off, seginfo, Hk, Hv);
-        } else {
-          item.head = -1;
-        }
-      }
-      __syncthreads();
-      if (item.head < 0) break;
+    while (take_scan_item(counts, 3, 4, items_rev, vcu, seq_off, seginfo, Hk, Hv)) {
       if (item.kind == kRevOutFromGrad) split_leaving_gradient(st, item.idx, item.nseg, item.slot, Hv, item.head);
       // F items run the same code with their dh, dD stores off (one copy of the chunk loop: with a
       // second, output-free copy for them the kernel spilled).
