@@ -4,12 +4,14 @@
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
 // Usage: bench_gdn [iters] [shape]   (prints one `key value unit` row per figure; shape 2b, 4b or
 // 27b runs that one only, e.g. under a profiler)
-// Single long samples, where the scans' serial chains over chunks set the time (KERNELS.md 1.7: not
-// split across CTAs yet), run only when named: 2b_one8k (one 8192-token sample, Hv = 16) and
+// Single long samples, where the scans' serial chains over chunks set the time unless the plan
+// splits them across CTAs (KERNELS.md 1.7), run only when named: 2b_one8k (one 8192-token sample, Hv = 16) and
 // 4b_one32k (one 32768-token sample, Hv = 32: the shape of KERNELS.md 1.9's FLA / FlashQLA
 // anchors), or all of them with shape "long".
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
+// QT_GDN_BENCH_STATIC_BOUND=1 passes max_seqlen = T, the bound a captured training step with static
+// shapes passes (the host then always allows a split, and the plan on the device decides).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -98,6 +100,11 @@ int main(int argc, char** argv) {
       max_len = l > max_len ? l : max_len;
     }
     const int T = cu.back(), N = static_cast<int>(s.lens.size());
+    static const bool static_bound = [] {
+      const char* e = std::getenv("QT_GDN_BENCH_STATIC_BOUND");
+      return e != nullptr && e[0] == '1';
+    }();
+    if (static_bound) max_len = T;
     int32_t* cu_d = nullptr;
     BCHECK(cudaMalloc(&cu_d, cu.size() * sizeof(int32_t)));
     BCHECK(cudaMemcpy(cu_d, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
@@ -147,6 +154,7 @@ int main(int argc, char** argv) {
     void* kept;
     BCHECK(cudaMalloc(&kept, qt::cuda::gdn_state_bytes(a)));
     const double fk_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, kept); });
+    const int kept_segments = qt::cuda::gdn_planned_segments(a, ws, kept);
     const double bk_ms =
         time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, kept); });
     const double th = static_cast<double>(T) * Hv;
@@ -156,7 +164,9 @@ int main(int argc, char** argv) {
     std::printf("| gdn_fwd_keep_ms_%s | %.3f | ms |\n| gdn_bwd_kept_ms_%s | %.3f | ms |\n", s.name, fk_ms, s.name,
                 bk_ms);
     std::printf("| gdn_train_ms_%s | %.3f | ms |\n", s.name, fk_ms + bk_ms);
-    std::printf("# %s: workspace %.1f MiB, forward scan segments %d\n", s.name, ws_bytes / 1048576.0, fwd_segments);
+    std::printf("# %s: workspace %.1f MiB (kept state %.1f MiB), forward scan segments %d, kept forward's %d%s\n",
+                s.name, ws_bytes / 1048576.0, qt::cuda::gdn_state_bytes(a) / 1048576.0, fwd_segments, kept_segments,
+                static_bound ? " (max_seqlen = T)" : "");
     const char* st = std::getenv("QT_GDN_STAGE_TIMES");
     if (st && st[0] == '1') {
       qt::cuda::gdn_stage_timing(true);
@@ -164,6 +174,10 @@ int main(int argc, char** argv) {
       qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd").c_str(), iters);
       for (int i = 0; i < iters; ++i) qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr);
       qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd").c_str(), iters);
+      for (int i = 0; i < iters; ++i) qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, kept);
+      qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd_keep").c_str(), iters);
+      for (int i = 0; i < iters; ++i) qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, kept);
+      qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd_kept").c_str(), iters);
       qt::cuda::gdn_stage_timing(false);
     }
     BCHECK(cudaFree(qkv));

@@ -199,14 +199,19 @@ void run_case(const Case& c) {
                         state.p);
   CK(cudaDeviceSynchronize());
   if (c.min_segments > 0) {
-    const int segs = qt::cuda::gdn_planned_segments(a, ws.p);
+    const int segs = qt::cuda::gdn_planned_segments(a, ws.p, state.p);
     std::printf("  forward scan segments %d (samples %d)\n", segs, N);
     EXPECT_GE(segs, c.min_segments) << "the forward did not split the long samples";
   }
   CK(cudaMemset(ws.p, 0xFF, ws.bytes));  // the backward must not rely on what the forward left there
-  qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
-                         static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr, state.p);
-  CK(cudaDeviceSynchronize());
+  // A kept state may be read more than once (the second backward's results are checked).
+  for (int pass = 0; pass < (c.keep_state ? 2 : 1); ++pass) {
+    qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
+                           static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr,
+                           state.p);
+    CK(cudaDeviceSynchronize());
+    if (pass == 0 && c.keep_state) CK(cudaMemset(ws.p, 0xFF, ws.bytes));
+  }
   if (c.min_segments > 0 && !c.keep_state) {  // the recomputed forward and the reverse scan split too
     const int segs = qt::cuda::gdn_planned_segments(a, ws.p);
     std::printf("  backward segments %d\n", segs);
@@ -348,6 +353,23 @@ TEST(CudaGdn, SplitTwoLongSamplesStrongBeta) {
 TEST(CudaGdn, SplitFourBHeadsOneLongSample) {
   Case c{16, 32, 128, 128, {4100}, Gate::Normal, Beta::Normal, 32};
   c.min_segments = 3;
+  run_case(c);
+}
+// The training path splits too: the kept forward stores h and D from its split items and keeps the
+// maps' M, which the backward's reverse split combines with. Few heads: the output kernel runs
+// beside the scan; 4B heads with more (sample, head) pairs than the H200's 132 SMs: the output is
+// formed in the scan (its ticket instance with the state stores). The plan splits the long sample
+// in 5 (tests/test_gdn_plan.cpp's rules; at 27B heads it splits none of these rows).
+TEST(CudaGdn, SplitKeptStateGatesNearZero) {
+  Case c{2, 4, 128, 128, {700, 5000, 1, 129}, Gate::NearZero, Beta::Normal, 33};
+  c.keep_state = true;
+  c.min_segments = 6;
+  run_case(c);
+}
+TEST(CudaGdn, SplitKeptStateFourBHeadsOutputInScan) {
+  Case c{16, 32, 128, 128, {4100, 100, 100, 100, 64}, Gate::Normal, Beta::Normal, 34};
+  c.keep_state = true;
+  c.min_segments = 9;
   run_case(c);
 }
 

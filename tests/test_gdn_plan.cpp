@@ -111,6 +111,19 @@ TEST(GdnPlan, OnlyTheLongSamplesAreSplit) {
   EXPECT_EQ(two[2], 1);
 }
 
+// The kept-state CUDA test whose output is formed in the scan (CudaGdn.SplitKeptStateFourBHeadsOutputInScan:
+// five samples at 4B heads) relies on this plan.
+TEST(GdnPlan, LongSampleAmongFourShortFourBHeads) {
+  EXPECT_EQ(plan({4100, 100, 100, 100, 64}, 32), (std::vector<int>{5, 1, 1, 1, 1}));
+}
+
+// A limit of the model, pinned: at 27B heads (48) one 8192-token sample is not split. Its 5 slots
+// allow k <= 5, and the first wave's items (2 k - 3 per head) then fill more than two waves of the
+// SMs, which the estimate (whole waves of equal segments) prices above the unsplit chain.
+TEST(GdnPlan, TwentySevenBHeadsLongSampleNotSplit) {
+  EXPECT_EQ(plan({8192}, 48), std::vector<int>{1});
+}
+
 // Many long samples and few slots (48 value heads: 5): the longest first, the rest unsplit.
 TEST(GdnPlan, SlotsBoundTheSplit) {
   const std::vector<int> k = plan({4000, 3900, 3800, 3700}, 48);

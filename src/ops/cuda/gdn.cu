@@ -3672,6 +3672,11 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.Th = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
   ws.Tl = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
   ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
+  // The split's maps M and the flags: a backward reading a kept state combines its reverse
+  // segments with the forward's M (the other slots are scratch).
+  const size_t slot_bytes = static_cast<size_t>(slots) * Hv * K * V * sizeof(float);
+  ws.split.M = reinterpret_cast<float*>(take(slot_bytes));
+  ws.split.flags = reinterpret_cast<int*>(take(kSplitStateCount * static_cast<size_t>(slots) * Hv * sizeof(int)));
   const size_t state_bytes = off;
   off = 0;
   base = scratch;
@@ -3682,15 +3687,10 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.done = reinterpret_cast<int*>(take((2 * P * Hv + 1) * sizeof(int)));
-  // The split's states: only a forward that keeps no state splits (its backward recomputes), so
-  // they are scratch.
-  const size_t slot_bytes = static_cast<size_t>(slots) * Hv * K * V * sizeof(float);
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
-  ws.split.M = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.G = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.F = reinterpret_cast<float*>(take(slot_bytes));
-  ws.split.flags = reinterpret_cast<int*>(take(kSplitStateCount * static_cast<size_t>(slots) * Hv * sizeof(int)));
   ws.split.slots = slots;
 
   if (w) *w = ws;
@@ -3818,8 +3818,8 @@ bool output_in_scan(const GdnArgs& a, bool for_backward) {
 bool split_possible(const GdnArgs& a, const Workspace& w) {
   return gdn_plan::split_worth_trying(a.max_seqlen, max_chunks(a), {w.split.slots, a.num_v_heads, sm_count()});
 }
-// split: the plan may split long samples (a plain forward, or the backward's recompute, whose
-// reverse scan then splits too; a kept state never does: the backward would need the maps' M).
+// split: the plan may split long samples (its reverse scan then splits too: the backward combines
+// with the maps' M, which a kept state keeps).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
@@ -3853,13 +3853,12 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   if (wg_scans) {
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
-    // The instance: output formed here (fuse), its loads first where the state is kept too (a kept
-    // state never splits); by tickets where the plan may split a long sample.
+    // The instance: output formed here (fuse), its loads first where the state is kept too; by
+    // tickets where the plan may split a long sample (their output items store h, D when given).
     const bool tickets = sp.shape.max_slots >= 3;
-    auto kernel = fuse ? (keep      ? gdn_scan_fwd_wgmma_kernel<true, true>
-                          : tickets ? gdn_scan_fwd_wgmma_kernel<true, false, true>
-                                    : gdn_scan_fwd_wgmma_kernel<true, false>)
-                       : (tickets ? gdn_scan_fwd_wgmma_kernel<false, false, true> : gdn_scan_fwd_wgmma_kernel<false, false>);
+    auto kernel = tickets ? (fuse ? gdn_scan_fwd_wgmma_kernel<true, false, true> : gdn_scan_fwd_wgmma_kernel<false, false, true>)
+                  : fuse  ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true, false>)
+                          : gdn_scan_fwd_wgmma_kernel<false, false>;
     // By tickets at most one CTA per SM runs (its smem allows one), and there are at most
     // max_segs + 2 slots items per value head; else one CTA per (sample, value head).
     const int64_t most = (static_cast<int64_t>(w.max_segs) + 2 * w.split.slots) * Hv;
@@ -3901,8 +3900,8 @@ void gdn_stage_report(const char* label, int calls) {
   s.ms.clear();
 }
 
-int gdn_planned_segments(const GdnArgs& a, const void* workspace) {
-  const Workspace w = place(a, const_cast<void*>(workspace), nullptr);
+int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state) {
+  const Workspace w = place(a, const_cast<void*>(workspace), const_cast<void*>(state));
   int n = 0;
   CUDA_CHECK(cudaMemcpy(&n, w.counts + 1, sizeof(int), cudaMemcpyDeviceToHost));
   return n;
@@ -3922,11 +3921,10 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   const bool in_scan = output_in_scan(a, state != nullptr);
   const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(w.max_segs) * Hv * sizeof(int), stream));
-  // A kept state is computed at the backward's precision, so reusing it changes nothing. Only a
-  // forward that keeps nothing splits long samples (a backward reading a kept state would need the
-  // maps' M, which are scratch).
+  // A kept state is computed at the backward's precision, so reusing it changes nothing. Long
+  // samples may split either way: a kept state keeps the plan and the maps' M for the backward.
   forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
-                 beside ? w.done : nullptr, state == nullptr);
+                 beside ? w.done : nullptr, true);
   if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
@@ -3939,7 +3937,8 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
                   const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream, const void* state) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
-  // The backward only reads the state (the kernels below write dD, dh, dqn, dkn, never it).
+  // The backward only reads the state (the kernels below write dD, dh, dqn, dkn, never it), except
+  // for the reverse split's flags and ticket counter, which it resets.
   const Workspace w = place(a, workspace, const_cast<void*>(state));
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
@@ -3964,10 +3963,20 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   int* done_rev = beside ? w.done + nflags : nullptr;
   int* work = beside ? w.done + 2 * nflags : nullptr;
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, (2 * nflags + 1) * sizeof(int), stream));
-  // A recomputed forward may split long samples; the reverse scan then splits them as well (its
-  // ticket instance; with the separate dlocal kernel, A/B only, neither splits).
-  const bool split = state == nullptr && wg_scan && !separate && split_possible(a, w);
-  if (state == nullptr) forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split);
+  // The forward (recomputed here or kept) may have split long samples; the reverse scan then splits
+  // them as well (its ticket instance; with the separate dlocal kernel, A/B only, neither splits).
+  // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
+  const bool split = wg_scan && !separate && split_possible(a, w);
+  if (state == nullptr) {
+    forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split);
+  } else if (split) {
+    // The kept forward's table kernel zeroed the reverse walk's counter and flags, but a kept state
+    // may be read more than once (bench_gdn, gradient checks): reset them.
+    static_assert(kStateG + 1 == kStateF && kStateF + 1 == kSplitStateCount, "G, F: the flags' last rows");
+    const size_t rows = static_cast<size_t>(w.split.slots) * Hv;
+    CUDA_CHECK(cudaMemsetAsync(w.split.flags + kStateG * rows, 0, 2 * rows * sizeof(int), stream));
+    CUDA_CHECK(cudaMemsetAsync(w.counts + 3, 0, sizeof(int), stream));
+  }
 
   // A separate dlocal kernel (QT_GDN_DLOCAL_SEPARATE=1, or where no reverse scan forms dD_local) is the
   // wgmma one at dk = dv = 128; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).

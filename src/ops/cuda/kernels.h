@@ -36,10 +36,10 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
                   const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream,
                   const void* state = nullptr);
-// The segments the last gdn_forward without a kept state ran in `workspace`: num_seqs, or more where
-// it split long samples across scan CTAs (the intra-sample split, gdn.cu). Synchronizes; for tests
-// and benchmarks.
-int gdn_planned_segments(const GdnArgs& a, const void* workspace);
+// The segments the last gdn_forward (or recomputing gdn_backward) planned in `workspace`, or in
+// `state` where it kept one: num_seqs, or more where it split long samples across scan CTAs (the
+// intra-sample split, gdn.cu). Synchronizes; for tests and benchmarks.
+int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state = nullptr);
 
 // ---- causal varlen attention with GQA (semantics of Backend::attention_forward/backward) ----
 struct AttnArgs {
