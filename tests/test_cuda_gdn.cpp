@@ -210,7 +210,9 @@ void run_case(const Case& c) {
                            static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr,
                            state.p);
     CK(cudaDeviceSynchronize());
-    if (pass == 0 && c.keep_state) CK(cudaMemset(ws.p, 0xFF, ws.bytes));
+    if (pass == 0 && c.keep_state) {
+      CK(cudaMemset(ws.p, 0xFF, ws.bytes));
+    }
   }
   if (c.min_segments > 0 && !c.keep_state) {  // the recomputed forward and the reverse scan split too
     const int segs = qt::cuda::gdn_planned_segments(a, ws.p);

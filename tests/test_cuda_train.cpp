@@ -49,11 +49,12 @@ std::vector<PackedRow> make_rows(const ModelConfig& cfg, int count, int64_t T, u
 }
 
 struct Rig {
-  ModelConfig cfg = preset_config("tiny");
+  ModelConfig cfg;
   CudaBackend be;
   Qwen35Model model;
   std::unique_ptr<ModelOptimizer> opt;
-  explicit Rig(int64_t T, Checkpointing ckpt = Checkpointing::None) : model(cfg, be, T, ckpt) {
+  explicit Rig(int64_t T, Checkpointing ckpt = Checkpointing::None, ModelConfig c = preset_config("tiny"))
+      : cfg(std::move(c)), model(cfg, be, T, ckpt) {
     for (size_t i = 0; i < model.specs().size(); ++i) {
       std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
       init_param(model.specs()[i], cfg.initializer_range, 7, DType::F32, w.data());
@@ -97,6 +98,55 @@ TEST(CudaTrainStep, GraphReplayMatchesEagerStaticSteps) {
     }
     EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 2e-3) << graph_rig.model.specs()[i].name;
   }
+}
+
+// Rows with a sample long enough for the GDN's split and rows without one run different kernels
+// (the split's ticket walk, or the unsplit scans): the step keeps one graph for each kind, and
+// both replay what the eager static step computes. The tiny model with Qwen3.5's GDN head dims
+// (128), whose kernels can split.
+std::vector<PackedRow> rows_of(const ModelConfig& cfg, const std::vector<std::vector<int64_t>>& lens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
+  std::vector<PackedRow> rows;
+  for (const auto& row_lens : lens) {
+    PackedRow row;
+    for (int64_t n : row_lens) {
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      for (auto& x : ids) x = tok(rng);
+      std::vector<int32_t> labels = ids;
+      labels[0] = -100;
+      row.append_sample(ids, labels);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST(CudaTrainStep, OneGraphPerSplitKind) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 1024;
+  ModelConfig cfg = preset_config("tiny");
+  cfg.linear_key_head_dim = cfg.linear_value_head_dim = 128;
+  Rig graph_rig(T, Checkpointing::None, cfg), eager_rig(T, Checkpointing::None, cfg);
+  const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                   cfg.linear_value_head_dim};
+  const int split_from = graph_rig.be.gdn_split_seqlen(gd, T, 16);
+  ASSERT_GT(split_from, 400) << "the rows below assume the split starts above 400 tokens";
+  ASSERT_LT(split_from, 900) << "the rows below assume a 900-token sample may split";
+  TrainStep graph(graph_rig.model, *graph_rig.opt, 1, 16, true);
+  TrainStep eager(eager_rig.model, *eager_rig.opt, 1, 16, false);
+  // Short rows: every sample and the padding (1024 - 670 = 354) below 400 tokens.
+  const std::vector<int64_t> shorter = {1, 2, 37, 130, 300, 200}, longer = {3, 900, 65};
+  const std::vector<PackedRow> rows = rows_of(cfg, {shorter, longer, shorter, longer, shorter, longer}, 9);
+  const bool replays[6] = {false, false, true, true, true, true};  // each kind's first step runs eagerly
+  for (int s = 0; s < 6; ++s) {
+    const StepResult a = graph.run({rows[s]}, 1e-3, 1.0, s + 1);
+    const StepResult b = eager.run({rows[s]}, 1e-3, 1.0, s + 1);
+    EXPECT_EQ(a.replayed, replays[s]) << "step " << s + 1;
+    EXPECT_NEAR(a.loss_sum, b.loss_sum, 2e-4 * std::abs(b.loss_sum)) << "step " << s + 1;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 2e-3 * b.grad_norm) << "step " << s + 1;
+  }
+  EXPECT_EQ(graph.captures(), 2);
 }
 
 // Recompute inside a captured graph: full and selective checkpointing follow the same losses.

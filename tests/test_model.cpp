@@ -185,6 +185,55 @@ TEST(ModelStaticShape, PaddedStagedStepEqualsPlainStep) {
   EXPECT_ERROR_CONTAINS([&] { model.stage(row, 2); }, "slot 2 of 2");
 }
 
+// A backend whose GDN would split samples of 100 tokens or more (the CUDA backend's answer depends
+// on the GPU and the shape; the CPU reference never splits).
+class SplitFromHundred : public CpuBackend {
+ public:
+  int gdn_split_seqlen(const GdnDims&, int64_t, int) const override { return 100; }
+};
+
+// Static steps pass a max_seqlen bound the GDN plans by: the whole row where a staged sample (the
+// padding one included) may split, else just below the split, which must still bound every sample
+// (the CPU reference checks it). A step enqueued as short while a long row is staged is refused.
+TEST(ModelStaticShape, SplitKindOfStagedRows) {
+  Golden g = load_golden("tiny_untied");  // lengths 1, 2, 3, 63, 64, 65, 130
+  SplitFromHundred be;
+  PackedRow with_130, short_only;
+  for (size_t i = 0; i < g.ids.size(); ++i) {
+    with_130.append_sample(g.ids[i], g.labels[i]);
+    if (g.ids[i].size() < 100) short_only.append_sample(g.ids[i], g.labels[i]);
+  }
+  ASSERT_EQ(with_130.num_tokens(), short_only.num_tokens() + 130);
+  // Room for the long row and 37 more: the short row's padding sample is 167 tokens.
+  Qwen35Model model(g.dir.config, be, with_130.num_tokens() + 37);
+  model.load(g.dir);
+  model.set_static_shape(16, 2);
+  model.stage(with_130, 0);
+  EXPECT_TRUE(model.staged_may_split(1));
+  model.stage(short_only, 0);
+  EXPECT_TRUE(model.staged_may_split(1)) << "the 167-token padding sample may split";
+
+  PackedRow short_full = short_only;  // 288 tokens: the padding sample is 77
+  short_full.append_sample(std::vector<int32_t>(90, 5), std::vector<int32_t>(90, 5));
+  model.stage(short_full, 1);
+  EXPECT_TRUE(model.staged_may_split(2)) << "slot 0 still holds the row with the long padding";
+  model.stage(short_full, 0);
+  EXPECT_FALSE(model.staged_may_split(2));
+
+  // The short kind's bound (99) runs the same loss as the exact shapes.
+  model.zero_grads();
+  const LossResult plain = model.step(short_full, true, 0.5);
+  model.zero_grads();
+  model.enqueue_step(1, true, 0.5, false);
+  be.synchronize();
+  double sums[2] = {0, 0};
+  be.copy_to_host(sums, model.static_loss_sums());
+  EXPECT_NEAR(sums[1], plain.loss_sum, 1e-5 * std::abs(plain.loss_sum));
+
+  model.stage(with_130, 0);
+  EXPECT_ERROR_CONTAINS([&] { model.enqueue_step(0, true, 0.5, false); }, "130-token sample", "from 100 tokens");
+}
+
 // Checkpointing trades memory for recompute; the gradients must not notice (the CPU reference is
 // deterministic, so the recomputed activations are the same floats).
 TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {

@@ -1,7 +1,9 @@
 // qwentune bench --preset NAME [--backend auto|cpu|cuda] [--steps N] [--warmup N]
 //                [--tokens-per-batch N] [--seed N] [--no-graph] [--checkpointing auto|none|selective|full]
-// End-to-end training throughput on a random-init model: synthetic chat-like length mix packed
-// into rows of exactly tokens_per_batch tokens, forward + backward + AdamW per step, run by the
+//                [--lengths chat|whole-row]
+// End-to-end training throughput on a random-init model: synthetic chat-like length mix (or, with
+// --lengths whole-row, one sample per row: long-context fine-tuning) packed into rows of exactly
+// tokens_per_batch tokens, forward + backward + AdamW per step, run by the
 // trainer's TrainStep (on CUDA: one CUDA-graph launch per step after the first).
 #include <algorithm>
 #include <chrono>
@@ -42,6 +44,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool no_graph = false;
   std::string checkpointing = "auto";
+  std::string lengths = "chat";
 };
 
 void run_bench(const BenchArgs& a) {
@@ -54,7 +57,8 @@ void run_bench(const BenchArgs& a) {
   std::vector<std::vector<int64_t>> row_lens;
   int max_samples = 1;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    row_lens.push_back(chat_like_lengths(a.tokens_per_batch, rng));
+    row_lens.push_back(a.lengths == "whole-row" ? std::vector<int64_t>{a.tokens_per_batch}
+                                                : chat_like_lengths(a.tokens_per_batch, rng));
     PackedRow row;
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 248000) - 1));
     for (int64_t n : row_lens.back()) {
@@ -114,6 +118,7 @@ void run_bench(const BenchArgs& a) {
   j["backend"] = be->name();
   j["params"] = param_count(cfg);
   j["tokens_per_batch"] = a.tokens_per_batch;
+  j["lengths"] = a.lengths;
   j["steps"] = a.steps;
   j["median_step_s"] = median;
   j["tokens_per_s"] = double(tokens) / total;
@@ -149,6 +154,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--tokens-per-batch", a->tokens_per_batch, "tokens per packed row")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "")->capture_default_str();
+  cmd->add_option("--lengths", a->lengths, "sample lengths: chat (a chat-like mix) or whole-row (one sample per row)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"chat", "whole-row"}));
   cmd->add_flag("--no-graph", a->no_graph, "CUDA: launch every kernel eagerly instead of replaying a captured graph");
   cmd->add_option("--checkpointing", a->checkpointing, "activation checkpointing: auto, none, selective, full")
       ->capture_default_str()

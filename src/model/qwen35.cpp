@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 #include "profile/profiled_backend.h"
@@ -414,6 +415,9 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   loss_sums_ = be_.alloc(DType::F64, {slots});
   gdn_state_.assign(static_cast<size_t>(cfg_.num_hidden_layers), Tensor());
   const GdnDims gd = gdn_dims(cfg_);
+  const bool has_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet) > 0;
+  static_split_seqlen_ = has_gdn ? be_.gdn_split_seqlen(gd, max_tokens_, max_seqs) : std::numeric_limits<int>::max();
+  staged_longest_.assign(static_cast<size_t>(slots), static_cast<int>(max_tokens_));
   const int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs);
   // The other policies trade this memory away too.
   if (ckpt_ == Checkpointing::None && bytes > 0)
@@ -464,16 +468,33 @@ void Qwen35Model::stage(const PackedRow& row, int slot) {
   }
   int32_t* cu = st + 3 * M;
   std::copy(row.cu_seqlens.begin(), row.cu_seqlens.end(), cu);
+  int longest = static_cast<int>(M - T);  // the padding sample
+  for (size_t s = 0; s + 1 < row.cu_seqlens.size(); ++s)
+    longest = std::max(longest, row.cu_seqlens[s + 1] - row.cu_seqlens[s]);
+  staged_longest_[static_cast<size_t>(slot)] = longest;
   // Empty samples at the end (cu repeating M): kernels see zero-length samples and skip them.
   for (int s = static_cast<int>(row.cu_seqlens.size()); s <= static_max_seqs_; ++s) cu[s] = static_cast<int32_t>(M);
 }
 
-void Qwen35Model::enqueue_step(int slot, bool backward, double grad_scale) {
+bool Qwen35Model::staged_may_split(int slots) const {
+  QT_CHECK(slots >= 0 && slots <= static_slots_, "staged_may_split: ", slots, " slots of ", static_slots_);
+  for (int s = 0; s < slots; ++s)
+    if (staged_longest_[static_cast<size_t>(s)] >= static_split_seqlen_) return true;
+  return false;
+}
+
+void Qwen35Model::enqueue_step(int slot, bool backward, double grad_scale, bool may_split) {
   QT_CHECK(slot >= 0 && slot < static_slots_, "enqueue_step: slot ", slot, " of ", static_slots_);
+  QT_CHECK(may_split || staged_longest_[static_cast<size_t>(slot)] < static_split_seqlen_, "enqueue_step: slot ",
+           slot, " holds a ", staged_longest_[static_cast<size_t>(slot)], "-token sample, which the GDN may split (from ",
+           static_split_seqlen_, " tokens), but the step was enqueued as one that may not");
   const Tensor& dev = static_inputs_[static_cast<size_t>(slot)];
   be_.copy_from_host(dev, staging_[static_cast<size_t>(slot)]);
-  // max_seqlen is only a bound the kernels size grids by: the whole row.
-  use_inputs(dev, static_max_seqs_, static_cast<int>(max_tokens_), max_tokens_);
+  // max_seqlen is a bound the kernels plan by, kept by a captured graph: the whole row, or just
+  // below the GDN's split for a step of short samples only.
+  const int bound = may_split || static_split_seqlen_ > max_tokens_ ? static_cast<int>(max_tokens_)
+                                                                     : static_split_seqlen_ - 1;
+  use_inputs(dev, static_max_seqs_, bound, max_tokens_);
   const Tensor sum(static_cast<double*>(loss_sums_.data) + slot, DType::F64, {1}, loss_sums_.device);
   forward_loss_backward(max_tokens_, backward, grad_scale, none(), &sum);
 }

@@ -116,10 +116,16 @@ class Qwen35Model {
   int static_seqs_needed(const PackedRow& row) const;
   // Host only: validates the row and writes it, padded, into the slot's staging.
   void stage(const PackedRow& row, int slot);
+  // Whether a row staged in one of the first `slots` slots has a sample (the padding one included)
+  // long enough for the GDN kernels to split it (Backend::gdn_split_seqlen). The kernels' choice
+  // follows the max_seqlen bound a step passes, which a captured graph keeps: a caller captures one
+  // graph per answer (TrainStep), so rows of short samples run the unsplit kernels.
+  bool staged_may_split(int slots) const;
   // Enqueues with no host synchronization (capturable): the copy of the slot's staging to the
   // device, the forward pass, the loss sum into static_loss_sums()[slot] and, with backward, the
-  // gradient of grad_scale * loss_sum accumulated into the gradients.
-  void enqueue_step(int slot, bool backward, double grad_scale);
+  // gradient of grad_scale * loss_sum accumulated into the gradients. may_split: the step's rows
+  // as staged_may_split answered (the bound is the whole row if so, else just below the split).
+  void enqueue_step(int slot, bool backward, double grad_scale, bool may_split = true);
   const Tensor& static_loss_sums() const { return loss_sums_; }  // f64 [slots] on the device
 
   struct LayerActs;  // (internal) one layer's activation tensors
@@ -162,6 +168,8 @@ class Qwen35Model {
   SeqInfo seqs_;
   // Static shapes: device input buffers, page-locked staging (same layout) and loss sums per slot.
   int static_max_seqs_ = 0, static_slots_ = 0;
+  int static_split_seqlen_ = 0;          // Backend::gdn_split_seqlen at the static shape
+  std::vector<int> staged_longest_;      // [slot]: the staged row's longest sample, padding included
   std::vector<Tensor> static_inputs_;
   std::vector<int32_t*> staging_;
   Tensor loss_sums_;

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "core/tensor.h"
 
@@ -126,6 +127,13 @@ class Backend {
   // `state`, as the CPU reference does); the forward writes it (u8, at least that size), the
   // backward reads it (same inputs as that forward).
   virtual int64_t gdn_state_bytes(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/) const { return 0; }
+  // The shortest sample (tokens) that gdn_forward may split across parallel scan pieces in a row of
+  // `tokens` tokens and at most `num_seqs` samples: a call whose SeqInfo::max_seqlen is below it
+  // runs the unsplit kernels (the split's ticket walk costs a row of short samples a few %), so a
+  // caller with static shapes can pass that smaller bound for rows of short samples. INT_MAX: never.
+  virtual int gdn_split_seqlen(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/) const {
+    return std::numeric_limits<int>::max();
+  }
   virtual void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                            const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) = 0;
   // dqkv [T, conv_dim], dg, dbeta f32 [T,Hv]: all overwritten.

@@ -39,6 +39,9 @@ class ProfiledBackend final : public Backend {
   int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
     return inner_.gdn_state_bytes(dims, tokens, num_seqs);
   }
+  int gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
+    return inner_.gdn_split_seqlen(dims, tokens, num_seqs);
+  }
   void set_deterministic(bool on) override { inner_.set_deterministic(on); }
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;

@@ -15,10 +15,13 @@ namespace qt {
 
 struct TrainStep::GraphState {
 #ifdef QT_HAVE_CUDA
+  struct Captured {
+    cuda::StepGraph graph;
+    uint64_t ws_generation = 0;
+    double max_grad_norm = 0;
+  };
   CudaBackend* be = nullptr;
-  cuda::StepGraph graph;
-  uint64_t ws_generation = 0;
-  double max_grad_norm = 0;
+  Captured graphs[2];  // [may_split]
 #endif
 };
 
@@ -98,9 +101,9 @@ StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr,
   return r;
 }
 
-void TrainStep::enqueue_all(double max_grad_norm) {
+void TrainStep::enqueue_all(double max_grad_norm, bool may_split) {
   model_.zero_grads();
-  for (int64_t i = 0; i < micro_; ++i) model_.enqueue_step(static_cast<int>(i), true, 1.0);
+  for (int64_t i = 0; i < micro_; ++i) model_.enqueue_step(static_cast<int>(i), true, 1.0, may_split);
   opt_.enqueue_step(max_grad_norm, host_results_ + micro_);
   model_.backend().copy_to_host_async(host_results_, model_.static_loss_sums());
 }
@@ -127,15 +130,18 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
     r.tokens += rows[i].num_tokens();
   }
   opt_.set_step(lr, step, 1.0 / double(trained));
+  // Rows of short samples only run the GDN's unsplit kernels: their own graph.
+  const bool may_split = model_.staged_may_split(static_cast<int>(micro_));
   bool launched = false;
 #ifdef QT_HAVE_CUDA
-  if (graph_ && warmed_) {
-    GraphState& g = *gs_;
+  if (graph_ && warmed_[may_split]) {
+    GraphState::Captured& g = gs_->graphs[may_split];
+    CudaBackend* be = gs_->be;
     // A workspace reallocated since the capture (an eval row, a larger shape) or a new clip
     // threshold invalidates the graph: capture again (no growth can happen now).
-    if (!g.graph.ready() || g.ws_generation != g.be->workspace_generation() || g.max_grad_norm != max_grad_norm) {
-      g.graph.capture(g.be->stream(), [&] { enqueue_all(max_grad_norm); });
-      g.ws_generation = g.be->workspace_generation();
+    if (!g.graph.ready() || g.ws_generation != be->workspace_generation() || g.max_grad_norm != max_grad_norm) {
+      g.graph.capture(be->stream(), [&] { enqueue_all(max_grad_norm, may_split); });
+      g.ws_generation = be->workspace_generation();
       g.max_grad_norm = max_grad_norm;
       ++captures_;
       graph_kernels_ = g.graph.kernel_nodes();
@@ -144,15 +150,15 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
         log_info("CUDA graph captured: ", g.graph.kernel_nodes(), " kernels, ", g.graph.copy_nodes(),
                  " copies/memsets; one launch per step");
     }
-    g.graph.launch(g.be->stream());
+    g.graph.launch(be->stream());
     launched = true;
   }
 #endif
   if (!launched) {
-    // The first step runs eagerly: it grows every workspace and caches every GEMM plan, which a
-    // capture cannot do.
-    enqueue_all(max_grad_norm);
-    warmed_ = true;
+    // The first step of each kind runs eagerly: it grows every workspace and caches every GEMM
+    // plan and kernel attribute, which a capture cannot do.
+    enqueue_all(max_grad_norm, may_split);
+    warmed_[may_split] = true;
   }
   r.replayed = launched;
   r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

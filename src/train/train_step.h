@@ -51,7 +51,9 @@ class TrainStep {
   StepResult run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);
 
   std::string mode() const;          // "cuda-graph", "eager (static shapes)" or "eager"
-  int64_t graph_kernels() const { return graph_kernels_; }  // kernel nodes of the captured graph (0 before)
+  // Two graphs at most: one for steps whose rows may have a sample the GDN kernels split
+  // (Qwen35Model::staged_may_split), one for the rest; each captured on its kind's first replay.
+  int64_t graph_kernels() const { return graph_kernels_; }  // kernel nodes of the last captured graph (0 before)
   int64_t graph_nodes() const { return graph_nodes_; }      // all nodes (kernels, copies, memsets)
   int64_t captures() const { return captures_; }
   // Device memory in use (GiB, whole device as cudaMemGetInfo sees it); 0 off the GPU.
@@ -62,13 +64,14 @@ class TrainStep {
 
  private:
   StepResult run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);
-  void enqueue_all(double max_grad_norm);
+  void enqueue_all(double max_grad_norm, bool may_split);
 
   Qwen35Model& model_;
   ModelOptimizer& opt_;
   int64_t micro_;
   bool static_ = false, graph_ = false;
-  bool warmed_ = false;  // one eager static step ran: workspaces grown, GEMM plans cached
+  // [may_split]: one eager static step of that kind ran (workspaces grown, GEMM plans cached)
+  bool warmed_[2] = {false, false};
   int64_t captures_ = 0, graph_kernels_ = 0, graph_nodes_ = 0;
   double* host_results_ = nullptr;  // page-locked: loss sums [micro], then the gradient norm
   struct GraphState;

@@ -11,7 +11,7 @@
 
 namespace qt {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   // Pins OpenBLAS to one thread: the model's GEMMs are small and BLAS's own spinning threads
   // fought with the op threads (3x slower training of the tiny model on 2 cores).

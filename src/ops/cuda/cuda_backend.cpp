@@ -553,6 +553,14 @@ int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int nu
   return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_args(dims, bound)));
 }
 
+int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const {
+  SeqInfo bound;
+  bound.num_seqs = num_seqs;
+  bound.total_tokens = static_cast<int>(tokens);
+  bound.max_seqlen = static_cast<int>(tokens);
+  return cuda::gdn_split_min_seqlen(gdn_args(dims, bound));
+}
+
 namespace {
 // The kept GDN state buffer: absent (recompute), or large enough for this call's shapes.
 void* gdn_state_ptr(const char* op, const Tensor& state, const cuda::GdnArgs& args) {

@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -3898,6 +3899,14 @@ void gdn_stage_report(const char* label, int calls) {
     std::printf("# stage %s %-24s %8.3f ms  %5.1f%%\n", label, kv.first.c_str(), kv.second / calls,
                 100.0 * kv.second / (total > 0 ? total : 1));
   s.ms.clear();
+}
+
+int gdn_split_min_seqlen(const GdnArgs& a) {
+  const int slots = split_slots(a), chunks = max_chunks(a);
+  const gdn_plan::SplitShape shape{slots, a.num_v_heads, sm_count()};
+  for (int n = 1; n <= chunks; ++n)  // split_worth_trying depends on max_seqlen by its chunks only
+    if (gdn_plan::split_worth_trying(n * kC, chunks, shape)) return (n - 1) * kC + 1;
+  return std::numeric_limits<int>::max();
 }
 
 int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state) {

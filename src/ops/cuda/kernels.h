@@ -36,6 +36,9 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
                   const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream,
                   const void* state = nullptr);
+// The shortest max_seqlen with which gdn_forward / gdn_backward may split a sample (the plan on the
+// device then decides): below it they run the unsplit kernels. INT_MAX where they never split.
+int gdn_split_min_seqlen(const GdnArgs& a);
 // The segments the last gdn_forward (or recomputing gdn_backward) planned in `workspace`, or in
 // `state` where it kept one: num_seqs, or more where it split long samples across scan CTAs (the
 // intra-sample split, gdn.cu). Synchronizes; for tests and benchmarks.
