@@ -27,16 +27,14 @@ bool have_device() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-// Rows of T tokens at most, odd sample lengths (1- and 2-token samples included).
-std::vector<PackedRow> make_rows(const ModelConfig& cfg, int count, int64_t T, uint64_t seed) {
+// Rows of these sample lengths, random tokens, the first target of each sample ignored.
+std::vector<PackedRow> rows_of(const ModelConfig& cfg, const std::vector<std::vector<int64_t>>& lens, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   std::vector<PackedRow> rows;
-  for (int r = 0; r < count; ++r) {
+  for (const auto& row_lens : lens) {
     PackedRow row;
-    const std::vector<int64_t> lens = {1, 2, 37, 130, 65, 3, 200 + 17 * r};
-    for (int64_t n : lens) {
-      if (row.num_tokens() + n > T - 5) break;  // leave a gap: the static step pads it
+    for (int64_t n : row_lens) {
       std::vector<int32_t> ids(static_cast<size_t>(n));
       for (auto& x : ids) x = tok(rng);
       std::vector<int32_t> labels = ids;
@@ -46,6 +44,22 @@ std::vector<PackedRow> make_rows(const ModelConfig& cfg, int count, int64_t T, u
     rows.push_back(row);
   }
   return rows;
+}
+
+// Rows of T tokens at most, odd sample lengths (1- and 2-token samples included).
+std::vector<PackedRow> make_rows(const ModelConfig& cfg, int count, int64_t T, uint64_t seed) {
+  std::vector<std::vector<int64_t>> lens;
+  for (int r = 0; r < count; ++r) {
+    lens.emplace_back();
+    int64_t total = 0;
+    const int64_t want[] = {1, 2, 37, 130, 65, 3, 200 + 17 * r};
+    for (int64_t n : want) {
+      if (total + n > T - 5) break;  // leave a gap: the static step pads it
+      lens.back().push_back(n);
+      total += n;
+    }
+  }
+  return rows_of(cfg, lens, seed);
 }
 
 struct Rig {
@@ -104,24 +118,6 @@ TEST(CudaTrainStep, GraphReplayMatchesEagerStaticSteps) {
 // (the split's ticket walk, or the unsplit scans): the step keeps one graph for each kind, and
 // both replay what the eager static step computes. The tiny model with Qwen3.5's GDN head dims
 // (128), whose kernels can split.
-std::vector<PackedRow> rows_of(const ModelConfig& cfg, const std::vector<std::vector<int64_t>>& lens, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
-  std::vector<PackedRow> rows;
-  for (const auto& row_lens : lens) {
-    PackedRow row;
-    for (int64_t n : row_lens) {
-      std::vector<int32_t> ids(static_cast<size_t>(n));
-      for (auto& x : ids) x = tok(rng);
-      std::vector<int32_t> labels = ids;
-      labels[0] = -100;
-      row.append_sample(ids, labels);
-    }
-    rows.push_back(row);
-  }
-  return rows;
-}
-
 TEST(CudaTrainStep, OneGraphPerSplitKind) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const int64_t T = 1024;
