@@ -7,7 +7,8 @@
 // Single long samples, where the scans' serial chains over chunks set the time unless the plan
 // splits them across CTAs (KERNELS.md 1.7), run only when named: 2b_one8k (one 8192-token sample, Hv = 16) and
 // 4b_one32k (one 32768-token sample, Hv = 32: the shape of KERNELS.md 1.9's FLA / FlashQLA
-// anchors), or all of them with shape "long".
+// anchors), 2b_mix2600 and 4b_mix4400 (a chat row with one sample just long enough to split), or
+// all of them with shape "long".
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 // QT_GDN_BENCH_STATIC_BOUND=1 passes max_seqlen = T, the bound a captured training step with static
@@ -78,7 +79,11 @@ int main(int argc, char** argv) {
                           {"4b", 32, mix, false},
                           {"27b", 48, mix, false},
                           {"2b_one8k", 16, {8192}, true},
-                          {"4b_one32k", 32, {32768}, true}};
+                          {"4b_one32k", 32, {32768}, true},
+                          // A chat row with one sample long enough for the split (at 2B heads from
+                          // ~2000 tokens, at 4B from ~4200): whether it pays among short samples.
+                          {"2b_mix2600", 16, {2600, 412, 1603, 256, 977, 731, 1187, 426}, true},
+                          {"4b_mix4400", 32, {4400, 1187, 412, 977, 256, 731, 229}, true}};
   const double fwd_per = 6.0 * C * K + 4.0 * C * V + 6.0 * K * V + C * C / 3.0;
   const double bwd_per = 18.0 * C * K + 10.0 * C * V + 16.0 * K * V + 4.0 * C * C;
 
