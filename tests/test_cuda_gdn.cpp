@@ -353,7 +353,7 @@ TEST(CudaGdn, SplitTwoLongSamplesStrongBeta) {
   run_case(c);
 }
 TEST(CudaGdn, SplitFourBHeadsOneLongSample) {
-  Case c{16, 32, 128, 128, {4100}, Gate::Normal, Beta::Normal, 32};
+  Case c{16, 32, 128, 128, {6000}, Gate::Normal, Beta::Normal, 32};
   c.min_segments = 3;
   run_case(c);
 }
@@ -369,7 +369,7 @@ TEST(CudaGdn, SplitKeptStateGatesNearZero) {
   run_case(c);
 }
 TEST(CudaGdn, SplitKeptStateFourBHeadsOutputInScan) {
-  Case c{16, 32, 128, 128, {4100, 100, 100, 100, 64}, Gate::Normal, Beta::Normal, 34};
+  Case c{16, 32, 128, 128, {6000, 100, 100, 100, 64}, Gate::Normal, Beta::Normal, 34};
   c.keep_state = true;
   c.min_segments = 9;
   run_case(c);

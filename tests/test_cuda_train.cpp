@@ -120,19 +120,20 @@ TEST(CudaTrainStep, GraphReplayMatchesEagerStaticSteps) {
 // (128), whose kernels can split.
 TEST(CudaTrainStep, OneGraphPerSplitKind) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  const int64_t T = 1024;
+  const int64_t T = 4096;
   ModelConfig cfg = preset_config("tiny");
   cfg.linear_key_head_dim = cfg.linear_value_head_dim = 128;
   Rig graph_rig(T, Checkpointing::None, cfg), eager_rig(T, Checkpointing::None, cfg);
   const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                    cfg.linear_value_head_dim};
   const int split_from = graph_rig.be.gdn_split_seqlen(gd, T, 16);
-  ASSERT_GT(split_from, 400) << "the rows below assume the split starts above 400 tokens";
-  ASSERT_LT(split_from, 900) << "the rows below assume a 900-token sample may split";
+  ASSERT_GT(split_from, 600) << "the rows below assume the split starts above 600 tokens";
+  ASSERT_LT(split_from, 3000) << "the rows below assume a 3000-token sample may split";
   TrainStep graph(graph_rig.model, *graph_rig.opt, 1, 16, true);
   TrainStep eager(eager_rig.model, *eager_rig.opt, 1, 16, false);
-  // Short rows: every sample and the padding (1024 - 670 = 354) below 400 tokens.
-  const std::vector<int64_t> shorter = {1, 2, 37, 130, 300, 200}, longer = {3, 900, 65};
+  // Short rows: every sample and the padding (4096 - 3540 = 556) below 600 tokens. The long one's
+  // 3000-token sample splits (tests/test_gdn_plan.cpp).
+  const std::vector<int64_t> shorter = {1, 2, 37, 500, 600, 600, 600, 600, 600}, longer = {3, 3000, 900, 65};
   const std::vector<PackedRow> rows = rows_of(cfg, {shorter, longer, shorter, longer, shorter, longer}, 9);
   const bool replays[6] = {false, false, true, true, true, true};  // each kind's first step runs eagerly
   for (int s = 0; s < 6; ++s) {

@@ -81,14 +81,24 @@ TEST(GdnPlan, ChatMixIsNotSplit) {
   }
 }
 
-// KERNELS.md 1.9's anchor (one 32k-token sample, Hv = 32): 5 segments (estimate 309 chunk steps:
-// 224 first-phase items in two waves of 103-chunk segments, then 128 later ones; 3 segments: 342;
-// unsplit: 512), measured 1.60 ms against 3.07 unsplit. The GPU run of
-// CudaGdn.SplitFourBHeadsOneLongSample (4100 tokens) planned 5 segments too.
+// KERNELS.md 1.9's anchor (one 32k-token sample, Hv = 32): 5 segments (estimate 327 chunk steps:
+// 224 first-phase items in two waves of 103-chunk segments, then 128 later ones, each with its
+// item overhead; unsplit: 518), measured 1.60 ms against 3.07 unsplit. CudaGdn.SplitFourBHeads*
+// (6000 tokens) plan 5 segments too, and so does 4100 (estimate 0.80 of unsplit). A 4400-token
+// sample among short ones, split in 3, measured even with the plain scans and 9 % faster than the
+// ticket instances left unsplit (notes/gdn_kernels.md step 23).
 TEST(GdnPlan, LongSampleFourBHeads) {
   EXPECT_TRUE(gdn_plan::split_worth_trying(32768, 32768 / 64 + 1, {slots_for(32), 32, kSms}));
   EXPECT_EQ(plan({32768}, 32), std::vector<int>{5});
+  EXPECT_EQ(plan({6000}, 32), std::vector<int>{5});
   EXPECT_EQ(plan({4100}, 32), std::vector<int>{5});
+  EXPECT_EQ(plan({4400, 1187, 412, 977, 256, 731, 229}, 32), (std::vector<int>{3, 1, 1, 1, 1, 1, 1}));
+}
+
+// The row that fitted the item overheads (bench_gdn's 2b_mix2600): split into 9 and 6 segments of
+// 5 chunks, its training path went 0.81 -> 1.08 ms. Now it stays whole.
+TEST(GdnPlan, ShortSegmentsAmongShortSamplesAreNotWorthIt) {
+  for (int k : plan({2600, 412, 1603, 256, 977, 731, 1187, 426}, 16)) EXPECT_EQ(k, 1);
 }
 
 // One 8192-token sample at the 2B heads: more segments (16 value heads leave room for more items).
@@ -112,9 +122,11 @@ TEST(GdnPlan, OnlyTheLongSamplesAreSplit) {
 }
 
 // The kept-state CUDA test whose output is formed in the scan (CudaGdn.SplitKeptStateFourBHeadsOutputInScan:
-// five samples at 4B heads) relies on this plan.
-TEST(GdnPlan, LongSampleAmongFourShortFourBHeads) {
-  EXPECT_EQ(plan({4100, 100, 100, 100, 64}, 32), (std::vector<int>{5, 1, 1, 1, 1}));
+// five samples at 4B heads) and the trainer's (CudaTrainStep.OneGraphPerSplitKind: 4 value heads)
+// rely on these plans.
+TEST(GdnPlan, PlansTheGpuTestsRelyOn) {
+  EXPECT_EQ(plan({6000, 100, 100, 100, 64}, 32), (std::vector<int>{5, 1, 1, 1, 1}));
+  EXPECT_GE(plan({3000, 900, 65, 3}, 4)[0], 3);
 }
 
 // A limit of the model, pinned: at 27B heads (48) one 8192-token sample is not split. Its 5 slots

@@ -6,9 +6,16 @@
 // Cost model, in chunk steps of one scan CTA (one CTA per SM; all value heads alike): a sample of n
 // chunks unsplit is n steps of work and a chain of n. Split into k >= 3 segments of about l = n / k:
 // the first segment runs from state 0 and the middle ones' maps (M, E: two items each) at once,
-// then the later segments from their entering states, each formed by a combine (~1 step) in
-// segment order: work n + 2 (k - 2) l, chain 2 l + k - 2. The estimate is the largest of the work
-// over the SMs, the longest chain, and the waves of equal segments (items that do not pack).
+// then the later segments from their entering states, each formed by a combine in segment order:
+// work n + 2 (k - 2) l, chain 2 l + (k - 2) combines. Every item also costs kItemSteps (its
+// ticket, the cold start of its loads, its flags), and a combine kCombineSteps. The estimate is the
+// largest of the work over the SMs, the longest chain, and the waves of equal segments (items that
+// do not pack).
+//
+// The two overheads were fitted to the H200 (notes/gdn_kernels.md step 23): without them the model
+// split a 2600-token sample among short ones at 2B heads into 9 segments of 5 chunks and a 1603-token
+// one into 6, and the chat row's training path went 0.81 -> 1.08 ms; one 8192-token sample there
+// gains 1.73x, one 32768-token sample at 4B heads 1.9x, and those still split.
 #pragma once
 
 #if !defined(QT_HD)
@@ -27,6 +34,8 @@ constexpr int kChunkRows = 64;    // rows per chunk (gdn.cu's kC)
 constexpr int kSplitTop = 8;      // the longest samples the plan may split
 constexpr int kSplitCand = 32;    // candidate segment counts of the longest sample: 3 .. kSplitCand + 2
 constexpr int kMinSegChunks = 4;  // no segment shorter than 256 rows
+constexpr float kItemSteps = 6.f;     // per item: ticket, cold loads, flags (fitted, see above)
+constexpr float kCombineSteps = 2.f;  // per combine on the chain (a D x D product from L2, a flag)
 
 QT_HD int imin(int a, int b) { return a < b ? a : b; }
 QT_HD int imax(int a, int b) { return a > b ? a : b; }
@@ -48,7 +57,9 @@ struct SplitShape {
 QT_HD float split_cost(int c, const int* top_n, int n_top, int rest_work, int rest_max, SplitShape sp, int* k_out) {
   const int lt = c == 0 ? 0x7fffffff : (top_n[0] + c + 1) / (c + 2);
   int slots = 0, items1 = 0, items3 = 0, lmax = 0;
-  float work = static_cast<float>(rest_work), path = static_cast<float>(rest_max);
+  // The other samples: one item each (their count is not known here; their overhead is the same
+  // in every candidate but the chain's).
+  float work = static_cast<float>(rest_work), path = rest_max > 0 ? rest_max + kItemSteps : 0.f;
   for (int r = 0; r < n_top; ++r) {
     const int n = top_n[r];
     int k = 1;
@@ -58,27 +69,29 @@ QT_HD float split_cost(int c, const int* top_n, int n_top, int rest_work, int re
     }
     if (k_out) k_out[r] = k;
     if (k == 1) {
-      work += static_cast<float>(n);
-      path = fmaxf(path, static_cast<float>(n));
+      work += n + kItemSteps;
+      path = fmaxf(path, n + kItemSteps);
       continue;
     }
     slots += k;
     const int l = (n + k - 1) / k;
-    work += static_cast<float>(n + 2 * (k - 2) * l);          // every chunk once, the middle ones twice more
-    path = fmaxf(path, static_cast<float>(2 * l + (k - 2)));  // map, the chain of combines, then out
+    // every chunk once, the middle ones twice more; 3 k - 4 items
+    work += static_cast<float>(n + 2 * (k - 2) * l) + (3 * k - 4) * kItemSteps;
+    path = fmaxf(path, 2 * (l + kItemSteps) + (k - 2) * kCombineSteps);  // map, the combines, then out
     items1 += 2 * k - 3;
     items3 += k - 1;
     lmax = imax(lmax, l);
   }
   const float hv = static_cast<float>(sp.hv), sms = static_cast<float>(sp.sms);
   // Whole waves of equal segments: their items do not pack below the ticket order's waves.
-  const float waves = static_cast<float>(lmax) * (ceilf(items1 * hv / sms) + ceilf(items3 * hv / sms));
+  const float waves = (lmax + kItemSteps) * (ceilf(items1 * hv / sms) + ceilf(items3 * hv / sms));
   return fmaxf(fmaxf(work * hv / sms, path), waves);
 }
 
 // The candidate to take from the estimates cost[0..kSplitCand]: the cheapest, where it saves a
-// tenth of the unsplit estimate (the split's own costs, the combines and the ticket walk, are not
-// in the model); else 0.
+// tenth of the unsplit estimate; else 0. The plan runs only where the ticket instances already run,
+// and a row they run unsplit costs 7-9 % more than on the plain ones (notes/gdn_kernels.md step
+// 23), so a split that only evens with the plain scan still gains there.
 QT_HD int split_pick(const float* cost) {
   int best = 0;
   for (int c = 1; c <= kSplitCand; ++c)
