@@ -19,6 +19,7 @@ struct TrainStep::GraphState {
     cuda::StepGraph graph;
     uint64_t ws_generation = 0;
     double max_grad_norm = 0;
+    bool logged = false;
   };
   CudaBackend* be = nullptr;
   Captured graphs[2];  // [may_split]
@@ -146,9 +147,12 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
       ++captures_;
       graph_kernels_ = g.graph.kernel_nodes();
       graph_nodes_ = g.graph.total_nodes();
-      if (captures_ == 1)
-        log_info("CUDA graph captured: ", g.graph.kernel_nodes(), " kernels, ", g.graph.copy_nodes(),
-                 " copies/memsets; one launch per step");
+      // Once per kind (a recapture after a workspace move says nothing new).
+      if (!g.logged) {
+        log_info("CUDA graph captured", may_split ? " for steps with a sample the GDN may split" : "", ": ",
+                 g.graph.kernel_nodes(), " kernels, ", g.graph.copy_nodes(), " copies/memsets; one launch per step");
+        g.logged = true;
+      }
     }
     g.graph.launch(be->stream());
     launched = true;
