@@ -1315,6 +1315,8 @@ __device__ __forceinline__ char* align1024(unsigned char* smem) {
 // (Each warpgroup formed the whole of P for itself before: its epilogue was ~23 % of the forward
 // scan's stall samples.) The caller has no product in flight (with one in flight, reading registers
 // it wrote makes ptxas wait for it), and both warpgroups are done reading the previous chunk's P.
+// kLo = false: the hi plane only (the plain instances' output products read no lo part).
+template <bool kLo = true>
 __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const char* kt, const float* gsc,
                                             const float* rqc, const float* rkc, int wgi) {
   constexpr int kHalf = kC / 2;
@@ -1349,10 +1351,14 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
       for (int e = 0; e < 2; ++e)
         x[e] = j + e <= i ? rqi[hh] * rkj[2 * nb + e] * pacc[4 * nb + 2 * hh + e] * ex2_ftz(g2i[hh] - g2j[2 * nb + e])
                           : 0.f;
-      uint32_t h2, l2;
-      gdn_mma::split_bf16(x[0], x[1], h2, l2);
-      *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = h2;
-      *reinterpret_cast<uint32_t*>(planes + kDlPanel + wg::sw128(i, j)) = l2;
+      if constexpr (kLo) {
+        uint32_t h2, l2;
+        gdn_mma::split_bf16(x[0], x[1], h2, l2);
+        *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = h2;
+        *reinterpret_cast<uint32_t*>(planes + kDlPanel + wg::sw128(i, j)) = l2;
+      } else {
+        *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = gdn_mma::pack_bf16(x[0], x[1]);
+      }
     }
   wg::fence_proxy_async();
   __syncthreads();
@@ -1550,6 +1556,10 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   // its state stores are compiled out, as the maps' are.
   constexpr bool kMap = kMode == kSplitMap;
   constexpr bool kStores = (!kOut || kLoadsFirst) && !kMap;
+  // The plain instances form the output (bf16) from the hi parts of S, D and P (one product each,
+  // as flash-linear-attention's bf16 h); the state recurrence, h and D keep the hi / lo products.
+  // The ticket instance keeps hi / lo there too: with one product its registers spilled.
+  constexpr bool kOutHi = kOut && kMode == kPlain;
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -1612,7 +1622,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     // h[chunk] = the state entering the chunk (fragment-native K x V).
     if (kStores && h != nullptr)
       store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
-    if constexpr (kOut) wg_p_planes(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
+    if constexpr (kOut) wg_p_planes<!kOutHi>(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
     // D = U - W S = T Y with Y = diag(b) V - diag(kbs) k S (W = T diag(kbs) k and U = T diag(b) V are
     // never formed). First acc = S^T k^T (kOut: and oT = S^T q^T, same fragments; k, q exact).
@@ -1631,7 +1641,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
         wg::mma_m64n64k16_rs<0>(acc, al[kk], wg::desc_advance(k0, off), 1);
         if constexpr (kOut) {
           wg::mma_m64n64k16_rs<0>(oT, ah[kk], wg::desc_advance(q0, off), kk > 0);
-          wg::mma_m64n64k16_rs<0>(oT, al[kk], wg::desc_advance(q0, off), 1);
+          if constexpr (!kOutHi) wg::mma_m64n64k16_rs<0>(oT, al[kk], wg::desc_advance(q0, off), 1);
         }
       }
       wg::commit();
@@ -1691,7 +1701,11 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
           store_planes_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
         const int kk = j >> 1, q = hh + 2 * (j & 1);
         gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
-        if constexpr (kOut) {
+        if constexpr (kOutHi) {
+          xh[kk][q] = gdn_mma::pack_bf16(x0, x1);
+          oT[4 * j + 2 * hh] *= ev.x;
+          oT[4 * j + 2 * hh + 1] *= ev.y;
+        } else if constexpr (kOut) {
           gdn_mma::split_bf16(x0, x1, xh[kk][q], xl[kk][q]);
           oT[4 * j + 2 * hh] *= ev.x;
           oT[4 * j + 2 * hh + 1] *= ev.y;
@@ -1718,8 +1732,10 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
         for (int kk = 0; kk < kC / 16; ++kk) {
           wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kk * 32), 1);
-          wg::mma_m64n64k16_rs<0>(oT, xl[kk], wg::desc_advance(p0, kk * 32), 1);
-          wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kDlPanel + kk * 32), 1);
+          if constexpr (!kOutHi) {
+            wg::mma_m64n64k16_rs<0>(oT, xl[kk], wg::desc_advance(p0, kk * 32), 1);
+            wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kDlPanel + kk * 32), 1);
+          }
         }
       }
       wg::commit();
