@@ -545,20 +545,24 @@ cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s, bool mma_sync, boo
 }
 }  // namespace
 
-int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const {
+namespace {
+// The GDN args of any row of `tokens` tokens and at most `num_seqs` samples (the bounds a static
+// shape plans by).
+cuda::GdnArgs gdn_bound_args(const GdnDims& dims, int64_t tokens, int num_seqs) {
   SeqInfo bound;
   bound.num_seqs = num_seqs;
   bound.total_tokens = static_cast<int>(tokens);
   bound.max_seqlen = static_cast<int>(tokens);
-  return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_args(dims, bound)));
+  return gdn_args(dims, bound);
+}
+}  // namespace
+
+int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const {
+  return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_bound_args(dims, tokens, num_seqs)));
 }
 
 int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const {
-  SeqInfo bound;
-  bound.num_seqs = num_seqs;
-  bound.total_tokens = static_cast<int>(tokens);
-  bound.max_seqlen = static_cast<int>(tokens);
-  return cuda::gdn_split_min_seqlen(gdn_args(dims, bound));
+  return cuda::gdn_split_min_seqlen(gdn_bound_args(dims, tokens, num_seqs));
 }
 
 namespace {

@@ -1701,12 +1701,11 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
           store_planes_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
         const int kk = j >> 1, q = hh + 2 * (j & 1);
         gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
-        if constexpr (kOutHi) {
-          xh[kk][q] = gdn_mma::pack_bf16(x0, x1);
-          oT[4 * j + 2 * hh] *= ev.x;
-          oT[4 * j + 2 * hh + 1] *= ev.y;
-        } else if constexpr (kOut) {
-          gdn_mma::split_bf16(x0, x1, xh[kk][q], xl[kk][q]);
+        if constexpr (kOut) {
+          if constexpr (kOutHi)
+            xh[kk][q] = gdn_mma::pack_bf16(x0, x1);
+          else
+            gdn_mma::split_bf16(x0, x1, xh[kk][q], xl[kk][q]);
           oT[4 * j + 2 * hh] *= ev.x;
           oT[4 * j + 2 * hh + 1] *= ev.y;
         }
