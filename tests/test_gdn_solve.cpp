@@ -1,8 +1,9 @@
 // The GDN prep kernel's blocked triangular solve (src/ops/cuda/gdn_solve.h), run on the CPU: its
-// per-thread phases for all 256 threads, phase by phase as the barriers order them, against a
-// float64 forward substitution. Running the threads of each phase in two different orders and
-// comparing the results bit for bit catches a phase that reads what another thread of the same
-// phase writes (a missing barrier on the GPU). The CUDA tests check the kernel as a whole.
+// per-thread phases for all 256 threads, phase by phase as the barriers order them, then
+// combine_t30 (which the prep kernel folds into its T stores), against a float64 forward
+// substitution. Running the threads of each phase in two different orders and comparing the results
+// bit for bit catches a phase that reads what another thread of the same phase writes (a missing
+// barrier on the GPU). The CUDA tests check the kernel as a whole.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,9 +44,14 @@ std::vector<double> reference_inverse(const std::vector<float>& a) {
 // The phases as the kernel runs them; reverse = the threads of each phase in the other order.
 std::vector<float> solve(std::vector<float> a, bool reverse) {
   std::vector<float> t(kN * kLd, 7.f);  // T starts over dead k rows: anything
-  for (int p = 0; p < gdn_solve::kPhases; ++p)
-    for (int n = 0; n < kThreadsPerBlock; ++n)
-      gdn_solve::phase(p, reverse ? kThreadsPerBlock - 1 - n : n, t.data(), a.data(), kLd);
+  for (int p = 0; p <= gdn_solve::kPhases; ++p)  // the last: combine_t30 (solve_unit_lower<true>)
+    for (int n = 0; n < kThreadsPerBlock; ++n) {
+      const int tid = reverse ? kThreadsPerBlock - 1 - n : n;
+      if (p < gdn_solve::kPhases)
+        gdn_solve::phase(p, tid, t.data(), a.data(), kLd);
+      else
+        gdn_solve::combine_t30(tid, t.data(), a.data(), kLd);
+    }
   return t;
 }
 

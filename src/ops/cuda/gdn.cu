@@ -130,12 +130,19 @@ __device__ __forceinline__ int tid_x() {
 // return. As is clobbered: its strict upper blocks hold B_IK = T_II A_IK between phases, and A's
 // blocks (3, 0), (3, 1) C_3K.
 static_assert(kThreads == 256 && kC == 64, "gdn_solve maps 16 x 16 blocks onto 256 threads");
+// kCombine: T complete at the end; else T_30's second part is left in A's block (1, 0) for the
+// caller to add (gdn_solve::t30_part).
+template <bool kCombine>
 __device__ void solve_unit_lower(float* Ts, float* As, int tid) {
   gdn_solve::diag_phase(tid, Ts, As, kLdC);
   __syncthreads();
 #pragma unroll
   for (int p = 1; p < gdn_solve::kPhases; ++p) {
     gdn_solve::level_phase(tid, p, Ts, As, kLdC);
+    __syncthreads();
+  }
+  if constexpr (kCombine) {
+    gdn_solve::combine_t30(tid, Ts, As, kLdC);
     __syncthreads();
   }
 }
@@ -728,7 +735,10 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
       }
     }
     __syncthreads();  // A complete; every warp is done reading k's rows (T goes over them)
-    solve_unit_lower(Ts, As, tid_x());  // ends with a barrier: A is dead
+    // Ends with a barrier. kWU: T complete, A dead (v goes over it). Else T_30's second part is
+    // still in A's block (1, 0), added below as T is stored; A is written again only after the next
+    // head's barrier.
+    solve_unit_lower<kWU>(Ts, As, tid_x());
     // T itself, as hi / lo planes [chunk, Hv, C x C] for bwd_chunk (which reads it by ldmatrix instead
     // of rebuilding A and solving again) and the wgmma scans (Th == nullptr: neither will): warp w
     // stores rows w, w + 8, .., one 128-byte run per plane. (16-byte pieces of 8 columns were slower:
@@ -737,7 +747,12 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
       const size_t tb = (static_cast<size_t>(c) * Hv + head) * kC * kC;
       const int lane = x & 31;
       for (int l = xw; l < kC; l += kThreads / 32) {
-        const float2 t = ld_f2(Ts + l * kLdC + 2 * lane);
+        float2 t = ld_f2(Ts + l * kLdC + 2 * lane);
+        if (!kWU && l >= 48 && lane < 8) {  // T_30 += its second part
+          const float2 u = ld_f2(gdn_solve::t30_part(As, kLdC) + (l - 48) * kLdC + 2 * lane);
+          t.x += u.x;
+          t.y += u.y;
+        }
         store_split(Th, Tl, tb + l * kC + 2 * lane, t.x, t.y);
       }
     }

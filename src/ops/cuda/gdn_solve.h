@@ -10,12 +10,15 @@
 //    with 16 (I + 1) right-hand sides, e_c and A_IK's columns; one thread per column (160
 //    threads), each 16 rows deep. B_IK goes into As's unused upper block (K, I). The other 96
 //    threads zero T's upper blocks.
-//  - Phases 1, 2: the blocks at distance 1, then those at 2 and 3 (level_phase: T_30 through
-//    C_3K = B_3K - B_32 B_2K, formed in phase 1, so there is no third level). 16 threads per
-//    output block, each a 4 x 4 tile (rows tr + 4 i, columns 4 tc + j): per inner step 4 scalar
-//    loads (rows 8 banks apart) and one 16-byte load feed 16 FMAs. The one-output-per-thread
-//    form it replaced loaded two floats per FMA and kept the smem pipe ~80 % busy, over 7
-//    barriers (notes/gdn_kernels.md step 18).
+//  - Phases 1, 2: the blocks at distance 1, then those at 2 and 3 (level_phase), one 16 x 16 x 16
+//    product per output block and phase: phase 1 also forms C_20 = B_20 - B_21 B_10 and
+//    C_3K = B_3K - B_32 B_2K, so that T_20 = -C_20 T_00, T_31 = -C_31 T_11 and
+//    T_30 = -(C_30 T_00 + C_31 T_10), whose two products run on two thread groups: the second
+//    into a scratch block that combine_t30 (or the caller, on its way out) adds. 16 threads per
+//    product, each a 4 x 4 tile (rows tr + 4 i, columns 4 tc + j): per inner step 4 scalar loads
+//    (rows 8 banks apart) and one 16-byte load feed 16 FMAs. The one-output-per-thread form it
+//    replaced loaded two floats per FMA and kept the smem pipe ~80 % busy, over 7 barriers
+//    (notes/gdn_kernels.md step 18); phase 2 ran two products in a row on 48 threads (step 24).
 // Every sum runs in a fixed order: deterministic. As and Ts are 64 x 64 fp32 with row stride ld
 // (a multiple of 4, so rows stay 16-byte aligned; ld = 8 mod 32 spreads rows over the banks).
 #pragma once
@@ -115,12 +118,14 @@ QT_HD void store_tile(float* o, int ld, const float (&acc)[4][4], float sign) {
     *reinterpret_cast<F4*>(o + 4 * i * ld) = F4{sign * acc[i][0], sign * acc[i][1], sign * acc[i][2], sign * acc[i][3]};
 }
 
-// Phases 1 and 2 for thread tid: 16 threads per output block, tile (tr, tc).
-//  Phase 1: T_10, T_21, T_32 = -B_{J+1,J} T_JJ, and C_30 = B_30 - B_32 B_20, C_31 = B_31 - B_32 B_21
-//           into A's dead blocks (3, 0), (3, 1).
-//  Phase 2: T_20 = -(B_20 T_00 + B_21 T_10), T_31 = -(B_31 T_11 + B_32 T_21) and
-//           T_30 = -(C_30 T_00 + C_31 T_10), which is -(B_30 T_00 + B_31 T_10 + B_32 T_20) with T_20
-//           substituted, so it does not wait for a third level.
+// Phases 1 and 2 for thread tid: 16 threads per product, tile (tr, tc).
+//  Phase 1: T_10, T_21, T_32 = -B_{J+1,J} T_JJ, and C_30 = B_30 - B_32 B_20, C_31 = B_31 - B_32 B_21,
+//           C_20 = B_20 - B_21 B_10 into A's dead blocks (3, 0), (3, 1), (2, 0).
+//  Phase 2: T_20 = -C_20 T_00 (= -(B_20 T_00 + B_21 T_10) with T_10 = -B_10 T_00), T_31 = -C_31 T_11
+//           (likewise) and T_30 = -(C_30 T_00 + C_31 T_10), which is -(B_30 T_00 + B_31 T_10 +
+//           B_32 T_20) with T_20 substituted, so it does not wait for a third level: -C_30 T_00 into
+//           T_30, -C_31 T_10 into A's dead block (1, 0) (t30_part), summed by combine_t30.
+constexpr int kT30Row = 16;  // t30_part: A's block (1, 0), rows 16 .. 31, columns 0 .. 15
 QT_HD void level_phase(int tid, int phase, float* Ts, float* As, int ld) {
   const int grp = tid >> 4, tr = (tid >> 2) & 3, tc = tid & 3;
   // B_IK (upper block (K, I) of As), rows tr + 4 i; T_KJ, C_IK (lower block (I, K) of As) likewise.
@@ -135,32 +140,42 @@ QT_HD void level_phase(int tid, int phase, float* Ts, float* As, int ld) {
       const int J = grp, I = J + 1;
       mac16(acc, b(I, J), tcol(J, J), ld);
       store_tile(t(I, J) + 4 * tc, ld, acc, -1.f);
-    } else if (grp < 5) {
-      const int K = grp - 3;  // C_3K = B_3K - B_32 B_2K
-      mac16(acc, b(3, 2), bcol(2, K), ld);
-      const float* b3k = b(3, K) + 4 * tc;
+    } else if (grp < 6) {
+      // C_IK = B_IK - B_IM B_MK: C_30, C_31 (M = 2), C_20 (M = 1)
+      const int I = grp < 5 ? 3 : 2, K = grp < 5 ? grp - 3 : 0, M = I - 1;
+      mac16(acc, b(I, M), bcol(M, K), ld);
+      const float* bik = b(I, K) + 4 * tc;
       float d[4][4];
       for (int i = 0; i < 4; ++i) {
-        const F4 v = ld4(b3k + 4 * i * ld);
+        const F4 v = ld4(bik + 4 * i * ld);
         d[i][0] = v.x - acc[i][0];
         d[i][1] = v.y - acc[i][1];
         d[i][2] = v.z - acc[i][2];
         d[i][3] = v.w - acc[i][3];
       }
-      store_tile(c(3, K) + 4 * tc, ld, d, 1.f);
+      store_tile(c(I, K) + 4 * tc, ld, d, 1.f);
     }
-  } else if (grp < 3) {
-    if (grp < 2) {  // T_20, T_31: I = J + 2
-      const int J = grp, I = J + 2;
-      mac16(acc, b(I, J), tcol(J, J), ld);
-      mac16(acc, b(I, J + 1), tcol(J + 1, J), ld);
-      store_tile(t(I, J) + 4 * tc, ld, acc, -1.f);
-    } else {
-      mac16(acc, c(3, 0), tcol(0, 0), ld);
-      mac16(acc, c(3, 1), tcol(1, 0), ld);
-      store_tile(t(3, 0) + 4 * tc, ld, acc, -1.f);
-    }
+  } else if (grp < 4) {
+    // -C_20 T_00 -> T_20, -C_31 T_11 -> T_31, -C_30 T_00 -> T_30, -C_31 T_10 -> t30_part
+    const int I = grp == 0 ? 2 : 3, K = grp == 1 || grp == 3 ? 1 : 0, J = grp == 1 ? 1 : 0;
+    mac16(acc, c(I, K), tcol(K, J), ld);
+    store_tile((grp == 3 ? c(1, 0) : t(I, J)) + 4 * tc, ld, acc, -1.f);
   }
+}
+// A's block (1, 0), where phase 2 leaves T_30's second part.
+QT_HD const float* t30_part(const float* As, int ld) { return As + kT30Row * ld; }
+// After phase 2 (and its barrier): T_30 += t30_part, threads tid < 64 one row of 4 each. The prep
+// kernel instead adds it as it stores T (no barrier more).
+constexpr int kCombineThreads = 64;
+QT_HD void combine_t30(int tid, float* Ts, const float* As, int ld) {
+  if (tid >= kCombineThreads) return;
+  const int r = tid >> 2, c4 = 4 * (tid & 3);
+  float* t = Ts + (48 + r) * ld + c4;
+  const F4 v = ld4(t30_part(As, ld) + r * ld + c4);
+  t[0] += v.x;
+  t[1] += v.y;
+  t[2] += v.z;
+  t[3] += v.w;
 }
 
 // Phase p (0..kPhases-1) of the solve for thread tid.
