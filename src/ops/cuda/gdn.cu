@@ -280,10 +280,17 @@ struct SplitArgs {
 // clamped chunk count; within a count it is arbitrary and harmless, since every CTA's result is
 // independent of when it runs.
 constexpr int kTableThreads = 1024, kOrderKeys = 1024;
+// Programmatic dependent launch (launch_smem_beside): the kernel beside this grid may start once
+// every CTA of it has run launch_dependents (or exited). wait_previous_grid: the previous kernel in
+// the stream complete and its writes visible (a no-op without programmatic dependence).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __global__ void __launch_bounds__(kTableThreads, 1) gdn_chunk_table_kernel(int4* table, int4* rtable, int* nchunks,
                                                                         int* seq_off, int* seq_order,
                                                                         const int32_t* cu, int num_seqs,
-                                                                        SplitArgs sp) {
+                                                                        SplitArgs sp, int* prep_done,
+                                                                        int prep_flags) {
+  launch_dependents();  // prep, beside this grid, waits for it to complete before reading anything
   __shared__ int sums[kTableThreads];
   __shared__ int count[kOrderKeys];
   __shared__ int top_n[kSplitTop], top_s[kSplitTop], top_k[kSplitTop], top_seg[kSplitTop];
@@ -292,6 +299,8 @@ __global__ void __launch_bounds__(kTableThreads, 1) gdn_chunk_table_kernel(int4*
   const int tid = threadIdx.x, nt = kTableThreads;
   for (int i = tid; i < kSplitStateCount * sp.shape.max_slots * sp.shape.hv; i += nt) sp.flags[i] = 0;
   if (tid >= 2 && tid < 4) sp.counts[tid] = 0;
+  if (prep_done != nullptr)
+    for (int i = tid; i < prep_flags; i += nt) prep_done[i] = 0;
   if (tid == 0) plan[2] = 0;
   const int per = (num_seqs + nt - 1) / nt;
   const int s0 = min(num_seqs, tid * per), s1 = min(num_seqs, s0 + per);
@@ -569,7 +578,23 @@ __device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int he
     __nanosleep(200);
   }
 }
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// prep -> the forward scan's output instances (launched beside prep, gdn_forward): prep flags each
+// (chunk, key head) it finished, [chunk][Hk], zeroed by the chunk table kernel. Threads 0 .. n - 1
+// each wait (acquire) for one of chunks first .. first + n - 1, then a barrier: what any thread reads
+// of them afterwards, cp.async included, was written first (acquire, then bar.sync).
+__device__ __forceinline__ void wait_prep_chunks(const int* prep_done, int first, int n, int Hk, int kh) {
+  if (prep_done != nullptr)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int* f = prep_done + static_cast<size_t>(first + i) * Hk + kh;
+      for (;;) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+        if (v != 0) break;
+        __nanosleep(100);
+      }
+    }
+  __syncthreads();
+}
 
 // ---- prep: G, T (W, U) per (chunk, value head) ------------------------------------------------
 // Gc [T, Hv] = chunk-local cumsum of g; T = (I + A)^-1 (solve_unit_lower, gdn_solve.h) as hi / lo
@@ -606,7 +631,12 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
                                                             const int4* table,
                                                             const int* nchunks, float* rs, const bf16* qkv,
                                                             const float* g, const float* beta, int Hk, int Hv,
-                                                            int K, int V, int conv_dim) {
+                                                            int K, int V, int conv_dim, int* prep_done) {
+  // In the plain forward, launched beside the chunk table kernel: its table first. The scan beside
+  // this grid starts once every CTA of it has passed here (so no CTA of it waits for an SM behind
+  // them). Elsewhere both are no-ops.
+  wait_previous_grid();
+  launch_dependents();
   const int c = blockIdx.x, ratio = Hv / Hk;
   if (c >= *nchunks) return;
   const int4 ch = table[c];
@@ -782,6 +812,9 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
                    }});
     }
   }
+  // this chunk's G, T and row scales of key head kh are stored (prep_done: the plain forward's scan
+  // waits for them; the mma.sync scans' prep, kWU, has nothing beside it)
+  if constexpr (!kWU) signal_done(prep_done, c, Hk, kh);
 }
 
 // ---- forward state scan: per (sample, value head, dv column block) ---------------------------------
@@ -1559,11 +1592,14 @@ __device__ __forceinline__ bool take_scan_item(int* counts, int counter, int cou
 // kind and slot again from smem (scan_item) after the chunk loop, so those are not held in registers
 // across it.
 enum ScanMode : int { kPlain = 0, kSplitOut = 1, kSplitMap = 2 };
-template <bool kOut, bool kLoadsFirst, int kMode>
+// kWaitPrep (the plain forward's scan, beside prep): the item's first k, q, v tiles are issued before
+// it waits for prep's flags of its chunks (prep_done), then T's and the gates.
+template <bool kOut, bool kLoadsFirst, int kMode, bool kWaitPrep = false>
 __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned char* smem_raw, float* h, bf16* Dgh,
                                               bf16* Dgl, bf16* o, const bf16* Th, const bf16* Tl, const bf16* qkv,
                                               const float* rs, const float* Gc, const float* beta,
-                                              const SplitStates& st, int Hk, int Hv, int conv_dim, int* done) {
+                                              const SplitStates& st, int Hk, int Hv, int conv_dim, int* done,
+                                              const int* prep_done = nullptr) {
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
@@ -1585,19 +1621,30 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   const bf16* qraw = qkv + static_cast<size_t>(kh) * D;
   const bf16* kraw = qkv + static_cast<size_t>(Hk + kh) * D;
   const bf16* vraw = qkv + 2 * static_cast<size_t>(Hk) * D + static_cast<size_t>(head) * D;
-  auto load_chunk = [&](int ci, int b) {
+  // with_t: T's tiles (prep's results); with_x: k, q, v (the input's)
+  auto load_chunk = [&](int ci, int b, bool with_t = true, bool with_x = true) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC);
     char* dst = tiles + b * kBuf;
     const size_t tb = (static_cast<size_t>(first + ci) * Hv + head) * kC * kC;
-    async_panels<256, kC>(dst, Th + tb, kC, kC);  // every row: T's padded rows are identity rows
-    async_panels<256, kC>(dst + kDlPanel, Tl + tb, kC, kC);
-    async_panels<256>(dst + kTk, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
-    if constexpr (kOut) async_panels<256>(dst + kTq, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
-    async_rows(reinterpret_cast<bf16*>(dst + kTv), kVLd, vraw + static_cast<size_t>(c0) * x_ld, x_ld, L, D);
+    if (with_t) {
+      async_panels<256, kC>(dst, Th + tb, kC, kC);  // every row: T's padded rows are identity rows
+      async_panels<256, kC>(dst + kDlPanel, Tl + tb, kC, kC);
+    }
+    if (with_x) {
+      async_panels<256>(dst + kTk, kraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+      if constexpr (kOut) async_panels<256>(dst + kTq, qraw + static_cast<size_t>(c0) * x_ld, x_ld, L);
+      async_rows(reinterpret_cast<bf16*>(dst + kTv), kVLd, vraw + static_cast<size_t>(c0) * x_ld, x_ld, L, D);
+    }
   };
   WgGates nx;
   if (n > 0) {
-    load_chunk(0, 0);
+    if constexpr (kWaitPrep) {
+      load_chunk(0, 0, false, true);
+      wait_prep_chunks(prep_done, first, n, Hk, kh);
+      load_chunk(0, 0, true, false);
+    } else {
+      load_chunk(0, 0);
+    }
     nx.load(Gc, rs, beta, bos, min(kC, len), Hk, Hv, head, kh);
   }
   cp_async_commit();
@@ -1803,14 +1850,26 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                                                     const int* seq_off, const int* seq_order,
                                                                     const int4* seginfo, const int* items,
                                                                     int* counts, SplitStates st, int Hk, int Hv,
-                                                                    int conv_dim, int* done) {
+                                                                    int conv_dim, int* done, const int* prep_done) {
   // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
   // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
   if constexpr (!kOut) launch_dependents();
+  // The plain forward's instance starts beside prep (gdn_forward, prep_done given): the table
+  // kernel's results are visible once one prep CTA's flag is (it waited for that grid), each item's
+  // chunks once theirs are. Prep's last wave then overlaps the first items. Not the kept instance:
+  // there the changed item start cost 7-9 % (notes/gdn_kernels.md step 23).
+  constexpr bool kBesidePrep = kOut && !kLoadsFirst && !kTickets;
+  if constexpr (kBesidePrep) wait_prep_chunks(prep_done, 0, 1, Hk, 0);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   if constexpr (!kTickets) {
-    scan_fwd_item<kOut, kLoadsFirst, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh, Dgl, o,
-                                             Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
+    if constexpr (kBesidePrep) {
+      scan_fwd_item<kOut, kLoadsFirst, kPlain, true>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh,
+                                                     Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done,
+                                                     prep_done);
+    } else {
+      scan_fwd_item<kOut, kLoadsFirst, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh, Dgl, o,
+                                               Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
+    }
   } else {
     WgScanItem& item = scan_item;
     while (take_scan_item(counts, 2, 0, items, vcu, seq_off, seginfo, Hk, Hv)) {
@@ -3635,6 +3694,7 @@ struct Workspace {
   SplitStates split;
   int max_segs;    // num_seqs + split.slots
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+  int* prep_done;  // [chunk][Hk]: prep finished (chunk, key head) (the forward's output scan beside it)
   int* done;  // [2][N, Hv]: the forward, the reverse scan has stored (sample, head) (gdn_backward's
               // kernels beside one another), then bwd_chunk's item counter
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K] (mma.sync scans only)
@@ -3718,6 +3778,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.done = reinterpret_cast<int*>(take((2 * P * Hv + 1) * sizeof(int)));
+  ws.prep_done = reinterpret_cast<int*>(take(static_cast<size_t>(nc) * Hk * sizeof(int)));
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.G = reinterpret_cast<float*>(take(slot_bytes));
@@ -3867,26 +3928,32 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                      w.counts,
                      w.split.flags,
                      {split && split_possible(a, w) ? w.split.slots : 0, Hv, sm_count()}};
+  // The plain forward (the wgmma scan forms the output, keeps nothing, no tickets) runs prep beside
+  // the table kernel (waiting for it) and the scan beside prep, each scan CTA waiting for its own
+  // chunks (prep_done). Elsewhere each kernel starts after the one before: the flags cost the 2B
+  // kept forward and backward 1-2 % (notes/gdn_kernels.md step 24). QT_GDN_PREP_AFTER=1: A/B.
+  static const bool prep_after = env_knob("QT_GDN_PREP_AFTER", {1}) != 0;
+  const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
+  const bool tickets = sp.shape.max_slots >= 3;  // the plan may split a long sample
+  const bool prep_beside = wg_scans && fuse && !keep && !tickets && !prep_after;
+  int* prep_done = prep_beside ? w.prep_done : nullptr;
   gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward || !fuse ? w.rtable : nullptr,
                                                           w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
-                                                          a.num_seqs, sp);
+                                                          a.num_seqs, sp, prep_done, w.nc_max * Hk);
   QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
   stage_end("gdn_chunk_table_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
   stage_begin(stream);
   // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
-  launch_smem(prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads, prep_bytes, stream, w.Gc, w.Wh,
-              w.Wl, w.dD,
-              for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table, w.nchunks, w.rs, qkv, g, beta, Hk, Hv, K, V,
-              conv_dim);
+  launch_smem_beside(prep_beside, prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads, prep_bytes,
+                     stream, w.Gc, w.Wh, w.Wl, w.dD, for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table, w.nchunks,
+                     w.rs, qkv, g, beta, Hk, Hv, K, V, conv_dim, prep_done);
   stage_end("gdn_prep_kernel", stream);
   if (wg_scans) {
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
-    const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
     // The instance: output formed here (fuse), its loads first where the state is kept too; by
     // tickets where the plan may split a long sample (their output items store h, D when given).
-    const bool tickets = sp.shape.max_slots >= 3;
     auto kernel = tickets ? (fuse ? gdn_scan_fwd_wgmma_kernel<true, false, true> : gdn_scan_fwd_wgmma_kernel<false, false, true>)
                   : fuse  ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true, false>)
                           : gdn_scan_fwd_wgmma_kernel<false, false>;
@@ -3895,9 +3962,10 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     const int64_t most = (static_cast<int64_t>(w.max_segs) + 2 * w.split.slots) * Hv;
     const unsigned grid = tickets ? static_cast<unsigned>(std::min<int64_t>(most, sm_count())) : scan_grid(a, V);
     stage_begin(stream);
-    launch_smem(kernel, "gdn_scan_fwd_wgmma_kernel", dim3(grid), 256, bytes, stream, keep ? w.h : nullptr,
-                keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs, w.Gc, beta, w.vcu,
-                w.seq_off, w.seq_order, w.seginfo, w.items, w.counts, w.split, Hk, Hv, conv_dim, done);
+    launch_smem_beside(prep_beside, kernel, "gdn_scan_fwd_wgmma_kernel", dim3(grid), 256, bytes, stream,
+                       keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs,
+                       w.Gc, beta, w.vcu, w.seq_off, w.seq_order, w.seginfo, w.items, w.counts, w.split, Hk, Hv,
+                       conv_dim, done, prep_done);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return;
   }
