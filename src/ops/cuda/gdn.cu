@@ -3000,56 +3000,52 @@ __device__ __forceinline__ float pair_at(const uint32_t (&x)[kC / 4], int q) {
   const uint32_t v = x[q >> 1];
   return __uint_as_float((q & 1) ? (v & 0xffff0000u) : (v << 16));
 }
-// Writes a transposed C x K result acc^T (rows d = d0 + r, columns i) to out rows i < len (fp32, row
-// stride ld): each store instruction of a warp covers 4 rows x 32 contiguous bytes.
-// The base pointer is hidden from the optimizer (as desc_opaque does for descriptors), so that the 32
-// addresses are formed here instead of hoisted to the kernel's start and spilled.
-__device__ __forceinline__ void store_t(float* out, size_t ld, const float (&acc)[kC / 2], int d0, int len) {
-  const auto [w, g, t] = wg_lane();
-  float* p = out + static_cast<size_t>(2 * t) * ld + d0 + 16 * w + g;  // row 2 t, column d0 + 16 w + g
-  asm volatile("" : "+l"(p));
-#pragma unroll
-  for (int nb = 0; nb < kC / 8; ++nb)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 8 * nb + 2 * t + e;
-      float* row = p + static_cast<size_t>(8 * nb + e) * ld;
-      if (i < len) {
-        row[0] = acc[4 * nb + e];
-        row[8] = acc[4 * nb + 2 + e];
-      }
-    }
-}
-
-// The L2-norm backward of a transposed C x K result (dy^ = acc: rows d = d0 + r, columns i) written as
-// bf16 to out rows i < len (row stride ld): dx_i = r_i dy^_i - kf r_i^2 (x^_i . dy^_i) x_i, with x the raw
-// row at the accumulator positions (panel_frag<true>), r_i its scale (rq, rk: (ss + eps)^-1/2, times
-// K^-1/2 for q, so kf = K there and 1 for k) and dot[i] = x^_i . dy^_i. Lanes g, g ^ 1 exchange one
-// value per pair of columns, so each store is 2 consecutive d of one row (4 bytes).
-__device__ __forceinline__ void store_l2_t(bf16* out, size_t ld, const float (&acc)[kC / 2],
-                                           const uint32_t (&x)[kC / 4], const float* dot, const float* r, float kf,
-                                           int d0, int len) {
+// Writes a transposed C x K result (rows d = d0 + r, columns i) as bf16 to out rows i < len (row
+// stride ld): at nb's 8 columns, cx = per_cols(nb) once, then value(cx, q, e) for accumulator position
+// q (acc_each's order), column 8 nb + 2 t + e. Lanes g, g ^ 1 exchange one value per pair of columns,
+// so each store is 2 consecutive d of one row (4 bytes). The base pointer is hidden as in store_t.
+template <class PerCols, class Value>
+__device__ __forceinline__ void store_pairs_t(bf16* out, size_t ld, int d0, int len, PerCols per_cols, Value value) {
   const auto [w, g, t] = wg_lane();
   const int odd = g & 1;
   bf16* p = out + static_cast<size_t>(2 * t + odd) * ld + d0 + 16 * w + g - odd;  // row 2 t + odd, column d
   asm volatile("" : "+l"(p));
 #pragma unroll
   for (int nb = 0; nb < kC / 8; ++nb) {
-    const float2 rr = ld_f2(r + 8 * nb + 2 * t), dd = ld_f2(dot + 8 * nb + 2 * t);
-    const float a[2] = {rr.x, rr.y}, c[2] = {kf * rr.x * rr.x * dd.x, kf * rr.y * rr.y * dd.y};
+    const auto cx = per_cols(nb, t);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float v[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int q = 4 * nb + 2 * hh + e;
-        v[e] = a[e] * acc[q] - c[e] * pair_at(x, q);
-      }
+      for (int e = 0; e < 2; ++e) v[e] = value(cx, 4 * nb + 2 * hh + e, e);
       const float recv = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
       const int i = 8 * nb + 2 * t + odd;
       if (i < len) store_bf16x2(p + static_cast<size_t>(8 * nb) * ld + 8 * hh, odd ? recv : v[0], odd ? v[1] : recv);
     }
   }
+}
+// acc^T as bf16 (dq^, dk^ per value head for qk_grad).
+__device__ __forceinline__ void store_t(bf16* out, size_t ld, const float (&acc)[kC / 2], int d0, int len) {
+  store_pairs_t(out, ld, d0, len, [](int, int) { return 0; }, [&](int, int q, int) { return acc[q]; });
+}
+
+// The L2-norm backward of a transposed C x K result (dy^ = acc: rows d = d0 + r, columns i) written as
+// bf16 to out rows i < len (row stride ld): dx_i = r_i dy^_i - kf r_i^2 (x^_i . dy^_i) x_i, with x the raw
+// row at the accumulator positions (panel_frag<true>), r_i its scale (rq, rk: (ss + eps)^-1/2, times
+// K^-1/2 for q, so kf = K there and 1 for k) and dot[i] = x^_i . dy^_i.
+__device__ __forceinline__ void store_l2_t(bf16* out, size_t ld, const float (&acc)[kC / 2],
+                                           const uint32_t (&x)[kC / 4], const float* dot, const float* r, float kf,
+                                           int d0, int len) {
+  struct Cols {
+    float a[2], c[2];
+  };
+  store_pairs_t(
+      out, ld, d0, len,
+      [&](int nb, int t) {
+        const float2 rr = ld_f2(r + 8 * nb + 2 * t), dd = ld_f2(dot + 8 * nb + 2 * t);
+        return Cols{{rr.x, rr.y}, {kf * rr.x * rr.x * dd.x, kf * rr.y * rr.y * dd.y}};
+      },
+      [&](const Cols& cx, int q, int e) { return cx.a[e] * acc[q] - cx.c[e] * pair_at(x, q); });
 }
 
 // A C x C epilogue's thread (P1, Mx: m64n32, columns j0..j0 + 31 of the warpgroup): its rows
@@ -3096,10 +3092,12 @@ struct CcThread {
 };
 
 // kL2 (one value head per key head): the L2-norm backward runs here and dq, dk go to dqkv as bf16
-// (no qk_grad, no fp32 dqn / dkn); otherwise dq^, dk^ per value head go to dqn, dkn in fp32.
+// (no qk_grad, no dqn / dkn); otherwise dq^, dk^ per value head go to dqn, dkn as bf16 (qk_grad sums
+// them in fp32: the rounding flash-linear-attention's repeated q, k get in transformers, where the
+// repeat's backward sums bf16 per-head gradients; fp32 partials made qk_grad read twice the bytes).
 template <bool kL2>
 __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
-    float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
+    bf16* dqn, bf16* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
     const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done_fwd, const int* done, int* work) {
@@ -3605,10 +3603,17 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
 // are summed in head order. Two instances, both 64 registers and 4 CTAs per SM: 2 rows x 2 heads
 // (several value heads per key head) and 4 rows x 1 head (one: 2B). One row per warp reached ~2 TB/s
 // (2B 0.102 ms; now 0.069); 4 rows x 2 heads at 87 registers (2 CTAs per SM) were slower than one.
-template <int kQkRows, int kQkHeads, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16* dqkv, const float* dqn,
-                                                                           const float* dkn, const bf16* qkv, int T,
-                                                                           int Hk, int Hv, int K, int conv_dim) {
+// dq^, dk^ come as fp32 (the mma.sync bwd_chunk) or bf16 (the wgmma one): 4 consecutive at p.
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+template <int kQkRows, int kQkHeads, int kMinBlocks, typename In>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16* dqkv, const In* dqn, const In* dkn,
+                                                                           const bf16* qkv, int T, int Hk, int Hv,
+                                                                           int K, int conv_dim) {
   const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31, rows = T * Hk * 2, ratio = Hv / Hk, d = 4 * lane;
   // Row r of the warp: token t, key head kh, q (which = 0) or k; x's offset in qkv.
@@ -3636,10 +3641,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16*
     for (int r = 0; r < kQkRows; ++r) {
       int which, t, kh;
       const bool live = row_of(r, which, t, kh);
-      const float* p = (which == 0 ? dqn : dkn) + (static_cast<size_t>(t) * Hv + kh * ratio + j0) * K + d;
+      const In* p = (which == 0 ? dqn : dkn) + (static_cast<size_t>(t) * Hv + kh * ratio + j0) * K + d;
 #pragma unroll
       for (int u = 0; u < kQkHeads; ++u)
-        if (live && j0 + u < ratio) acc[r][u] = *reinterpret_cast<const float4*>(p + static_cast<size_t>(u) * K);
+        if (live && j0 + u < ratio) acc[r][u] = load4(p + static_cast<size_t>(u) * K);
     }
 #pragma unroll
     for (int r = 0; r < kQkRows; ++r) {
@@ -4138,13 +4143,16 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // (QT_GDN_QK_GRAD_SEPARATE=1 keeps qk_grad, for A/B).
   static const bool qk_grad_separate = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
   const bool l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate;
+  // The wgmma bwd_chunk leaves dq^, dk^ per value head as bf16 (in the fp32 buffers' first halves).
+  bf16* dqh = reinterpret_cast<bf16*>(w.dqn);
+  bf16* dkh = reinterpret_cast<bf16*>(w.dkn);
   stage_begin(stream);
   if (wg_bc) {
     // persistent: one CTA per SM walks the (chunk, head) items, so the next item's first tiles land
     // while the current one finishes
     const int grid = std::min(w.nc_max * Hv, sm_count());
     launch_smem_beside(beside, l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
-                       "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream, w.dqn, w.dkn,
+                       "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream, dqh, dkh,
                        static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
                        w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work);
   } else {
@@ -4158,15 +4166,17 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   if (l2_in_bwd_chunk) return;
   // One value head per key head (2B): no head batches, so four rows per warp fit in 64 registers.
   stage_begin(stream);
-  auto qk_grad = [&](auto kernel, int rows_per_warp) {
+  auto qk_grad = [&](auto kernel, int rows_per_warp, const auto* dq, const auto* dk) {
     const int warps = (T * Hk * 2 + rows_per_warp - 1) / rows_per_warp;
-    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), w.dqn, w.dkn, x, T, Hk, Hv, K,
-                                                     conv_dim);
+    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), dq, dk, x, T, Hk, Hv, K, conv_dim);
   };
-  if (Hv == Hk)
-    qk_grad(gdn_qk_grad_kernel<4, 1, 4>, 4);
+  if (!wg_bc)
+    qk_grad(Hv == Hk ? gdn_qk_grad_kernel<4, 1, 4, float> : gdn_qk_grad_kernel<2, 2, 4, float>, Hv == Hk ? 4 : 2,
+            w.dqn, w.dkn);
+  else if (Hv == Hk)  // QT_GDN_QK_GRAD_SEPARATE=1
+    qk_grad(gdn_qk_grad_kernel<4, 1, 4, bf16>, 4, dqh, dkh);
   else
-    qk_grad(gdn_qk_grad_kernel<2, 2, 4>, 2);
+    qk_grad(gdn_qk_grad_kernel<2, 2, 4, bf16>, 2, dqh, dkh);
   QT_LAUNCH_CHECK("gdn_qk_grad_kernel");
   stage_end("gdn_qk_grad_kernel", stream);
 }
