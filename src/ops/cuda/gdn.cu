@@ -422,35 +422,43 @@ __global__ void __launch_bounds__(kTableThreads, 1) gdn_chunk_table_kernel(int4*
     for (int p = p0; p < p1; ++p) seq_order[atomicAdd(&count[key_of(seg_n(p))], 1)] = p;
     __syncthreads();  // seq_order complete
 
+    // An item list: per_seg(p) items of each segment p in LPT order, placed by a block scan and written
+    // by emit(p, q) from slot q on; then tail(q) on thread 0 from the first free slot (the items that
+    // wait for others, in the order they may run).
+    auto item_list = [&](auto per_seg, auto emit, auto tail) {
+      __syncthreads();  // every thread is done reading sums[]
+      local = 0;
+      for (int r = p0; r < p1; ++r) local += per_seg(seq_order[r]);
+      sums[tid] = local;
+      dev::block_inclusive_scan(sums);
+      int q = sums[tid] - local;
+      for (int r = p0; r < p1; ++r) emit(seq_order[r], q);
+      if (tid == 0) tail(sums[nt - 1]);
+    };
+    int kmax = 1;
+    for (int r = 0; r < n_top; ++r) kmax = max(kmax, top_k[r]);
     // 5. The forward scan's items: every sample's first segment and every middle segment's two maps
     // in LPT order, then the later segments by index (each after its predecessor).
     auto first_items = [&](int p) {
       const int4 si = sp.seginfo[p];
       return si.y == 0 ? 1 : si.y < si.z - 1 ? 2 : 0;
     };
-    local = 0;
-    for (int r = p0; r < p1; ++r) local += first_items(seq_order[r]);
-    sums[tid] = local;
-    dev::block_inclusive_scan(sums);
-    {
-      int q = sums[tid] - local;
-      for (int r = p0; r < p1; ++r) {
-        const int p = seq_order[r], e = first_items(p);
-        if (e == 1) sp.items[q++] = 4 * p + kItemOut;
-        if (e == 2) {
-          sp.items[q++] = 4 * p + kItemE;
-          sp.items[q++] = 4 * p + kItemM;
-        }
-      }
-    }
-    if (tid == 0) {
-      int q = sums[nt - 1], kmax = 1;
-      for (int r = 0; r < n_top; ++r) kmax = max(kmax, top_k[r]);
-      for (int i = 1; i < kmax; ++i)
-        for (int r = 0; r < n_top; ++r)
-          if (top_k[r] > i) sp.items[q++] = 4 * (top_seg[r] + i) + kItemOutFromState;
-      sp.counts[0] = q;
-    }
+    item_list(
+        first_items,
+        [&](int p, int& q) {
+          const int e = first_items(p);
+          if (e == 1) sp.items[q++] = 4 * p + kItemOut;
+          if (e == 2) {
+            sp.items[q++] = 4 * p + kItemE;
+            sp.items[q++] = 4 * p + kItemM;
+          }
+        },
+        [&](int q) {
+          for (int i = 1; i < kmax; ++i)
+            for (int r = 0; r < n_top; ++r)
+              if (top_k[r] > i) sp.items[q++] = 4 * (top_seg[r] + i) + kItemOutFromState;
+          sp.counts[0] = q;
+        });
 
     // 6. The reverse scan's items: every sample's last segment and every middle segment's F in LPT
     // order, then the earlier segments from the last but one down (each after its successor).
@@ -458,28 +466,20 @@ __global__ void __launch_bounds__(kTableThreads, 1) gdn_chunk_table_kernel(int4*
       const int4 si = sp.seginfo[p];
       return si.y == si.z - 1 || (si.y > 0 && si.y < si.z - 1) ? 1 : 0;
     };
-    __syncthreads();  // thread 0 is done reading sums[]
-    local = 0;
-    for (int r = p0; r < p1; ++r) local += rev_items(seq_order[r]);
-    sums[tid] = local;
-    dev::block_inclusive_scan(sums);
-    {
-      int q = sums[tid] - local;
-      for (int r = p0; r < p1; ++r) {
-        const int p = seq_order[r];
-        if (rev_items(p) == 0) continue;
-        const int4 si = sp.seginfo[p];
-        sp.items_rev[q++] = 4 * p + (si.y == si.z - 1 ? kRevOut : kRevF);
-      }
-    }
-    if (tid == 0) {
-      int q = sums[nt - 1], kmax = 1;
-      for (int r = 0; r < n_top; ++r) kmax = max(kmax, top_k[r]);
-      for (int j = 0; j + 2 <= kmax; ++j)  // segment index k - 2 - j of each split sample
-        for (int r = 0; r < n_top; ++r)
-          if (top_k[r] > 1 && top_k[r] - 2 - j >= 0) sp.items_rev[q++] = 4 * (top_seg[r] + top_k[r] - 2 - j) + kRevOutFromGrad;
-      sp.counts[4] = q;
-    }
+    item_list(
+        rev_items,
+        [&](int p, int& q) {
+          if (rev_items(p) == 0) return;
+          const int4 si = sp.seginfo[p];
+          sp.items_rev[q++] = 4 * p + (si.y == si.z - 1 ? kRevOut : kRevF);
+        },
+        [&](int q) {
+          for (int j = 0; j + 2 <= kmax; ++j)  // segment index k - 2 - j of each split sample
+            for (int r = 0; r < n_top; ++r)
+              if (top_k[r] > 1 && top_k[r] - 2 - j >= 0)
+                sp.items_rev[q++] = 4 * (top_seg[r] + top_k[r] - 2 - j) + kRevOutFromGrad;
+          sp.counts[4] = q;
+        });
   }
   if (rtable == nullptr) return;  // a forward that keeps nothing for the backward
   __syncthreads();  // thread 0 is done reading sums[]
@@ -638,8 +638,10 @@ __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(floa
   wait_previous_grid();
   launch_dependents();
   const int c = blockIdx.x, ratio = Hv / Hk;
-  if (c >= *nchunks) return;
+  // Both loads at once (the table has nc_max entries; past *nchunks they are not used): one global
+  // round trip less at every CTA's start, where a wave's CTAs all wait together.
   const int4 ch = table[c];
+  if (c >= *nchunks) return;
   const int bos = ch.x, len = ch.y;
   // kWU: one value head per CTA (blockIdx.y); else one key head per CTA (blockIdx.y), its value
   // heads in turn: k's load, L2 scales and k k^T are shared by the group (2x at 4B, 3x at 27B).
