@@ -1,9 +1,10 @@
 // The GDN prep kernel's blocked triangular solve (src/ops/cuda/gdn_solve.h), run on the CPU: its
-// per-thread phases for all 256 threads, phase by phase as the barriers order them, then
+// phases for all 256 threads (phase 0) and 8 warps (the block products of phases 1, 2, here as fp32
+// sums: the kernel runs them on the tensor cores), phase by phase as the barriers order them, then
 // combine_t30 (which the prep kernel folds into its T stores), against a float64 forward
-// substitution. Running the threads of each phase in two different orders and comparing the results
-// bit for bit catches a phase that reads what another thread of the same phase writes (a missing
-// barrier on the GPU). The CUDA tests check the kernel as a whole.
+// substitution. Running the threads (warps) of each phase in two different orders and comparing the
+// results bit for bit catches a phase that reads what another of the same phase writes (a missing
+// barrier on the GPU). The CUDA tests check the kernel's arithmetic as a whole.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,17 +42,20 @@ std::vector<double> reference_inverse(const std::vector<float>& a) {
   return t;
 }
 
-// The phases as the kernel runs them; reverse = the threads of each phase in the other order.
+// The phases as the kernel runs them; reverse = the threads (warps) of each phase in the other order.
 std::vector<float> solve(std::vector<float> a, bool reverse) {
   std::vector<float> t(kN * kLd, 7.f);  // T starts over dead k rows: anything
-  for (int p = 0; p <= gdn_solve::kPhases; ++p)  // the last: combine_t30 (solve_unit_lower<true>)
-    for (int n = 0; n < kThreadsPerBlock; ++n) {
-      const int tid = reverse ? kThreadsPerBlock - 1 - n : n;
-      if (p < gdn_solve::kPhases)
-        gdn_solve::phase(p, tid, t.data(), a.data(), kLd);
-      else
-        gdn_solve::combine_t30(tid, t.data(), a.data(), kLd);
+  for (int n = 0; n < kThreadsPerBlock; ++n)
+    gdn_solve::diag_phase(reverse ? kThreadsPerBlock - 1 - n : n, t.data(), a.data(), kLd);
+  constexpr int kWarps = kThreadsPerBlock / 32;
+  for (int p = 1; p < gdn_solve::kPhases; ++p)
+    for (int n = 0; n < kWarps; ++n) {
+      gdn_solve::BlockProduct bp;
+      if (gdn_solve::level_product(p, reverse ? kWarps - 1 - n : n, t.data(), a.data(), kLd, bp))
+        gdn_solve::block_product(bp, kLd);
     }
+  for (int n = 0; n < kThreadsPerBlock; ++n)  // solve_unit_lower<true>'s last step
+    gdn_solve::combine_t30(reverse ? kThreadsPerBlock - 1 - n : n, t.data(), a.data(), kLd);
   return t;
 }
 

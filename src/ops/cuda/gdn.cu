@@ -130,6 +130,42 @@ __device__ __forceinline__ int tid_x() {
 // return. As is clobbered: its strict upper blocks hold B_IK = T_II A_IK between phases, and A's
 // blocks (3, 0), (3, 1) C_3K.
 static_assert(kThreads == 256 && kC == 64, "gdn_solve maps 16 x 16 blocks onto 256 threads");
+// A 16 x 16 x 16 block product of the solve (gdn_solve::level_product) by one warp on the tensor
+// cores: two k steps x two n tiles of mma m16n8k8 tf32, each as lo hi + hi lo + hi hi (~fp32).
+__device__ __forceinline__ void block_product_mma(const gdn_solve::BlockProduct& p, int lane) {
+  constexpr int ld = kLdC;
+  const int g = lane >> 2, t = lane & 3;
+  float acc[2][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t ah[4], al[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) gdn_mma::split_tf32(p.l[(g + 8 * (r & 1)) * ld + 8 * ks + t + 4 * (r >> 1)], ah[r], al[r]);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      uint32_t bh[2], bl[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) gdn_mma::split_tf32(p.r[(8 * ks + t + 4 * r) * ld + 8 * nt + g], bh[r], bl[r]);
+      gdn_mma::mma_tf32(acc[nt], al, bh[0], bh[1]);
+      gdn_mma::mma_tf32(acc[nt], ah, bl[0], bl[1]);
+      gdn_mma::mma_tf32(acc[nt], ah, bh[0], bh[1]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int o = (g + 8 * hh) * ld + 8 * nt + 2 * t;
+      float2 v = make_float2(p.sign * acc[nt][2 * hh], p.sign * acc[nt][2 * hh + 1]);
+      if (p.s != nullptr) {
+        const float2 s = ld_f2(p.s + o);
+        v.x += s.x;
+        v.y += s.y;
+      }
+      *reinterpret_cast<float2*>(p.o + o) = v;
+    }
+}
+
 // kCombine: T complete at the end; else T_30's second part is left in A's block (1, 0) for the
 // caller to add (gdn_solve::t30_part).
 template <bool kCombine>
@@ -138,7 +174,9 @@ __device__ void solve_unit_lower(float* Ts, float* As, int tid) {
   __syncthreads();
 #pragma unroll
   for (int p = 1; p < gdn_solve::kPhases; ++p) {
-    gdn_solve::level_phase(tid, p, Ts, As, kLdC);
+    gdn_solve::BlockProduct bp;
+    if (gdn_solve::level_product(p, __shfl_sync(0xffffffffu, tid >> 5, 0), Ts, As, kLdC, bp))
+      block_product_mma(bp, tid & 31);
     __syncthreads();
   }
   if constexpr (kCombine) {

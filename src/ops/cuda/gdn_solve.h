@@ -1,7 +1,7 @@
 // The chunk's triangular solve T = (I + A)^-1 (A strictly lower, C = 64) in 16 x 16 blocks, as
-// per-thread phases of a 256-thread block with a barrier after each. The phases compile for the
-// host too, so a CPU test runs the exact index logic of the kernel thread by thread
-// (tests/test_gdn_solve.cpp).
+// phases of a 256-thread block with a barrier after each: per thread (phase 0), per warp (1, 2).
+// The phases' index logic compiles for the host too, so a CPU test runs it thread by thread and
+// warp by warp (tests/test_gdn_solve.cpp).
 //
 // With T_II = (I + A_II)^-1 and B_IK = T_II A_IK (K < I), the rows of T below the diagonal blocks
 // follow from T (I + A) = I:
@@ -10,15 +10,14 @@
 //    with 16 (I + 1) right-hand sides, e_c and A_IK's columns; one thread per column (160
 //    threads), each 16 rows deep. B_IK goes into As's unused upper block (K, I). The other 96
 //    threads zero T's upper blocks.
-//  - Phases 1, 2: the blocks at distance 1, then those at 2 and 3 (level_phase), one 16 x 16 x 16
-//    product per output block and phase: phase 1 also forms C_20 = B_20 - B_21 B_10 and
-//    C_3K = B_3K - B_32 B_2K, so that T_20 = -C_20 T_00, T_31 = -C_31 T_11 and
-//    T_30 = -(C_30 T_00 + C_31 T_10), whose two products run on two thread groups: the second
-//    into a scratch block that combine_t30 (or the caller, on its way out) adds. 16 threads per
-//    product, each a 4 x 4 tile (rows tr + 4 i, columns 4 tc + j): per inner step 4 scalar loads
-//    (rows 8 banks apart) and one 16-byte load feed 16 FMAs. The one-output-per-thread form it
-//    replaced loaded two floats per FMA and kept the smem pipe ~80 % busy, over 7 barriers
-//    (notes/gdn_kernels.md step 18); phase 2 ran two products in a row on 48 threads (step 24).
+//  - Phases 1, 2: the blocks at distance 1, then those at 2 and 3, one 16 x 16 x 16 product per
+//    warp (level_product): phase 1 also forms C_20 = B_20 - B_21 B_10 and C_3K = B_3K - B_32 B_2K,
+//    so that T_20 = -C_20 T_00, T_31 = -C_31 T_11 and T_30 = -(C_30 T_00 + C_31 T_10), whose two
+//    products run on two warps: the second into a scratch block that combine_t30 (or the caller,
+//    on its way out) adds. The prep kernel runs them on the tensor cores (mma m16n8k8 tf32, each
+//    operand split in two tf32 parts: 3 products, ~fp32). As scalar FMAs (16 threads per block, a
+//    4 x 4 tile each) the two phases' 16-step chains on 3 and 2 warps left the CTA's other warps at
+//    the barriers: 25 % of prep's stall samples at 27B (notes/gdn_kernels.md step 24).
 // Every sum runs in a fixed order: deterministic. As and Ts are 64 x 64 fp32 with row stride ld
 // (a multiple of 4, so rows stay 16-byte aligned; ld = 8 mod 32 spreads rows over the banks).
 #pragma once
@@ -31,7 +30,7 @@
 
 namespace qt::gdn_solve {
 
-constexpr int kPhases = 3;          // barrier after each
+constexpr int kPhases = 3;          // barrier after each: diag_phase, then level_product's 1 and 2
 constexpr int kDiagThreads = 160;   // sum over I < 4 of 16 (I + 1) columns
 
 struct alignas(16) F4 {
@@ -89,78 +88,55 @@ QT_HD void diag_phase(int tid, float* Ts, float* As, int ld) {
   }
 }
 
-// acc[i][j] += sum_{m < 16} l[4 i ld + m] r[m ld + j]: a 16 x 16 block product's 4 x 4 tile, with l
-// at row tr of the left block (the tile's rows tr + 4 i) and r at column 4 tc of the right one.
-QT_HD void mac16(float (&acc)[4][4], const float* l, const float* r, int ld) {
-#if defined(__CUDACC__)
-#pragma unroll 4
-#endif
-  for (int m = 0; m < 16; ++m) {
-    const F4 v = ld4(r + m * ld);
-#if defined(__CUDACC__)
-#pragma unroll
-#endif
-    for (int i = 0; i < 4; ++i) {
-      const float a = l[4 * i * ld + m];
-      acc[i][0] += a * v.x;
-      acc[i][1] += a * v.y;
-      acc[i][2] += a * v.z;
-      acc[i][3] += a * v.w;
-    }
-  }
-}
-// The tile (rows tr + 4 i, columns 4 tc + j) of a 16 x 16 block at o: sign acc.
-QT_HD void store_tile(float* o, int ld, const float (&acc)[4][4], float sign) {
-#if defined(__CUDACC__)
-#pragma unroll
-#endif
-  for (int i = 0; i < 4; ++i)
-    *reinterpret_cast<F4*>(o + 4 * i * ld) = F4{sign * acc[i][0], sign * acc[i][1], sign * acc[i][2], sign * acc[i][3]};
-}
-
-// Phases 1 and 2 for thread tid: 16 threads per product, tile (tr, tc).
-//  Phase 1: T_10, T_21, T_32 = -B_{J+1,J} T_JJ, and C_30 = B_30 - B_32 B_20, C_31 = B_31 - B_32 B_21,
-//           C_20 = B_20 - B_21 B_10 into A's dead blocks (3, 0), (3, 1), (2, 0).
-//  Phase 2: T_20 = -C_20 T_00 (= -(B_20 T_00 + B_21 T_10) with T_10 = -B_10 T_00), T_31 = -C_31 T_11
-//           (likewise) and T_30 = -(C_30 T_00 + C_31 T_10), which is -(B_30 T_00 + B_31 T_10 +
-//           B_32 T_20) with T_20 substituted, so it does not wait for a third level: -C_30 T_00 into
-//           T_30, -C_31 T_10 into A's dead block (1, 0) (t30_part), summed by combine_t30.
+// Phases 1 and 2: warp w forms one 16 x 16 block O = S + sign L R (level_product; the prep kernel
+// on the tensor cores, block_product below on the host).
+//  Phase 1 (warps 0..5): T_10, T_21, T_32 = -B_{J+1,J} T_JJ, and C_30 = B_30 - B_32 B_20,
+//           C_31 = B_31 - B_32 B_21, C_20 = B_20 - B_21 B_10 into A's dead blocks (3, 0), (3, 1), (2, 0).
+//  Phase 2 (warps 0..3): T_20 = -C_20 T_00 (= -(B_20 T_00 + B_21 T_10) with T_10 = -B_10 T_00),
+//           T_31 = -C_31 T_11 (likewise) and T_30 = -(C_30 T_00 + C_31 T_10), which is -(B_30 T_00 +
+//           B_31 T_10 + B_32 T_20) with T_20 substituted, so it does not wait for a third level:
+//           -C_30 T_00 into T_30, -C_31 T_10 into A's dead block (1, 0) (t30_part), summed by
+//           combine_t30.
+// No product reads a block another product of its phase writes.
+struct BlockProduct {
+  const float* l;  // 16 x 16 blocks, row stride ld
+  const float* r;
+  float* o;
+  const float* s;  // nullptr: O = sign L R
+  float sign;
+};
 constexpr int kT30Row = 16;  // t30_part: A's block (1, 0), rows 16 .. 31, columns 0 .. 15
-QT_HD void level_phase(int tid, int phase, float* Ts, float* As, int ld) {
-  const int grp = tid >> 4, tr = (tid >> 2) & 3, tc = tid & 3;
-  // B_IK (upper block (K, I) of As), rows tr + 4 i; T_KJ, C_IK (lower block (I, K) of As) likewise.
-  auto b = [&](int I, int K) { return As + (16 * K + tr) * ld + 16 * I; };
-  auto c = [&](int I, int K) { return As + (16 * I + tr) * ld + 16 * K; };
-  auto t = [&](int I, int J) { return Ts + (16 * I + tr) * ld + 16 * J; };
-  auto tcol = [&](int K, int J) { return Ts + 16 * K * ld + 16 * J + 4 * tc; };  // T_KJ as the right factor
-  auto bcol = [&](int I, int K) { return As + 16 * K * ld + 16 * I + 4 * tc; };  // B_IK as the right factor
-  float acc[4][4] = {};
+QT_HD bool level_product(int phase, int w, float* Ts, float* As, int ld, BlockProduct& p) {
+  float* const b = As;  // B_IK: As's upper block (K, I); C_IK: its lower block (I, K)
+  auto blk = [&](float* m, int row, int col) { return m + 16 * row * ld + 16 * col; };
   if (phase == 1) {
-    if (grp < 3) {
-      const int J = grp, I = J + 1;
-      mac16(acc, b(I, J), tcol(J, J), ld);
-      store_tile(t(I, J) + 4 * tc, ld, acc, -1.f);
-    } else if (grp < 6) {
-      // C_IK = B_IK - B_IM B_MK: C_30, C_31 (M = 2), C_20 (M = 1)
-      const int I = grp < 5 ? 3 : 2, K = grp < 5 ? grp - 3 : 0, M = I - 1;
-      mac16(acc, b(I, M), bcol(M, K), ld);
-      const float* bik = b(I, K) + 4 * tc;
-      float d[4][4];
-      for (int i = 0; i < 4; ++i) {
-        const F4 v = ld4(bik + 4 * i * ld);
-        d[i][0] = v.x - acc[i][0];
-        d[i][1] = v.y - acc[i][1];
-        d[i][2] = v.z - acc[i][2];
-        d[i][3] = v.w - acc[i][3];
-      }
-      store_tile(c(I, K) + 4 * tc, ld, d, 1.f);
+    if (w < 3) {  // T_{J+1,J} = -B_{J+1,J} T_JJ
+      p = {blk(b, w, w + 1), blk(Ts, w, w), blk(Ts, w + 1, w), nullptr, -1.f};
+      return true;
     }
-  } else if (grp < 4) {
-    // -C_20 T_00 -> T_20, -C_31 T_11 -> T_31, -C_30 T_00 -> T_30, -C_31 T_10 -> t30_part
-    const int I = grp == 0 ? 2 : 3, K = grp == 1 || grp == 3 ? 1 : 0, J = grp == 1 ? 1 : 0;
-    mac16(acc, c(I, K), tcol(K, J), ld);
-    store_tile((grp == 3 ? c(1, 0) : t(I, J)) + 4 * tc, ld, acc, -1.f);
+    if (w < 6) {  // C_IK = B_IK - B_IM B_MK: C_30, C_31 (M = 2), C_20 (M = 1)
+      const int I = w < 5 ? 3 : 2, K = w < 5 ? w - 3 : 0, M = I - 1;
+      p = {blk(b, M, I), blk(b, K, M), blk(b, I, K), blk(b, K, I), -1.f};
+      return true;
+    }
+    return false;
   }
+  if (w >= 4) return false;
+  // -C_20 T_00 -> T_20, -C_31 T_11 -> T_31, -C_30 T_00 -> T_30, -C_31 T_10 -> t30_part
+  const int I = w == 0 ? 2 : 3, K = w == 1 || w == 3 ? 1 : 0, J = w == 1 ? 1 : 0;
+  p = {blk(b, I, K), blk(Ts, K, J), w == 3 ? blk(b, 1, 0) : blk(Ts, I, J), nullptr, -1.f};
+  return true;
+}
+// The host's form of a block product: fp32 sums in k order (the kernel's runs on the tensor cores
+// in three tf32 parts, ~fp32 products; tests/test_gdn_solve.cpp checks the blocks and their order,
+// the CUDA tests the kernel's arithmetic).
+inline void block_product(const BlockProduct& p, int ld) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float acc = 0.f;
+      for (int m = 0; m < 16; ++m) acc += p.l[i * ld + m] * p.r[m * ld + j];
+      p.o[i * ld + j] = (p.s != nullptr ? p.s[i * ld + j] : 0.f) + p.sign * acc;
+    }
 }
 // A's block (1, 0), where phase 2 leaves T_30's second part.
 QT_HD const float* t30_part(const float* As, int ld) { return As + kT30Row * ld; }
@@ -176,14 +152,6 @@ QT_HD void combine_t30(int tid, float* Ts, const float* As, int ld) {
   t[1] += v.y;
   t[2] += v.z;
   t[3] += v.w;
-}
-
-// Phase p (0..kPhases-1) of the solve for thread tid.
-QT_HD void phase(int p, int tid, float* Ts, float* As, int ld) {
-  if (p == 0)
-    diag_phase(tid, Ts, As, ld);
-  else
-    level_phase(tid, p, Ts, As, ld);
 }
 
 }  // namespace qt::gdn_solve
