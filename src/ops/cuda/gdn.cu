@@ -663,7 +663,7 @@ __device__ __forceinline__ void lower_tile(int idx, int& m0, int& n0) {
 
 // kWU = false (the wgmma scans, which form W S and U from T themselves): G and T only.
 // kGroup (the wgmma scans' prep at more than one value head per key head): the CTA loops over the
-// group's value heads, holding k k^T through the loop: 64 registers, 4 CTAs per SM; otherwise 48, 5.
+// group's value heads, holding k k^T through the loop: 59 registers, 4 CTAs per SM; otherwise 48, 5.
 template <bool kWU, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kGroup ? 4 : 5) gdn_prep_kernel(float* Gc, bf16* Wh, bf16* Wl, float* U, bf16* Th, bf16* Tl,
                                                             const int4* table,
@@ -3738,7 +3738,9 @@ struct Workspace {
   int *items, *items_rev, *counts;
   SplitStates split;
   int max_segs;    // num_seqs + split.slots
-  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+  // dD: U (mma.sync scans) in the forward, dD_local in the backward; dqn, dkn: dq^, dk^ per value head,
+  // fp32 from the mma.sync bwd_chunk, bf16 (the first half) from the wgmma one
+  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
   int* prep_done;  // [chunk][Hk]: prep finished (chunk, key head) (the forward's output scan beside it)
   int* done;  // [2][N, Hv]: the forward, the reverse scan has stored (sample, head) (gdn_backward's
               // kernels beside one another), then bwd_chunk's item counter
