@@ -1374,6 +1374,29 @@ __device__ __forceinline__ void store_planes_t(bf16* hi, bf16* lo, size_t ld, in
     *reinterpret_cast<uint32_t*>(lo + o) = l2;
   }
 }
+// Both 8 x 8 blocks of 16 columns n0 .. n0 + 15 (x = the pairs at n0 and n0 + 8): after the
+// transposes, lanes t and t ^ 1 swap one word per plane, so an even t stores columns n0 + 2 t .. + 3
+// and an odd t columns n0 + 8 + 2 (t - 1) .. + 3 (8 bytes): a warp's store fills each row's whole
+// 32-byte sector. (Two 4-byte stores per block filled half a sector each: the recompute scan's
+// store segments were half its stall samples.)
+__device__ __forceinline__ void store_planes_pair_t(bf16* hi, bf16* lo, size_t ld, int L, int i0, int n0,
+                                                    const float (&x)[4], int g, int t) {
+  uint32_t h[2], l[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    gdn_mma::split_bf16(x[2 * hh], x[2 * hh + 1], h[hh], l[hh]);
+    h[hh] = gdn_mma::movmatrix_trans(h[hh]);
+    l[hh] = gdn_mma::movmatrix_trans(l[hh]);
+  }
+  const int odd = t & 1;
+  const uint32_t rh = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 1);
+  const uint32_t rl = __shfl_xor_sync(0xffffffffu, odd ? l[0] : l[1], 1);
+  if (i0 + g < L) {
+    const size_t o = static_cast<size_t>(i0 + g) * ld + n0 + 2 * t + 6 * odd;  // odd: n0 + 8 + 2 (t - 1)
+    *reinterpret_cast<uint2*>(hi + o) = odd ? make_uint2(rh, h[1]) : make_uint2(h[0], rh);
+    *reinterpret_cast<uint2*>(lo + o) = odd ? make_uint2(rl, l[1]) : make_uint2(l[0], rl);
+  }
+}
 
 // One item of a wgmma scan: segment p (every unsplit sample is one) of one value head, its first row,
 // length, chunk count and first chunk; and, for the split (gdn_chunk_table_kernel's plan), the
@@ -1647,6 +1670,9 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   // its state stores are compiled out, as the maps' are.
   constexpr bool kMap = kMode == kSplitMap;
   constexpr bool kStores = (!kOut || kLoadsFirst) && !kMap;
+  // D's planes by store_planes_pair_t in the recompute's (and 2B kept forward's) instance: the kept
+  // instance that forms the output lost 3-4 % with them, the ticket instance spilled.
+  constexpr bool kPairStores = kStores && !kOut && kMode == kPlain;
   // The plain instances form the output (bf16) from the hi parts of S, D and P (one product each,
   // as flash-linear-attention's bf16 h); the state recurrence, h and D keep the hi / lo products.
   // The ticket instance keeps hi / lo there too: with one product its registers spilled.
@@ -1796,10 +1822,13 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     for (int j = 0; j < kC / 8; ++j) {
       const float2 kv = ld_f2(rw + 8 * j + 2 * t);
       const float2 ev = ld_f2(rw + kC + 8 * j + 2 * t);
+      if (kPairStores && Dgh != nullptr)
+        store_planes_pair_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w,
+                            {dT[4 * j], dT[4 * j + 1], dT[4 * j + 2], dT[4 * j + 3]}, g, t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float x0 = dT[4 * j + 2 * hh], x1 = dT[4 * j + 2 * hh + 1];
-        if (kStores && Dgh != nullptr)
+        if (kStores && !kPairStores && Dgh != nullptr)
           store_planes_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
         const int kk = j >> 1, q = hh + 2 * (j & 1);
         gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
@@ -2317,14 +2346,14 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
     for (int j = 0; j < kC / 8; ++j) {
       const float2 kv = ld_f2(ksc + 8 * j + 2 * t);
+      float x[4];
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float x0 = kFused ? acc[4 * j + 2 * hh] : dT[4 * j + 2 * hh] + kv.x * acc[4 * j + 2 * hh];
-        const float x1 = kFused ? acc[4 * j + 2 * hh + 1] : dT[4 * j + 2 * hh + 1] + kv.y * acc[4 * j + 2 * hh + 1];
-        if (stores)
-          store_planes_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
-        gdn_mma::split_bf16(-x0, -x1, ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
-      }
+      for (int q = 0; q < 4; ++q)
+        x[q] = kFused ? acc[4 * j + q] : dT[4 * j + q] + ((q & 1) ? kv.y : kv.x) * acc[4 * j + q];
+      if (stores) store_planes_pair_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        gdn_mma::split_bf16(-x[2 * hh], -x[2 * hh + 1], ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
     }
     // (diag(eq) dO)^T fragments: the raw dO rows by ldmatrix.trans from the warpgroup's swizzled panel
     // (lane l addresses row 16 kk + 8 (l / 16) + l % 8, 8-column chunk 2 w + (l / 8) % 2), scaled by eq_i.
