@@ -126,9 +126,6 @@ __device__ __forceinline__ int tid_x() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
-// Ts = (I + As)^-1 (gdn_solve.h), all kThreads threads; the caller syncs before, Ts is complete on
-// return. As is clobbered: its strict upper blocks hold B_IK = T_II A_IK between phases, and A's
-// blocks (3, 0), (3, 1) C_3K.
 static_assert(kThreads == 256 && kC == 64, "gdn_solve maps 16 x 16 blocks onto 256 threads");
 // A 16 x 16 x 16 block product of the solve (gdn_solve::level_product) by one warp on the tensor
 // cores: two k steps x two n tiles of mma m16n8k8 tf32, each as lo hi + hi lo + hi hi (~fp32).
@@ -166,8 +163,10 @@ __device__ __forceinline__ void block_product_mma(const gdn_solve::BlockProduct&
     }
 }
 
-// kCombine: T complete at the end; else T_30's second part is left in A's block (1, 0) for the
-// caller to add (gdn_solve::t30_part).
+// Ts = (I + As)^-1 (gdn_solve.h), all kThreads threads; the caller syncs before, ends with a barrier.
+// As is clobbered: its strict upper blocks hold B_IK = T_II A_IK between phases, A's blocks (3, 0),
+// (3, 1), (2, 0) C_30, C_31, C_20, and (1, 0) T_30's second part. kCombine: that part is added (Ts
+// complete on return); else the caller adds it (gdn_solve::t30_part).
 template <bool kCombine>
 __device__ void solve_unit_lower(float* Ts, float* As, int tid) {
   gdn_solve::diag_phase(tid, Ts, As, kLdC);
