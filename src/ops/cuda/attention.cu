@@ -51,6 +51,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/warp_mma.cuh"
 #include "ops/cuda/ops_device.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -142,20 +143,8 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
-// c (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> bf16x2, the first in the low half (the lower column of an mma fragment).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+using warp_mma::mma_bf16;   // c (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col)
+using warp_mma::pack_bf16;  // two floats -> bf16x2, the first in the low half
 
 // ---- swizzled shared-memory tiles ---------------------------------------------------------------
 // A [rows][W] bf16 tile (W a multiple of 64) stored with 16-byte chunk c of row r at chunk
