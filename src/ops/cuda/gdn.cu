@@ -603,6 +603,14 @@ __device__ __forceinline__ void signal_done(int* done, int s, int Hv, int head) 
                  : "memory");
   }
 }
+// The scans' per-(segment, head) flags (gdn_backward's kernels beside one another): also counted in
+// done[-1], which bwd_chunk reads to stop waiting flag by flag once both scans are done
+// (release: the count follows the flag and the CTA's stores).
+__device__ __forceinline__ void signal_done_counted(int* done, int s, int Hv, int head) {
+  if (done == nullptr) return;
+  signal_done(done, s, Hv, head);
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done - 1) : "memory");
+}
 // Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
 // included, see them.
 __device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
@@ -1888,7 +1896,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   }
   cp_async_wait<0>();
   if constexpr (kMode == kPlain) {
-    if constexpr (!kOut) signal_done(done, cta.p, Hv, head);
+    if constexpr (!kOut) signal_done_counted(done, cta.p, Hv, head);
     return;
   }
   // The leaving state where the split needs it: a map's M or E, a split sample's S_1.
@@ -1900,7 +1908,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     store_state_t(st.at(which, to, Hv, hd), sT, ncol, t);
     signal_done(st.flag(which, Hv), to, Hv, hd);
   }
-  if constexpr (!kOut && !kMap) signal_done(done, vit->p, Hv, vit->head);
+  if constexpr (!kOut && !kMap) signal_done_counted(done, vit->p, Hv, vit->head);
 }
 
 // The forward scan. Plain: CTA b runs (segment of rank b / Hv, head b % Hv) from state 0, as the
@@ -2426,7 +2434,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
   }
   cp_async_wait<0>();
   if constexpr (kMode == kPlain) {
-    signal_done(done, cta.p, Hv, head);
+    signal_done_counted(done, cta.p, Hv, head);
     return;
   }
   // The entering gradient where the split needs it: F_s, or a split sample's G_{k-1}.
@@ -2437,7 +2445,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     store_state_t(st.at(which, slot, Hv, hd), sT, ncol, t);
     signal_done(st.flag(which, Hv), slot, Hv, hd);
   }
-  if (kind != kRevF) signal_done(done, vit->p, Hv, hd);
+  if (kind != kRevF) signal_done_counted(done, vit->p, Hv, hd);
 }
 
 // The reverse scan. Plain: CTA b runs (segment of rank b / Hv, head b % Hv), as tuned. kTickets
@@ -3168,7 +3176,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     bf16* dqn, bf16* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
-    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done_fwd, const int* done, int* work) {
+    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done_fwd, const int* done, int* work, const int* counts) {
   constexpr int D = kDlD;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* sm = align1024(smem_raw);
@@ -3193,8 +3201,22 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // The next item's operands that can land while this one finishes, each as soon as its region is
   // free: S0 (Y's and W's regions, after dT), dD (after dv), D and dS's second half (D's, v's and T's
   // regions, after Mx). One cp.async group each.
+  // Beside the scans: each thread waits for an item's (segment, head) flags until it has seen a scan's
+  // count of them complete (counts[1] segments x Hv heads), then never again (the flags' acquires, and
+  // the L1 invalidation each brings, were ~2.7 % of the stall samples at 27B).
+  bool fwd_all = false, rev_all = false;
+  auto wait_scan = [&](const int* flags, int s, int head, bool& all) {
+    if (flags == nullptr || all) return;
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flags - 1) : "memory");
+    if (v >= counts[1] * Hv) {
+      all = true;
+      return;
+    }
+    wait_done(flags, s, Hv, head);
+  };
   auto async_early_s0 = [&](int item, int4 chn) {
-    wait_done(done_fwd, chn.z, Hv, item % Hv);
+    wait_scan(done_fwd, chn.z, item % Hv, fwd_all);
     async_state_half(sY, h, item, chn, 0);
     async_state_half(sW, h, item, chn, 1);
     cp_async_commit();
@@ -3202,7 +3224,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // S0 and dD are the first of the forward scan's and the reverse scan's outputs an item reads:
   // beside those scans, wait for their (sample, head) first.
   auto async_early_dd = [&](int item, int4 chn) {
-    wait_done(done, chn.z, Hv, item % Hv);
+    wait_scan(done, chn.z, item % Hv, rev_all);
     const size_t r = item_ro(item, chn);
     async_panels<256>(sDD, dDgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
@@ -3852,7 +3874,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
-  ws.done = reinterpret_cast<int*>(take((2 * P * Hv + 1) * sizeof(int)));
+  ws.done = reinterpret_cast<int*>(take((2 * P * Hv + 3) * sizeof(int)));
   ws.prep_done = reinterpret_cast<int*>(take(static_cast<size_t>(nc) * Hk * sizeof(int)));
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
@@ -4102,17 +4124,19 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   static const bool after_scan = env_knob("QT_GDN_OUTPUT_AFTER_SCAN", {1}) != 0;
   const bool in_scan = output_in_scan(a, state != nullptr);
   const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
-  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, static_cast<size_t>(w.max_segs) * Hv * sizeof(int), stream));
+  // w.done[0]: the forward scan's count of its flags (signal_done_counted), w.done + 1 the flags
+  if (beside)
+    CUDA_CHECK(cudaMemsetAsync(w.done, 0, (static_cast<size_t>(w.max_segs) * Hv + 1) * sizeof(int), stream));
   // A kept state is computed at the backward's precision, so reusing it changes nothing. Long
   // samples may split either way: a kept state keeps the plan and the maps' M for the backward.
   forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
-                 beside ? w.done : nullptr, true);
+                 beside ? w.done + 1 : nullptr, true);
   if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
   launch_smem_beside(beside, gdn_output_kernel, "gdn_output_kernel", dim3(w.nc_max * Hv), kThreads, bytes, stream,
                      static_cast<bf16*>(o), w.rtable, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
-                     2 * Hk * K + Hv * V, beside ? w.done : nullptr);
+                     2 * Hk * K + Hv * V, beside ? w.done + 1 : nullptr);
   stage_end("gdn_output_kernel", stream);
 }
 
@@ -4141,10 +4165,11 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
   const bool beside = wg_scan && wg_bc && !after_scan, rev_beside = beside && state == nullptr && !separate;
   const size_t nflags = static_cast<size_t>(w.max_segs) * Hv;
-  int* done_fwd = rev_beside ? w.done : nullptr;
-  int* done_rev = beside ? w.done + nflags : nullptr;
-  int* work = beside ? w.done + 2 * nflags : nullptr;
-  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, (2 * nflags + 1) * sizeof(int), stream));
+  // w.done: [count][the forward scan's flags][count][the reverse scan's][bwd_chunk's item counter]
+  int* done_fwd = rev_beside ? w.done + 1 : nullptr;
+  int* done_rev = beside ? w.done + 2 + nflags : nullptr;
+  int* work = beside ? w.done + 2 + 2 * nflags : nullptr;
+  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, (2 * nflags + 3) * sizeof(int), stream));
   // The forward (recomputed here or kept) may have split long samples; the reverse scan then splits
   // them as well (its ticket instance; with the separate dlocal kernel, A/B only, neither splits).
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
@@ -4224,7 +4249,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     launch_smem_beside(beside, l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
                        "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream, dqh, dkh,
                        static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
-                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work);
+                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work, w.counts);
   } else {
     const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
     launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
