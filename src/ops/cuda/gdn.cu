@@ -611,17 +611,17 @@ __device__ __forceinline__ void signal_done_counted(int* done, int s, int Hv, in
   signal_done(done, s, Hv, head);
   if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done - 1) : "memory");
 }
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 // Every thread that reads the results waits (acquire) for itself, so its own later reads, cp.async
-// included, see them.
-__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head) {
+// included, see them. Flag s * Hv + head; polls sleep_ns apart.
+__device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int head, unsigned sleep_ns = 200) {
   if (done == nullptr) return;
   const int* f = done + static_cast<size_t>(s) * Hv + head;
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-    if (v != 0) return;
-    __nanosleep(200);
-  }
+  while (ld_acquire(f) == 0) __nanosleep(sleep_ns);
 }
 // prep -> the forward scan's output instances (launched beside prep, gdn_forward): prep flags each
 // (chunk, key head) it finished, [chunk][Hk], zeroed by the chunk table kernel. Threads 0 .. n - 1
@@ -629,15 +629,7 @@ __device__ __forceinline__ void wait_done(const int* done, int s, int Hv, int he
 // of them afterwards, cp.async included, was written first (acquire, then bar.sync).
 __device__ __forceinline__ void wait_prep_chunks(const int* prep_done, int first, int n, int Hk, int kh) {
   if (prep_done != nullptr)
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int* f = prep_done + static_cast<size_t>(first + i) * Hk + kh;
-      for (;;) {
-        int v;
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-        if (v != 0) break;
-        __nanosleep(100);
-      }
-    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) wait_done(prep_done, first + i, Hk, kh, 100);
   __syncthreads();
 }
 
@@ -1369,12 +1361,16 @@ __device__ __forceinline__ void state_frags_t(const float (&sT)[kDlD / 2], uint3
 // Row n of an 8 x 8 block of a transposed tile, (x0, x1) at columns i, i + 1, out as hi / lo planes
 // [rows i][n] (row stride ld): split, then each plane word transposed by movmatrix, so lane (g, t)
 // stores the pair at row i0 + g, columns n0 + 2 t, n0 + 2 t + 1 (rows >= L not stored).
+// The hi / lo plane words of (x0, x1), each transposed in its 8 x 8 block (movmatrix).
+__device__ __forceinline__ void plane_words_t(float x0, float x1, uint32_t& h, uint32_t& l) {
+  gdn_mma::split_bf16(x0, x1, h, l);
+  h = gdn_mma::movmatrix_trans(h);
+  l = gdn_mma::movmatrix_trans(l);
+}
 __device__ __forceinline__ void store_planes_t(bf16* hi, bf16* lo, size_t ld, int L, int i0, int n0, float x0,
                                                float x1, int g, int t) {
   uint32_t h2, l2;
-  gdn_mma::split_bf16(x0, x1, h2, l2);
-  h2 = gdn_mma::movmatrix_trans(h2);
-  l2 = gdn_mma::movmatrix_trans(l2);
+  plane_words_t(x0, x1, h2, l2);
   if (i0 + g < L) {
     const size_t o = static_cast<size_t>(i0 + g) * ld + n0 + 2 * t;
     *reinterpret_cast<uint32_t*>(hi + o) = h2;
@@ -1390,11 +1386,7 @@ __device__ __forceinline__ void store_planes_pair_t(bf16* hi, bf16* lo, size_t l
                                                     const float (&x)[4], int g, int t) {
   uint32_t h[2], l[2];
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    gdn_mma::split_bf16(x[2 * hh], x[2 * hh + 1], h[hh], l[hh]);
-    h[hh] = gdn_mma::movmatrix_trans(h[hh]);
-    l[hh] = gdn_mma::movmatrix_trans(l[hh]);
-  }
+  for (int hh = 0; hh < 2; ++hh) plane_words_t(x[2 * hh], x[2 * hh + 1], h[hh], l[hh]);
   const int odd = t & 1;
   const uint32_t rh = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 1);
   const uint32_t rl = __shfl_xor_sync(0xffffffffu, odd ? l[0] : l[1], 1);
@@ -3207,9 +3199,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   bool fwd_all = false, rev_all = false;
   auto wait_scan = [&](const int* flags, int s, int head, bool& all) {
     if (flags == nullptr || all) return;
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flags - 1) : "memory");
-    if (v >= counts[1] * Hv) {
+    if (ld_acquire(flags - 1) >= counts[1] * Hv) {
       all = true;
       return;
     }
