@@ -297,6 +297,16 @@ TEST(CudaGdn, FourBHeadsKeptState) {
 TEST(CudaGdn, FourBHeadsSegmentEdgesStrongGates) {
   run_case({16, 32, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 27});
 }
+// The 27B head layout (16 key heads, 48 value heads, dk = dv = 128): three value heads per key head,
+// so qk_grad sums each key head's three bf16 dq^ / dk^ rows in one batch; the kept state too.
+TEST(CudaGdn, TwentySevenBHeadsKeptState) {
+  Case c{16, 48, 128, 128, {1, 65, 300, 2, 129, 64, 3}, Gate::Normal, Beta::Normal, 35};
+  c.keep_state = true;
+  run_case(c);
+}
+TEST(CudaGdn, TwentySevenBHeadsSegmentEdges) {
+  run_case({16, 48, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129}, Gate::Strong, Beta::NearZero, 36});
+}
 // The 2B head layout (one value head per key head, dk = dv = 128): the wgmma bwd_chunk applies the
 // L2-norm backward itself and writes dq, dk (no qk_grad). 17 chunks x 16 heads = 272 items, so the
 // persistent bwd_chunk walks two or three per CTA.
