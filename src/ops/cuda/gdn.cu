@@ -2229,6 +2229,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
   const bool stores = kMode == kPlain || cta.kind != kRevF;  // a split F item stores only its result
+  constexpr bool kDhUnderBatch = kFused && kMode == kPlain;    // where dh[chunk] is stored (below)
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   float* rows = reinterpret_cast<float*>(tiles + 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0));  // [parity][kWgRows]
@@ -2286,8 +2287,11 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     float dT[kC / 2];
     if constexpr (!kFused)
       load_tile_t(dT, dD + static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D, w_ld, L, ncol, t);
-    // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V); fused: as 16-byte stores.
-    if (stores) store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V; fused: 16-byte stores). The
+    // plain fused instance stores it under the first batch (below); unfused, ptxas made the batch wait
+    // for the stores' registers there, and the ticket instance lost 2-4 % on split rows.
+    if (stores && !kDhUnderBatch)
+      store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
     // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
     // product anyway: 0.36 instead of 0.30 ms at 4B.)
@@ -2309,6 +2313,11 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       }
       wg::commit();
       wg::issued_by_wg0(wgi, 1);
+      // dh[chunk] under the batch: the warps' wait for the 16 stores to drain (their address and
+      // source registers), a quarter of the scan's stall samples at the chunk's top, overlaps the
+      // tensor work here (reverse scan 27B -3 %; the forward scans' h stores lost there).
+      if (stores && kDhUnderBatch)
+        store_state_t<true>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
       wg::wait<0>();
     }
     wg::fence_operands(acc);
