@@ -1672,6 +1672,8 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   // D's planes by store_planes_pair_t in the recompute's (and 2B kept forward's) instance: the kept
   // instance that forms the output lost 3-4 % with them, the ticket instance spilled.
   constexpr bool kPairStores = kStores && !kOut && kMode == kPlain;
+  // The same instances store h under D's product batch (below), the others at the chunk's top.
+  constexpr bool kHUnderBatch = kPairStores;
   // The plain instances form the output (bf16) from the hi parts of S, D and P (one product each,
   // as flash-linear-attention's bf16 h); the state recurrence, h and D keep the hi / lo products.
   // The ticket instance keeps hi / lo there too: with one product its registers spilled.
@@ -1746,9 +1748,8 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     }
     const char* cur = tiles + buf * kBuf;
 
-    // h[chunk] = the state entering the chunk (fragment-native K x V); the recompute's instance stores
-    // it under D's batch (below).
-    if (kStores && !kPairStores && h != nullptr)
+    // h[chunk] = the state entering the chunk (fragment-native K x V).
+    if (kStores && !kHUnderBatch && h != nullptr)
       store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
     if constexpr (kOut) wg_p_planes<!kOutHi>(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
@@ -1809,10 +1810,10 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       }
       wg::commit();
       wg::issued_by_wg0(wgi, 2);
-      // The recompute's h[chunk] under this batch: the warps' wait for the 16 stores to drain overlaps
-      // the tensor work (recompute scan 27B -3.5 %; under the first batch it lost 2 %, the kept
-      // output instance lost 6 % there and keeps its stores at the top).
-      if (kPairStores && h != nullptr)
+      // h[chunk] under this batch (the recompute's, the 2B kept forward's instance): the warps' wait for
+      // the 16 stores to drain overlaps the tensor work (recompute scan 27B -3.5 %; under the first
+      // batch it lost 2 %; the kept output instance lost 6-12 % under either and stores at the top).
+      if (kHUnderBatch && h != nullptr)
         store_state_t<true>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
       wg::wait<0>();
     }
