@@ -7,6 +7,8 @@
 //    the rounding of the output plus fp32 noise. floor_bf16 = error of bf16(truth) itself
 //    (~2^-9/sqrt(3) ~ 1e-3); allowed: 2 * floor_bf16 + 1e-3. (Rounding the forward's operands to
 //    bf16 instead of splitting them, as FLA does, gave o 6.4e-3 > 4.3e-3 on GateNearZeroBetaNearOne.)
+//    Operands that feed only these outputs may be bf16: the plain forward's output products, and
+//    the backward's Y, Pa, Pb (dq, dk ~2.9e-3 with them, 2.35e-3 with hi + lo; H200, 22nd round).
 //  * fp32 outputs (dg, dbeta): no output rounding; the kernel sums in another order (chunked WY
 //    form) than the reference. floor_f32 = error of the fp32 reference vs truth; allowed:
 //    10 * floor_f32 + 1e-3 (1e-3 is thousands of fp32 ulps, still far below what a wrong term in

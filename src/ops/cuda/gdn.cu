@@ -1,7 +1,9 @@
 // Gated DeltaNet (QWEN35_SPEC 3.5 / 4), chunked WY/UT form with C = 64 (KERNELS.md 1.3-1.5).
 // Products on bf16 tensor cores (mma m16n8k16, fp32 accumulation; gdn_mma.cuh): q, k, v, dO are
 // staged as their raw bf16 rows (exact operands, L2 scales applied per row), every fp32 operand is
-// split into bf16 hi + lo (~fp32 products, relative error <= ~3 2^-18). The state, gates, cumsums
+// split into bf16 hi + lo (~fp32 products, relative error <= ~3 2^-18), except those that feed only
+// a bf16 output, whose own rounding is 2^-9: the plain forward's output products and bwd_chunk's
+// Y, Pa, Pb (dq^, dk^ only; the dG / dbeta sums read the fp32 values). The state, gates, cumsums
 // and the triangular solve stay fp32; W, D, dD and the scans' smem states are kept as hi / lo planes
 // (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32 in the
 // mma fragment order (gdn_mma::frag_index), so their writers and readers move whole 512-byte runs.
@@ -2895,23 +2897,25 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 //   F^T  = dS D^T, E^T = S0 dO^T, dW^T = -S0 dD^T    (<S0, dS> on the way; q, k, v, T land meanwhile)
 //   E^T diag(e^G), F^T diag(e^{G_L-G}) with their dG / xi column sums; dW^T -> planes [d][m];
 //   dk^T += (dW^T T) diag(b e^G)
-//   P1   dP = dO D^T, q k^T                         -> Y = dP . Gam; planes Yk = Y diag(rk),
+//   P1   dP = dO D^T, q k^T                         -> Y = dP . Gam; bf16 planes Yk = Y diag(rk),
 //                                                      Yq = diag(rq) Y; dP . P row / column sums (dG)
 //   dq^T = E^T + k^T Yk (A = k M-major) -> dqn;  dk^T += q^T Yq
 //   dT   = diag . (dD v^T, dW k^T) (l < m)         -> planes [m][l]
 //   dv   = diag(b) T^T dD (columns 64 wgi..)        -> dqkv; v . (T^T dD) row dots (dbeta)
 //   X1^T = T dT^T                                   -> planes [j][m]
-//   Mx   = -(T^T X1) . Gam (j < i), k k^T           -> F row / column sums (dG, dbeta); planes
+//   Mx   = -(T^T X1) . Gam (j < i), k k^T           -> F row / column sums (dG, dbeta); bf16 planes
 //          Pa = diag(b) Mx diag(rk), Pb = diag(b rk) Mx
 //   dk^T += k^T Pa + (k^T Pb^T)                      -> dkn
 // and the next item's operands are issued as their regions free up (after dT, dv, Mx, and the final
 // dk^ product), so an item starts with all of them in flight. The q / k / v values the row dots
 // multiply are read at the accumulator positions by ldmatrix. fp32 x fp32 products are split hi / lo
-// (3 products; 2 where one side is an exact bf16 tile), as in the mma.sync kernel; every row /
+// (3 products; 2 where one side is an exact bf16 tile), as in the mma.sync kernel, but for Y, Pa and
+// Pb: they feed only dq^ and dk^, which leave as bf16, so they are one bf16 plane each (1 product;
+// dq, dk's rel RMS 2.35e-3 -> 2.9e-3 of 4.3e-3 in the CudaGdn cases, dg and dbeta unchanged); every row /
 // column sum reduces per thread, per warp (xor tree), then across warps in a fixed order, so the
 // result is deterministic.
 // Regions (16 KB tiles): W / S0's second half 0-1, dO 2, D 3-4, dD 5-6, v 7, T 8 (v, T: dS's second
-// half first), Y / S0's first half 9-10, q, k 11-12 (dS's first half first).
+// half first), Y (Yk, Yq: tile 9) / S0's first half 9-10, q, k 11-12 (dS's first half first).
 constexpr uint32_t kBcW = 0, kBcO = 2 * kDlTile, kBcD = 3 * kDlTile, kBcDD = 5 * kDlTile, kBcV = 7 * kDlTile,
                    kBcT = 8 * kDlTile, kBcY = 9 * kDlTile, kBcQ = 11 * kDlTile, kBcK = 12 * kDlTile,
                    kBcTiles = 13 * kDlTile;
@@ -2988,8 +2992,10 @@ __device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
       for (int e = 0; e < 2; ++e) f(acc[4 * nb + 2 * hh + e], 16 * w + g + 8 * hh, 8 * nb + 2 * t + e);
 }
 // hi / lo planes (row r at r * 128 bytes, 128-byte swizzle) of f(v, r, c) over the accumulator,
-// rows r0 + r, columns c0 + c (pairs of columns per 32-bit word).
-template <int kN, class F>
+// rows r0 + r, columns c0 + c (pairs of columns per 32-bit word). kLo = false: the bf16 plane hi
+// only (lo unused), for operands that feed only bf16 outputs (dq^, dk^), whose own rounding is the
+// same 2^-9.
+template <int kN, bool kLo = true, class F>
 __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
   const auto [w, g, t] = wg_lane();
 #pragma unroll
@@ -2997,10 +3003,15 @@ __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 16 * w + g + 8 * hh, c = 8 * nb + 2 * t;
-      uint32_t h2, l2;
-      gdn_mma::split_bf16(f(acc[4 * nb + 2 * hh], r, c), f(acc[4 * nb + 2 * hh + 1], r, c + 1), h2, l2);
-      *reinterpret_cast<uint32_t*>(hi + wg::sw128(r0 + r, c0 + c)) = h2;
-      *reinterpret_cast<uint32_t*>(lo + wg::sw128(r0 + r, c0 + c)) = l2;
+      const float x0 = f(acc[4 * nb + 2 * hh], r, c), x1 = f(acc[4 * nb + 2 * hh + 1], r, c + 1);
+      if constexpr (kLo) {
+        uint32_t h2, l2;
+        gdn_mma::split_bf16(x0, x1, h2, l2);
+        *reinterpret_cast<uint32_t*>(hi + wg::sw128(r0 + r, c0 + c)) = h2;
+        *reinterpret_cast<uint32_t*>(lo + wg::sw128(r0 + r, c0 + c)) = l2;
+      } else {
+        *reinterpret_cast<uint32_t*>(hi + wg::sw128(r0 + r, c0 + c)) = gdn_mma::pack_bf16(x0, x1);
+      }
     }
 }
 // Sums each of a thread's kV values over the 8 lanes sharing lane % 4 (lane bits 2-4) by halving
@@ -3482,9 +3493,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
       }
     }
     ct.store_sums(rsum, csum, fl + kBcRowA + wgi * kC, fl + kBcColA + (warp & 3) * kC);
-    acc_planes<32>(sY, sY + kDlPanel, dp, 0, j0, [&](float v, int, int j) { return v * ct.rkj[2 * (j >> 3) + (j & 1)]; });
-    acc_planes<32>(sY + 2 * kDlPanel, sY + 3 * kDlPanel, dp, 0, j0,
-                   [&](float v, int i, int) { return v * rqi[(i >> 3) & 1]; });
+    acc_planes<32, false>(sY, nullptr, dp, 0, j0,
+                          [&](float v, int, int j) { return v * ct.rkj[2 * (j >> 3) + (j & 1)]; });
+    acc_planes<32, false>(sY + kDlPanel, nullptr, dp, 0, j0,
+                          [&](float v, int i, int) { return v * rqi[(i >> 3) & 1]; });
   }
 
   wg::fence_proxy_async();
@@ -3493,9 +3505,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // dq^T = E^T diag(e^G) + k^T Yk; dk^T += q^T Yq.
   wg::fence();
   bc_ss<kC, 0, 1, kC / 16>(eT, sK + wgi * kDlPanel, sY, true);
-  bc_ss<kC, 0, 1, kC / 16>(eT, sK + wgi * kDlPanel, sY + kDlPanel, true);
-  bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + 2 * kDlPanel, true);
-  bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + 3 * kDlPanel, true);
+  bc_ss<kC, 1, 1, kC / 16>(fT, sQ + wgi * kDlPanel, sY + kDlPanel, true);
   wg::commit();
   // kL2: q^_i . dq^_i = rq_i q_i . (E^T e^G)_i + sum_{j <= i} (q^_i . k^_j) Y_ij, from the dG partials
   // (the P1 row sums leave the diagonal out), while the product runs; read after the next barrier.
@@ -3619,10 +3629,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
       }
     }
     ct.store_sums(rsum, csum, fl + kBcRowF + wgi * kC, fl + kBcColF + (warp & 3) * kC);
-    acc_planes<32>(sO, sO + kDlPanel, mx, 0, j0,
-                   [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * ct.rkj[2 * (j >> 3) + (j & 1)]; });
-    acc_planes<32>(sQ, sQ + kDlPanel, mx, 0, j0,
-                   [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
+    acc_planes<32, false>(sO, nullptr, mx, 0, j0,
+                          [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * ct.rkj[2 * (j >> 3) + (j & 1)]; });
+    acc_planes<32, false>(sQ, nullptr, mx, 0, j0,
+                          [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
   }
   wg::fence_proxy_async();
   __syncthreads();  // Mx's planes complete; D's (X1's), dD's, v's and T's regions are free
@@ -3633,9 +3643,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // dk^T += k^T Pa (B K-major: B[j][i] = Pa[i][j]) + k^T Pb (B N-major: B[l][i] = Pb[l][i]).
   wg::fence();
   bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO, true);
-  bc_ss<kC, 0, 1, kC / 16>(fT, sK + wgi * kDlPanel, sO + kDlPanel, true);
   bc_ss<kC, 1, 1, kC / 16>(fT, sK + wgi * kDlPanel, sQ, true);
-  bc_ss<kC, 1, 1, kC / 16>(fT, sK + wgi * kDlPanel, sQ + kDlPanel, true);
   wg::commit();
   wg::wait<0>();
   wg::fence_operands(fT);
