@@ -2919,14 +2919,16 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 constexpr uint32_t kBcW = 0, kBcO = 2 * kDlTile, kBcD = 3 * kDlTile, kBcDD = 5 * kDlTile, kBcV = 7 * kDlTile,
                    kBcT = 8 * kDlTile, kBcY = 9 * kDlTile, kBcQ = 11 * kDlTile, kBcK = 12 * kDlTile,
                    kBcTiles = 13 * kDlTile;
-// Row arrays and reduction partials (floats) after the tiles.
+// Row arrays and reduction partials (floats) after the tiles. The item's row data (kBcRowData arrays
+// of C, offsets relative to the block) is double-buffered: an item's are formed during the one before.
 constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 * kC, kBcRk = 5 * kC,
-              kBcRowA = 6 * kC /* [2][C] */, kBcColA = 8 * kC /* [4][C] */, kBcRedE = 12 * kC /* [8][C] */,
-              kBcRedXi = 20 * kC, kBcRedS2 = 28 * kC, kBcRowF = 36 * kC /* [2][C] */, kBcColF = 38 * kC /* [4][C] */,
-              kBcRowV = 42 * kC /* [2][C] */, kBcDg = 44 * kC, kBcDb = 45 * kC, kBcXi = 46 * kC, kBcG2 = 47 * kC /* G log2(e) */,
-              kBcDiag = 48 * kC, kBcQdot = 49 * kC, kBcKdot = 50 * kC /* L2-norm backward */,
-              kBcSdot = 51 * kC /* [8] */, kBcNext = 51 * kC + 8 /* int: the next item */,
-              kBcFloats = 51 * kC + 9;
+              kBcG2 = 6 * kC /* G log2(e) */, kBcRowData = 7 * kC /* one block; two at 0 and kBcRowData */,
+              kBcRowA = 14 * kC /* [2][C] */, kBcColA = 16 * kC /* [4][C] */, kBcRedE = 20 * kC /* [8][C] */,
+              kBcRedXi = 28 * kC, kBcRedS2 = 36 * kC, kBcRowF = 44 * kC /* [2][C] */, kBcColF = 46 * kC /* [4][C] */,
+              kBcRowV = 50 * kC /* [2][C] */, kBcDg = 52 * kC, kBcDb = 53 * kC, kBcXi = 54 * kC,
+              kBcDiag = 55 * kC, kBcQdot = 56 * kC, kBcKdot = 57 * kC /* L2-norm backward */,
+              kBcSdot = 58 * kC /* [8] */, kBcNext = 58 * kC + 8 /* int: the next item */,
+              kBcFloats = 58 * kC + 9;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 
 // A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
@@ -3202,7 +3204,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   char *sQ = sm + kBcQ, *sK = sm + kBcK, *sO = sm + kBcO, *sD = sm + kBcD, *sDD = sm + kBcDD, *sV = sm + kBcV,
        *sT = sm + kBcT, *sY = sm + kBcY, *sW = sm + kBcW;
   float* fl = reinterpret_cast<float*>(sm + kBcTiles);
-  float *gs = fl + kBcGs, *bs = fl + kBcBs, *eg = fl + kBcEg, *ekl = fl + kBcEkl, *rq = fl + kBcRq, *rk = fl + kBcRk;
+  int par = 0;  // the item's row-data block
   const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
   // cp.async of the fp32 state rows 64 half .. + 63 of item's (chunk chn.w, head) (32 KB,
   // fragment-native; the states are stored chunk-major).
@@ -3263,8 +3265,9 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     cp_async_commit();
   };
   // An item's chunk (first row, length) and gate rows, read ahead like its tiles: at an item's start
-  // they would be the only global reads left in its chain. Lanes of warp 0 hold the gates and beta
-  // of rows 2 lane, 2 lane + 1 (load_gates' layout), threads < kC the L2 scales of row tid.
+  // they would be the only global reads left in its chain. Lanes of warp 2 hold the gates and beta
+  // of rows 2 lane, 2 lane + 1 (load_gates' layout), threads kC + i the L2 scales of row i: warps 2, 3
+  // form the item's row data (row_data) while warps 0, 1 finish the item before it.
   struct ItemGates {
     int4 ch;
     float g0, g1, b0, b1;
@@ -3272,12 +3275,12 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   };
   auto item_gates = [&](int item, int4 chn) {
     ItemGates x;
-    const int hd = item % Hv, t = tid_x();
+    const int hd = item % Hv, t = tid_x() - kC;
     x.ch = chn;
     x.g0 = x.g1 = x.b0 = x.b1 = 0.f;
     x.r = make_float2(0.f, 0.f);
     const size_t row0 = static_cast<size_t>(x.ch.x);
-    if (t < 32) {
+    if (t >= 0 && t < 32) {
       if (2 * t < x.ch.y) {
         x.g0 = g[(row0 + 2 * t) * Hv + hd];
         x.b0 = beta[(row0 + 2 * t) * Hv + hd];
@@ -3287,8 +3290,33 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
         x.b1 = beta[(row0 + 2 * t + 1) * Hv + hd];
       }
     }
-    if (t < x.ch.y) x.r = reinterpret_cast<const float2*>(rs)[(row0 + t) * Hk + hd / (Hv / Hk)];
+    if (t >= 0 && t < x.ch.y) x.r = reinterpret_cast<const float2*>(rs)[(row0 + t) * Hk + hd / (Hv / Hk)];
     return x;
+  };
+  // The row data of ig's item into block rb: G = the chunk-local cumsum of g (load_gates' scan), beta,
+  // e^G, e^{G_L - G}, G log2(e), the L2 scales. Warps 2, 3 only (named barrier 1 between the scan and
+  // its readers); the caller's next block barrier makes it visible.
+  auto row_data = [&](const ItemGates& x, float* rb) {
+    const int t = tid_x() - kC;
+    if (t < 0 || t >= kC) return;
+    if (t < 32) {
+      float incl = x.g0 + x.g1;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (t >= o) incl += v;
+      }
+      rb[kBcGs + 2 * t] = incl - x.g1;
+      rb[kBcGs + 2 * t + 1] = incl;
+      rb[kBcBs + 2 * t] = x.b0;
+      rb[kBcBs + 2 * t + 1] = x.b1;
+    }
+    rb[kBcRq + t] = x.r.x;
+    rb[kBcRk + t] = x.r.y;
+    asm volatile("bar.sync 1, 64;\n" ::: "memory");
+    const float gt = rb[kBcGs + t], gl = rb[kBcGs + kC - 1];
+    rb[kBcEg + t] = expf(gt);
+    rb[kBcEkl + t] = expf(gl - gt);
+    rb[kBcG2 + t] = gt * kLog2e;
   };
   // Persistent: item k is (chunk rtable[k / Hv].w, head k % Hv): chunk-major, shortest sample first.
   // A CTA walks blockIdx.x, + gridDim.x, ..; or, beside the reverse scan (work != nullptr), takes
@@ -3309,6 +3337,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     async_early_d(item, chn);
     ig = item_gates(item, chn);
     async_late(item, chn);
+    row_data(ig, fl);
   }
   while (item < total) {
   const int tid = tid_x(), lane = tid & 31;
@@ -3325,32 +3354,15 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
 
   // Every tile of the state products was issued during the previous item (the last two, dS's first
   // half and dO, in separate groups: F^T waits for all but dO). q, k, v and T follow into dS's
-  // regions once its fragments are read, and land while the state products run.
-  if (tid < 32) {  // G = the chunk-local cumsum of g (load_gates' scan, from the prefetched rows)
-    float incl = ig.g0 + ig.g1;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (tid >= o) incl += v;
-    }
-    gs[2 * tid] = incl - ig.g1;
-    gs[2 * tid + 1] = incl;
-    bs[2 * tid] = ig.b0;
-    bs[2 * tid + 1] = ig.b1;
-  }
-  if (tid < kC) {
-    rq[tid] = ig.r.x;
-    rk[tid] = ig.r.y;
-  }
-  __syncthreads();
-  const float egl = expf(gs[kC - 1]);
-  if (tid < kC) {
-    eg[tid] = expf(gs[tid]);
-    ekl[tid] = expf(gs[kC - 1] - gs[tid]);
-    fl[kBcG2 + tid] = gs[tid] * kLog2e;
-  }
+  // regions once its fragments are read, and land while the state products run. The row data was
+  // formed during the previous item (or before the first), in block par.
+  float* rb = fl + par * kBcRowData;
+  const float *gs = rb + kBcGs, *bs = rb + kBcBs, *eg = rb + kBcEg, *ekl = rb + kBcEkl, *rq = rb + kBcRq,
+              *rk = rb + kBcRk, *g2 = rb + kBcG2;
   cp_async_wait<1>();
   wg::fence_proxy_async();
   __syncthreads();  // all but dO landed
+  const float egl = expf(gs[kC - 1]);
 
   // The state products, rows d of this warpgroup: F^T = dS D^T, then E^T = S0 dO^T, dW^T = S0 dD^T;
   // the A fragments from the staged rows (this thread's: r0 + g, + 8), <S0, dS_end> on the way.
@@ -3475,7 +3487,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
     // thread's 2 rows and 8 columns are read once.
     const int j0 = 32 * wgi;
-    const CcThread ct(fl + kBcG2, rk, j0, warp & 3, lane);
+    const CcThread ct(g2, rk, j0, warp & 3, lane);
     const float rqi[2] = {rq[ct.i(0)], rq[ct.i(1)]};
     float rsum[2] = {0.f, 0.f}, csum[8];
 #pragma unroll
@@ -3612,7 +3624,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     wg::fence_operands(mx);
     wg::fence_operands(kq);
     const int j0 = 32 * wgi;
-    const CcThread ct(fl + kBcG2, rk, j0, warp & 3, lane);
+    const CcThread ct(g2, rk, j0, warp & 3, lane);
     const float bi[2] = {bs[ct.i(0)], bs[ct.i(1)]}, rki[2] = {rk[ct.i(0)], rk[ct.i(1)]};
     float rsum[2] = {0.f, 0.f}, csum[8];
 #pragma unroll
@@ -3655,6 +3667,8 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   __syncthreads();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
   if (next < total) async_late(next, nch);
 
+  // The next item's row data by warps 2, 3 while warps 0, 1 combine.
+  if (next < total) row_data(ig, fl + (par ^ 1) * kBcRowData);
   // Combine (fixed order), the G_L terms into row C-1, reverse cumsum -> dg.
   float* dGa = fl + kBcDg;
   float* dbv = fl + kBcDb;
@@ -3697,6 +3711,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     dbeta[static_cast<size_t>(bos + tid) * Hv + head] = dbv[tid];
   }
   item = next;
+  par ^= 1;
   }  // items
 }
 
