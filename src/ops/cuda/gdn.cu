@@ -3100,7 +3100,9 @@ __device__ __forceinline__ float pair_at(const uint32_t (&x)[kC / 4], int q) {
 // Writes a transposed C x K result (rows d = d0 + r, columns i) as bf16 to out rows i < len (row
 // stride ld): at nb's 8 columns, cx = per_cols(nb) once, then value(cx, q, e) for accumulator position
 // q (acc_each's order), column 8 nb + 2 t + e. Lanes g, g ^ 1 exchange one value per pair of columns,
-// so each store is 2 consecutive d of one row (4 bytes). The base pointer is hidden as in store_t.
+// so each store is 2 consecutive d of one row (4 bytes). The base pointer is hidden from the optimizer
+// (as desc_opaque does for descriptors), so that the addresses are formed here instead of hoisted to
+// the kernel's start and spilled.
 template <class PerCols, class Value>
 __device__ __forceinline__ void store_pairs_t(bf16* out, size_t ld, int d0, int len, PerCols per_cols, Value value) {
   const auto [w, g, t] = wg_lane();
@@ -3390,7 +3392,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     if (lane == 0) fl[kBcSdot + warp] = sdot;
     __syncthreads();  // dS read by both warpgroups: q, k, v, T into its regions
     {
-      const bf16* xr = xrow;  // formed here, not hoisted (see store_t)
+      const bf16* xr = xrow;  // formed here, not hoisted (see store_pairs_t)
       asm volatile("" : "+l"(xr));
       async_panels<256>(sQ, xr + static_cast<size_t>(kh) * D, x_ld, len, tid_x());
       async_panels<256>(sK, xr + static_cast<size_t>(Hk + kh) * D, x_ld, len, tid_x());
