@@ -3823,8 +3823,9 @@ struct Workspace {
   // fp32 from the mma.sync bwd_chunk, bf16 (the first half) from the wgmma one
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
   int* prep_done;  // [chunk][Hk]: prep finished (chunk, key head) (the forward's output scan beside it)
-  int* done;  // [2][N, Hv]: the forward, the reverse scan has stored (sample, head) (gdn_backward's
-              // kernels beside one another), then bwd_chunk's item counter
+  int* done;  // [count][flags: the forward scan has stored (segment, head)], the same for the reverse
+              // scan, then bwd_chunk's item counter (gdn_backward's kernels beside one another):
+              // done_flags, work_counter, done_ints
   bf16 *Wh, *Wl;    // W = T diag(b e^G) K^ as its bf16 hi / lo planes [T, Hv, K] (mma.sync scans only)
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
@@ -3834,6 +3835,16 @@ struct Workspace {
 
 bool wgmma_scans(int K, int V);
 int env_knob(const char* name, std::initializer_list<int> allowed);
+
+// w.done's parts: the flags of scan 0 (forward) and 1 (reverse), each array after its count
+// (signal_done_counted), then bwd_chunk's item counter. done_ints: the ints up to the end of the
+// forward's flags (with_backward = false) or of the counter.
+size_t done_block(const Workspace& w, int Hv) { return static_cast<size_t>(w.max_segs) * Hv + 1; }  // count + flags
+int* done_flags(const Workspace& w, int Hv, int scan) { return w.done + 1 + scan * done_block(w, Hv); }
+int* work_counter(const Workspace& w, int Hv) { return w.done + 2 * done_block(w, Hv); }
+size_t done_ints(const Workspace& w, int Hv, bool with_backward) {
+  return with_backward ? 2 * done_block(w, Hv) + 1 : done_block(w, Hv);
+}
 
 // State slots of the intra-sample split (gdn_chunk_table_kernel): about two scan CTAs per SM's worth
 // of segments (each slot is a D x D state per value head, three times); QT_GDN_NO_SPLIT=1: none.
@@ -3905,7 +3916,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dh = reinterpret_cast<float*>(take(states));
   ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
   ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
-  ws.done = reinterpret_cast<int*>(take((2 * P * Hv + 3) * sizeof(int)));
+  ws.done = reinterpret_cast<int*>(take(done_ints(ws, a.num_v_heads, true) * sizeof(int)));
   ws.prep_done = reinterpret_cast<int*>(take(static_cast<size_t>(nc) * Hk * sizeof(int)));
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.E = reinterpret_cast<float*>(take(slot_bytes));
@@ -4155,19 +4166,17 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   static const bool after_scan = env_knob("QT_GDN_OUTPUT_AFTER_SCAN", {1}) != 0;
   const bool in_scan = output_in_scan(a, state != nullptr);
   const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
-  // w.done[0]: the forward scan's count of its flags (signal_done_counted), w.done + 1 the flags
-  if (beside)
-    CUDA_CHECK(cudaMemsetAsync(w.done, 0, (static_cast<size_t>(w.max_segs) * Hv + 1) * sizeof(int), stream));
+  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, done_ints(w, Hv, false) * sizeof(int), stream));
   // A kept state is computed at the backward's precision, so reusing it changes nothing. Long
   // samples may split either way: a kept state keeps the plan and the maps' M for the backward.
   forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
-                 beside ? w.done + 1 : nullptr, true);
+                 beside ? done_flags(w, Hv, 0) : nullptr, true);
   if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
   launch_smem_beside(beside, gdn_output_kernel, "gdn_output_kernel", dim3(w.nc_max * Hv), kThreads, bytes, stream,
                      static_cast<bf16*>(o), w.rtable, w.nchunks, w.rs, x, w.Gc, w.Dh, w.Dl, w.h, Hk, Hv, K, V,
-                     2 * Hk * K + Hv * V, beside ? w.done + 1 : nullptr);
+                     2 * Hk * K + Hv * V, beside ? done_flags(w, Hv, 0) : nullptr);
   stage_end("gdn_output_kernel", stream);
 }
 
@@ -4195,12 +4204,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // launches each after the one before, for A/B.
   static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
   const bool beside = wg_scan && wg_bc && !after_scan, rev_beside = beside && state == nullptr && !separate;
-  const size_t nflags = static_cast<size_t>(w.max_segs) * Hv;
-  // w.done: [count][the forward scan's flags][count][the reverse scan's][bwd_chunk's item counter]
-  int* done_fwd = rev_beside ? w.done + 1 : nullptr;
-  int* done_rev = beside ? w.done + 2 + nflags : nullptr;
-  int* work = beside ? w.done + 2 + 2 * nflags : nullptr;
-  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, (2 * nflags + 3) * sizeof(int), stream));
+  int* done_fwd = rev_beside ? done_flags(w, Hv, 0) : nullptr;
+  int* done_rev = beside ? done_flags(w, Hv, 1) : nullptr;
+  int* work = beside ? work_counter(w, Hv) : nullptr;
+  if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, done_ints(w, Hv, true) * sizeof(int), stream));
   // The forward (recomputed here or kept) may have split long samples; the reverse scan then splits
   // them as well (its ticket instance; with the separate dlocal kernel, A/B only, neither splits).
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
