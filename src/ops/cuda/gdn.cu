@@ -1418,6 +1418,46 @@ __device__ __forceinline__ char* align1024(unsigned char* smem) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   return reinterpret_cast<char*>(smem) + ((1024u - (a & 1023u)) & 1023u);
 }
+// A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
+// tid_x read).
+struct WgLane {
+  int w, g, t;
+};
+__device__ __forceinline__ WgLane wg_lane() {
+  const int x = tid_x();
+  return {(x >> 5) & 3, (x & 31) >> 2, x & 3};
+}
+// hi / lo planes (row r at r * 128 bytes, 128-byte swizzle) of f(v, r, c) over the accumulator,
+// rows r0 + r, columns c0 + c (r0, c0 multiples of 8; pairs of columns per 32-bit word). kLo = false:
+// the bf16 plane hi only (lo unused), for operands that feed only bf16 outputs (dq^, dk^), whose own
+// rounding is the same 2^-9. By stmatrix: the accumulator's pairs are the 8 x 8 matrices' fragments,
+// so one instruction stores a warp's 4 matrices (rows 16 w .. + 15, two column blocks of 8) per plane
+// where 4-byte stores took four.
+template <int kN, bool kLo = true, class F>
+__device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
+  const auto [w, g, t] = wg_lane();
+  // This lane addresses row rr of matrix m = (column block 2 nb2 + m / 2, row half m % 2).
+  const int lane = tid_x() & 31, m = lane >> 3, rr = lane & 7;
+  const int row = r0 + 16 * w + 8 * (m & 1) + rr, cb = (c0 >> 3) + (m >> 1);
+  const uint32_t hrow = wg::smem_addr(hi) + row * 128u, lrow = kLo ? wg::smem_addr(lo) + row * 128u : 0u;
+#pragma unroll
+  for (int nb2 = 0; nb2 < kN / 16; ++nb2) {
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int nb = 2 * nb2 + (q >> 1), hh = q & 1;
+      const int r = 16 * w + g + 8 * hh, c = 8 * nb + 2 * t;
+      const float x0 = f(acc[4 * nb + 2 * hh], r, c), x1 = f(acc[4 * nb + 2 * hh + 1], r, c + 1);
+      if constexpr (kLo)
+        gdn_mma::split_bf16(x0, x1, h[q], l[q]);
+      else
+        h[q] = gdn_mma::pack_bf16(x0, x1);
+    }
+    const uint32_t chunk = ((((cb + 2 * nb2) ^ row) & 7) << 4);
+    gdn_mma::stmatrix_x4(hrow + chunk, h[0], h[1], h[2], h[3]);
+    if constexpr (kLo) gdn_mma::stmatrix_x4(lrow + chunk, l[0], l[1], l[2], l[3]);
+  }
+}
 // P = (q k^T) gated (p_entry's values, its gates by ex2) for a chunk whose raw q and k rows sit in
 // the 128-byte-swizzled panel tiles qt, kt, shared by both warpgroups: warpgroup wgi forms columns
 // j = 32 wgi .. 32 wgi + 31 (exact bf16 products: 8 m64n32k16 with B = k's rows from 32 wgi) and
@@ -1453,25 +1493,11 @@ __device__ __forceinline__ void wg_p_planes(char* planes, const char* qt, const 
     rkj[2 * nb] = rj.x;
     rkj[2 * nb + 1] = rj.y;
   }
-#pragma unroll
-  for (int nb = 0; nb < kHalf / 8; ++nb)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int i = i0 + 8 * hh, j = j0 + 8 * nb;
-      float x[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        x[e] = j + e <= i ? rqi[hh] * rkj[2 * nb + e] * pacc[4 * nb + 2 * hh + e] * ex2_ftz(g2i[hh] - g2j[2 * nb + e])
-                          : 0.f;
-      if constexpr (kLo) {
-        uint32_t h2, l2;
-        gdn_mma::split_bf16(x[0], x[1], h2, l2);
-        *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = h2;
-        *reinterpret_cast<uint32_t*>(planes + kDlPanel + wg::sw128(i, j)) = l2;
-      } else {
-        *reinterpret_cast<uint32_t*>(planes + wg::sw128(i, j)) = gdn_mma::pack_bf16(x[0], x[1]);
-      }
-    }
+  // the planes by stmatrix (acc_planes): element (i, 32 wgi + c) with c = 8 nb + 2 t + e
+  acc_planes<kHalf, kLo>(planes, planes + kDlPanel, pacc, 0, kHalf * wgi, [&](float v, int i, int c) {
+    const int hh = (i >> 3) & 1, q = 2 * (c >> 3) + (c & 1);
+    return kHalf * wgi + c <= i ? rqi[hh] * rkj[q] * v * ex2_ftz(g2i[hh] - g2j[q]) : 0.f;
+  });
   wg::fence_proxy_async();
   __syncthreads();
 }
@@ -2931,15 +2957,6 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcFloats = 58 * kC + 9;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 
-// A thread of a warpgroup's accumulator: warp w of the warpgroup, lane / 4 = g, lane % 4 = t (from one
-// tid_x read).
-struct WgLane {
-  int w, g, t;
-};
-__device__ __forceinline__ WgLane wg_lane() {
-  const int x = tid_x();
-  return {(x >> 5) & 3, (x & 31) >> 2, x & 3};
-}
 // The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, kDlPanel bytes
 // apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
 template <int kMN>
@@ -2992,29 +3009,6 @@ __device__ __forceinline__ void acc_each(float (&acc)[kN / 2], F&& f) {
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
       for (int e = 0; e < 2; ++e) f(acc[4 * nb + 2 * hh + e], 16 * w + g + 8 * hh, 8 * nb + 2 * t + e);
-}
-// hi / lo planes (row r at r * 128 bytes, 128-byte swizzle) of f(v, r, c) over the accumulator,
-// rows r0 + r, columns c0 + c (pairs of columns per 32-bit word). kLo = false: the bf16 plane hi
-// only (lo unused), for operands that feed only bf16 outputs (dq^, dk^), whose own rounding is the
-// same 2^-9.
-template <int kN, bool kLo = true, class F>
-__device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
-  const auto [w, g, t] = wg_lane();
-#pragma unroll
-  for (int nb = 0; nb < kN / 8; ++nb)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * w + g + 8 * hh, c = 8 * nb + 2 * t;
-      const float x0 = f(acc[4 * nb + 2 * hh], r, c), x1 = f(acc[4 * nb + 2 * hh + 1], r, c + 1);
-      if constexpr (kLo) {
-        uint32_t h2, l2;
-        gdn_mma::split_bf16(x0, x1, h2, l2);
-        *reinterpret_cast<uint32_t*>(hi + wg::sw128(r0 + r, c0 + c)) = h2;
-        *reinterpret_cast<uint32_t*>(lo + wg::sw128(r0 + r, c0 + c)) = l2;
-      } else {
-        *reinterpret_cast<uint32_t*>(hi + wg::sw128(r0 + r, c0 + c)) = gdn_mma::pack_bf16(x0, x1);
-      }
-    }
 }
 // Sums each of a thread's kV values over the 8 lanes sharing lane % 4 (lane bits 2-4) by halving
 // exchanges: each xor step sends half of the values still held and adds the other half received, so

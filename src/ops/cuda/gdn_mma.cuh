@@ -142,6 +142,14 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat1
                  : "r"(a));
   }
 }
+// Stores four 8 x 8 bf16 matrices: register m of each lane holds the pair (row lane / 4, columns
+// 2 (lane % 4), + 1) of matrix m (the accumulator fragment's layout), and lane l gives the shared
+// address of row l % 8 of matrix l / 8. One instruction for what takes four 4-byte stores.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 // The A fragment of rows m.., k columns k..k+15 from a bf16 tile (layout as Ld<kTrans>): the 8 x 8
 // matrix q = lane / 8 is register q, its row r = lane % 8 is addressed by that lane.
 template <bool kTrans>
