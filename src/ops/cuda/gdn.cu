@@ -3814,7 +3814,7 @@ struct Workspace {
   SplitStates split;
   int max_segs;    // num_seqs + split.slots
   // dD: U (mma.sync scans) in the forward, dD_local in the backward; dqn, dkn: dq^, dk^ per value head,
-  // fp32 from the mma.sync bwd_chunk, bf16 (the first half) from the wgmma one
+  // fp32 from the mma.sync bwd_chunk, bf16 from the wgmma one (layout sizes them by path)
   float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
   int* prep_done;  // [chunk][Hk]: prep finished (chunk, key head) (the forward's output scan beside it)
   int* done;  // [count][flags: the forward scan has stored (segment, head)], the same for the reverse
@@ -3829,6 +3829,20 @@ struct Workspace {
 
 bool wgmma_scans(int K, int V);
 int env_knob(const char* name, std::initializer_list<int> allowed);
+// The backward's A/B knobs (each read once), which the workspace layout needs as well: buffers only
+// some kernels use are sized for the kernels a shape runs.
+bool dlocal_separate() {  // QT_GDN_DLOCAL_SEPARATE=1: dD_local by its own kernel, not in the reverse scan
+  static const bool on = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0;
+  return on;
+}
+bool wgmma_bwd_chunk(int K, int V) {  // QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one at dk = dv = 128
+  static const bool mma_sync = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
+  return K == kDlD && V == kDlD && !mma_sync;
+}
+bool qk_grad_separate() {  // QT_GDN_QK_GRAD_SEPARATE=1: qk_grad also at one value head per key head
+  static const bool on = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
+  return on;
+}
 
 // w.done's parts: the flags of scan 0 (forward) and 1 (reverse), each array after its count
 // (signal_done_counted), then bwd_chunk's item counter. done_ints: the ints up to the end of the
@@ -3904,12 +3918,20 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   const size_t state_bytes = off;
   off = 0;
   base = scratch;
-  ws.dD = reinterpret_cast<float*>(take(T * Hv * V * sizeof(float)));
+  // dD (fp32): U of the mma.sync forward scans, dD_local of a separate dlocal kernel; the wgmma
+  // scans form both where they use them.
+  const bool wg = wgmma_scans(a.k_head_dim, a.v_head_dim);
+  ws.dD = reinterpret_cast<float*>(take(!wg || dlocal_separate() ? T * Hv * V * sizeof(float) : 0));
   ws.dDh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dDl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dh = reinterpret_cast<float*>(take(states));
-  ws.dqn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
-  ws.dkn = reinterpret_cast<float*>(take(T * Hv * K * sizeof(float)));
+  // dq^, dk^ per value head for qk_grad: fp32 from the mma.sync bwd_chunk, bf16 from the wgmma one,
+  // none where that applies the L2-norm backward itself (one value head per key head).
+  const size_t dqk_bytes = !wgmma_bwd_chunk(a.k_head_dim, a.v_head_dim) ? T * Hv * K * sizeof(float)
+                           : Hv == Hk && !qk_grad_separate()        ? 0
+                                                                    : T * Hv * K * sizeof(bf16);
+  ws.dqn = reinterpret_cast<float*>(take(dqk_bytes));
+  ws.dkn = reinterpret_cast<float*>(take(dqk_bytes));
   ws.done = reinterpret_cast<int*>(take(done_ints(ws, a.num_v_heads, true) * sizeof(int)));
   ws.prep_done = reinterpret_cast<int*>(take(static_cast<size_t>(nc) * Hk * sizeof(int)));
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
@@ -4184,11 +4206,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const bf16* dO = static_cast<const bf16*>(d_o);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
-  static const bool separate = env_knob("QT_GDN_DLOCAL_SEPARATE", {1}) != 0,  // read once, as column_block's
-                    mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;
+  static const bool mma_sync_dlocal = env_knob("QT_GDN_DLOCAL_MMA_SYNC", {1}) != 0;  // read once, as column_block's
+  const bool separate = dlocal_separate();
   // bwd_chunk on wgmma at dk = dv = 128 (QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the mma.sync one, for A/B).
-  static const bool mma_sync_bc = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
-  const bool wg_scan = wgmma_scans(K, V), wg_bc = K == kDlD && V == kDlD && !mma_sync_bc;
+  const bool wg_scan = wgmma_scans(K, V), wg_bc = wgmma_bwd_chunk(K, V);
   // The wgmma kernels run beside one another (programmatic dependent launch), each waiting only for
   // what it reads: the reverse scan needs none of the recomputed forward scan's results (only prep's),
   // so it starts on the SMs the forward's finished CTAs leave; bwd_chunk starts beside the reverse
@@ -4268,8 +4289,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
 
   // One value head per key head (2B): the wgmma bwd_chunk applies the L2-norm backward itself
   // (QT_GDN_QK_GRAD_SEPARATE=1 keeps qk_grad, for A/B).
-  static const bool qk_grad_separate = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
-  const bool l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate;
+  const bool l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate();
   // The wgmma bwd_chunk leaves dq^, dk^ per value head as bf16 (in the fp32 buffers' first halves).
   bf16* dqh = reinterpret_cast<bf16*>(w.dqn);
   bf16* dkh = reinterpret_cast<bf16*>(w.dkn);
