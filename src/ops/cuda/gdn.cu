@@ -4290,7 +4290,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // One value head per key head (2B): the wgmma bwd_chunk applies the L2-norm backward itself
   // (QT_GDN_QK_GRAD_SEPARATE=1 keeps qk_grad, for A/B).
   const bool l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate();
-  // The wgmma bwd_chunk leaves dq^, dk^ per value head as bf16 (in the fp32 buffers' first halves).
+  // The wgmma bwd_chunk leaves dq^, dk^ per value head as bf16 (dqn, dkn: layout sizes them so).
   bf16* dqh = reinterpret_cast<bf16*>(w.dqn);
   bf16* dkh = reinterpret_cast<bf16*>(w.dkn);
   stage_begin(stream);
