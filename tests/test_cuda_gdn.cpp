@@ -300,7 +300,7 @@ TEST(CudaGdn, FourBHeadsSegmentEdgesStrongGates) {
   run_case({16, 32, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 27});
 }
 // The 27B head layout (16 key heads, 48 value heads, dk = dv = 128): three value heads per key head,
-// so qk_grad sums each key head's three bf16 dq^ / dk^ rows in one batch; the kept state too.
+// so qk_grad sums each key head's three bf16 dq^ / dk^ rows (two heads, then one); the kept state too.
 TEST(CudaGdn, TwentySevenBHeadsKeptState) {
   Case c{16, 48, 128, 128, {1, 65, 300, 2, 129, 64, 3}, Gate::Normal, Beta::Normal, 35};
   c.keep_state = true;

@@ -101,21 +101,25 @@ struct Carve {
   }
 };
 
+// A warp's lane holding g of rows 2 lane, 2 lane + 1 (0 past the chunk): gs[i] = the inclusive cumsum
+// of g over the chunk.
+__device__ __forceinline__ void gate_cumsum(float* gs, int lane, float g0, float g1) {
+  float incl = g0 + g1;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  gs[2 * lane] = incl - g1;
+  gs[2 * lane + 1] = incl;
+}
 // gs[i] = inclusive cumsum of g over the chunk (g = 0 past len), bs[i] = beta (0 past len).
 // Warp 0 scans, two rows per lane. Caller syncs.
 __device__ void load_gates(float* gs, float* bs, const float* g, const float* beta, int bos, int len, int Hv,
                            int head) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, i0 = 2 * lane, i1 = i0 + 1;
-    const float g0 = i0 < len ? g[static_cast<size_t>(bos + i0) * Hv + head] : 0.f;
-    const float g1 = i1 < len ? g[static_cast<size_t>(bos + i1) * Hv + head] : 0.f;
-    float incl = g0 + g1;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    gs[i0] = incl - g1;
-    gs[i1] = incl;
+    gate_cumsum(gs, lane, i0 < len ? g[static_cast<size_t>(bos + i0) * Hv + head] : 0.f,
+                i1 < len ? g[static_cast<size_t>(bos + i1) * Hv + head] : 0.f);
     bs[i0] = i0 < len ? beta[static_cast<size_t>(bos + i0) * Hv + head] : 0.f;
     bs[i1] = i1 < len ? beta[static_cast<size_t>(bos + i1) * Hv + head] : 0.f;
   }
@@ -1776,9 +1780,9 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     }
     const char* cur = tiles + buf * kBuf;
 
-    // h[chunk] = the state entering the chunk (fragment-native K x V).
-    if (kStores && !kHUnderBatch && h != nullptr)
-      store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    // h[chunk] = the state entering the chunk (fragment-native K x V), here or under D's batch.
+    auto store_h = [&] { store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t); };
+    if (kStores && !kHUnderBatch && h != nullptr) store_h();
     if constexpr (kOut) wg_p_planes<!kOutHi>(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
     // D = U - W S = T Y with Y = diag(b) V - diag(kbs) k S (W = T diag(kbs) k and U = T diag(b) V are
@@ -1841,8 +1845,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       // h[chunk] under this batch (the recompute's, the 2B kept forward's instance): the warps' wait for
       // the 16 stores to drain overlaps the tensor work (recompute scan 27B -3.5 %; under the first
       // batch it lost 2 %; the kept output instance lost 6-12 % under either and stores at the top).
-      if (kHUnderBatch && h != nullptr)
-        store_state_t<true>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+      if (kHUnderBatch && h != nullptr) store_h();
       wg::wait<0>();
     }
     wg::fence_operands(dT);
@@ -2325,8 +2328,8 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V; fused: 16-byte stores). The
     // plain fused instance stores it under the first batch (below); unfused, ptxas made the batch wait
     // for the stores' registers there, and the ticket instance lost 2-4 % on split rows.
-    if (stores && !kDhUnderBatch)
-      store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    auto store_dh = [&] { store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t); };
+    if (stores && !kDhUnderBatch) store_dh();
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
     // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
     // product anyway: 0.36 instead of 0.30 ms at 4B.)
@@ -2351,8 +2354,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       // dh[chunk] under the batch: the warps' wait for the 16 stores to drain (their address and
       // source registers), a quarter of the scan's stall samples at the chunk's top, overlaps the
       // tensor work here (reverse scan 27B -3 %; the forward scans' h stores lost there).
-      if (stores && kDhUnderBatch)
-        store_state_t<true>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+      if (stores && kDhUnderBatch) store_dh();
       wg::wait<0>();
     }
     wg::fence_operands(acc);
@@ -3296,19 +3298,13 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     const int t = tid_x() - kC;
     if (t < 0 || t >= kC) return;
     if (t < 32) {
-      float incl = x.g0 + x.g1;
-      for (int o = 1; o < 32; o <<= 1) {
-        const float v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (t >= o) incl += v;
-      }
-      rb[kBcGs + 2 * t] = incl - x.g1;
-      rb[kBcGs + 2 * t + 1] = incl;
+      gate_cumsum(rb + kBcGs, t, x.g0, x.g1);
       rb[kBcBs + 2 * t] = x.b0;
       rb[kBcBs + 2 * t + 1] = x.b1;
     }
     rb[kBcRq + t] = x.r.x;
     rb[kBcRk + t] = x.r.y;
-    asm volatile("bar.sync 1, 64;\n" ::: "memory");
+    wg::named_sync(1, 64);
     const float gt = rb[kBcGs + t], gl = rb[kBcGs + kC - 1];
     rb[kBcEg + t] = expf(gt);
     rb[kBcEkl + t] = expf(gl - gt);
