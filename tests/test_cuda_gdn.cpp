@@ -300,7 +300,7 @@ TEST(CudaGdn, FourBHeadsSegmentEdgesStrongGates) {
   run_case({16, 32, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 27});
 }
 // The 27B head layout (16 key heads, 48 value heads, dk = dv = 128): three value heads per key head,
-// so qk_grad sums each key head's three bf16 dq^ / dk^ rows (two heads, then one); the kept state too.
+// so qk_grad sums each key head's three bf16 dq^ / dk^ rows (one batch of up to four); the kept state too.
 TEST(CudaGdn, TwentySevenBHeadsKeptState) {
   Case c{16, 48, 128, 128, {1, 65, 300, 2, 129, 64, 3}, Gate::Normal, Beta::Normal, 35};
   c.keep_state = true;
@@ -308,6 +308,10 @@ TEST(CudaGdn, TwentySevenBHeadsKeptState) {
 }
 TEST(CudaGdn, TwentySevenBHeadsSegmentEdges) {
   run_case({16, 48, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129}, Gate::Strong, Beta::NearZero, 36});
+}
+// Six value heads per key head at dk = dv = 128: qk_grad sums them in two batches (four, then two).
+TEST(CudaGdn, SixValueHeadsPerKeyHead) {
+  run_case({2, 12, 128, 128, {65, 200, 1, 129, 64}, Gate::Normal, Beta::Normal, 37});
 }
 // The 2B head layout (one value head per key head, dk = dv = 128): the wgmma bwd_chunk applies the
 // L2-norm backward itself and writes dq, dk (no qk_grad). 17 chunks x 16 heads = 272 items, so the

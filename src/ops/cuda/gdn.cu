@@ -3714,15 +3714,11 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
 // are summed in head order. Two instances, both 64 registers and 4 CTAs per SM: 2 rows x 2 heads
 // (several value heads per key head) and 4 rows x 1 head (one: 2B). One row per warp reached ~2 TB/s
 // (2B 0.102 ms; now 0.069); 4 rows x 2 heads at 87 registers (2 CTAs per SM) were slower than one.
-// dq^, dk^ come as fp32 (the mma.sync bwd_chunk) or bf16 (the wgmma one): 4 consecutive at p.
+// This kernel takes the mma.sync bwd_chunk's fp32 dq^, dk^ (any K <= 128); the wgmma bwd_chunk's
+// bf16 ones go to gdn_qk_grad16_kernel.
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load4(const bf16* p) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                     __uint_as_float(u.y & 0xffff0000u));
-}
-template <int kQkRows, int kQkHeads, int kMinBlocks, typename In>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16* dqkv, const In* dqn, const In* dkn,
+template <int kQkRows, int kQkHeads, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16* dqkv, const float* dqn, const float* dkn,
                                                                            const bf16* qkv, int T, int Hk, int Hv,
                                                                            int K, int conv_dim) {
   const int warp = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
@@ -3752,7 +3748,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16*
     for (int r = 0; r < kQkRows; ++r) {
       int which, t, kh;
       const bool live = row_of(r, which, t, kh);
-      const In* p = (which == 0 ? dqn : dkn) + (static_cast<size_t>(t) * Hv + kh * ratio + j0) * K + d;
+      const float* p = (which == 0 ? dqn : dkn) + (static_cast<size_t>(t) * Hv + kh * ratio + j0) * K + d;
 #pragma unroll
       for (int u = 0; u < kQkHeads; ++u)
         if (live && j0 + u < ratio) acc[r][u] = load4(p + static_cast<size_t>(u) * K);
@@ -3795,6 +3791,73 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16*
           make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
     }
   }
+}
+
+// The same at K = 128 from the wgmma bwd_chunk's bf16 partials, with 16-byte accesses: a half-warp
+// per row (lane l % 16 owns elements 8 (l % 16) .. + 7), the row's x and a batch of kQkHeads value
+// heads issued before any is used, the heads summed in head order. Twice the bytes per load
+// instruction of the 4-byte kernel's bf16 form, which moved ~2.9 TB/s at 27B (qk_grad 0.117 ms;
+// 0.086 with this one, 39 registers; two row pairs per warp at 64 registers were even, and the
+// batch loop where one batch holds every head cost 9 registers and 1 % at 4B).
+template <int kQkHeads, bool kOneBatch>
+__global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad16_kernel(bf16* dqkv, const bf16* dqn, const bf16* dkn,
+                                                                   const bf16* qkv, int T, int Hk, int Hv,
+                                                                   int conv_dim) {
+  constexpr int K = kDlD;
+  const int lane = threadIdx.x & 31, d = 8 * (lane & 15), ratio = Hv / Hk;
+  const int row = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 4);
+  const bool live = row < T * Hk * 2;  // warp-uniform but for the last warp: the shuffles stay full-warp
+  const int which = row & 1, t = (row >> 1) / Hk, kh = (row >> 1) - t * Hk;
+  auto unpack8 = [](const uint4& u, float (&a)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      a[2 * e] = __uint_as_float(w[e] << 16);
+      a[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+  };
+  const size_t xo = static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K + d;
+  const uint4 xr = live ? *reinterpret_cast<const uint4*>(qkv + xo) : make_uint4(0u, 0u, 0u, 0u);
+  const bf16* p = (which == 0 ? dqn : dkn) + (static_cast<size_t>(t) * Hv + kh * ratio) * K + d;
+  float dy[8] = {};
+  const int batches_end = kOneBatch ? 1 : ratio;  // kOneBatch: ratio <= kQkHeads
+  for (int j0 = 0; j0 < batches_end; j0 += kQkHeads) {
+    uint4 acc[kQkHeads];
+#pragma unroll
+    for (int u = 0; u < kQkHeads; ++u)
+      acc[u] = live && j0 + u < ratio ? *reinterpret_cast<const uint4*>(p + static_cast<size_t>(j0 + u) * K)
+                                      : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int u = 0; u < kQkHeads; ++u) {
+      float a[8];
+      unpack8(acc[u], a);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dy[e] += a[e];
+    }
+  }
+  float x[8], ss = 0.f, xdy = 0.f;
+  unpack8(xr, x);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    ss += x[e] * x[e];
+    xdy += x[e] * dy[e];
+  }
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) {  // over the half-warp's 16 lanes
+    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    xdy += __shfl_xor_sync(0xffffffffu, xdy, o);
+  }
+  if (!live) return;
+  const float rs = 1.f / sqrtf(ss + kL2Eps), sc = which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f;
+  const float r3 = rs * rs * rs * xdy;
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const __nv_bfloat162 v =
+        __floats2bfloat162_rn(sc * (rs * dy[2 * e] - r3 * x[2 * e]), sc * (rs * dy[2 * e + 1] - r3 * x[2 * e + 1]));
+    w[e] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  *reinterpret_cast<uint4*>(dqkv + xo) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // ---- workspace -----------------------------------------------------------------------------------
@@ -4307,19 +4370,19 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   stage_end("gdn_bwd_chunk_kernel", stream);
 
   if (l2_in_bwd_chunk) return;
-  // One value head per key head (2B): no head batches, so four rows per warp fit in 64 registers.
   stage_begin(stream);
-  auto qk_grad = [&](auto kernel, int rows_per_warp, const auto* dq, const auto* dk) {
-    const int warps = (T * Hk * 2 + rows_per_warp - 1) / rows_per_warp;
-    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), dq, dk, x, T, Hk, Hv, K, conv_dim);
-  };
-  if (!wg_bc)
-    qk_grad(Hv == Hk ? gdn_qk_grad_kernel<4, 1, 4, float> : gdn_qk_grad_kernel<2, 2, 4, float>, Hv == Hk ? 4 : 2,
-            w.dqn, w.dkn);
-  else if (Hv == Hk)  // QT_GDN_QK_GRAD_SEPARATE=1
-    qk_grad(gdn_qk_grad_kernel<4, 1, 4, bf16>, 4, dqh, dkh);
-  else
-    qk_grad(gdn_qk_grad_kernel<2, 2, 4, bf16>, 2, dqh, dkh);
+  if (!wg_bc) {
+    // the mma.sync bwd_chunk's fp32 partials; one value head per key head (2B): no head batches, so
+    // four rows per warp fit in 64 registers
+    const int rows_per_warp = Hv == Hk ? 4 : 2, warps = (T * Hk * 2 + rows_per_warp - 1) / rows_per_warp;
+    auto kernel = Hv == Hk ? gdn_qk_grad_kernel<4, 1, 4> : gdn_qk_grad_kernel<2, 2, 4>;
+    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), w.dqn, w.dkn, x, T, Hk, Hv, K, conv_dim);
+  } else {  // the wgmma bwd_chunk's bf16 partials (at Hv == Hk only with QT_GDN_QK_GRAD_SEPARATE=1)
+    const int64_t threads = static_cast<int64_t>(T) * Hk * 2 * 16;  // a half-warp per row
+    auto kernel = Hv / Hk <= 4 ? gdn_qk_grad16_kernel<4, true> : gdn_qk_grad16_kernel<4, false>;
+    kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        static_cast<bf16*>(dqkv), dqh, dkh, x, T, Hk, Hv, conv_dim);
+  }
   QT_LAUNCH_CHECK("gdn_qk_grad_kernel");
   stage_end("gdn_qk_grad_kernel", stream);
 }
