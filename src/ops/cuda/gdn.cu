@@ -3797,7 +3797,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_qk_grad_kernel(bf16*
 // per row (lane l % 16 owns elements 8 (l % 16) .. + 7), the row's x and a batch of kQkHeads value
 // heads issued before any is used, the heads summed in head order. Twice the bytes per load
 // instruction of the 4-byte kernel's bf16 form, which moved ~2.9 TB/s at 27B (qk_grad 0.117 ms;
-// 0.086 with this one, 39 registers; two row pairs per warp at 64 registers were even, and the
+// 0.086 with this one, 38 registers; two row pairs per warp at 64 registers were even, and the
 // batch loop where one batch holds every head cost 9 registers and 1 % at 4B).
 template <int kQkHeads, bool kOneBatch>
 __global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad16_kernel(bf16* dqkv, const bf16* dqn, const bf16* dkn,
