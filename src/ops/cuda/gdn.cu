@@ -3808,14 +3808,6 @@ __global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad16_kernel(bf16* dqkv, 
   const int row = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 4);
   const bool live = row < T * Hk * 2;  // warp-uniform but for the last warp: the shuffles stay full-warp
   const int which = row & 1, t = (row >> 1) / Hk, kh = (row >> 1) - t * Hk;
-  auto unpack8 = [](const uint4& u, float (&a)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      a[2 * e] = __uint_as_float(w[e] << 16);
-      a[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-    }
-  };
   const size_t xo = static_cast<size_t>(t) * conv_dim + which * Hk * K + kh * K + d;
   const uint4 xr = live ? *reinterpret_cast<const uint4*>(qkv + xo) : make_uint4(0u, 0u, 0u, 0u);
   const bf16* p = (which == 0 ? dqn : dkn) + (static_cast<size_t>(t) * Hv + kh * ratio) * K + d;
@@ -3830,13 +3822,13 @@ __global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad16_kernel(bf16* dqkv, 
 #pragma unroll
     for (int u = 0; u < kQkHeads; ++u) {
       float a[8];
-      unpack8(acc[u], a);
+      dev::unpack8(a, acc[u]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) dy[e] += a[e];
     }
   }
   float x[8], ss = 0.f, xdy = 0.f;
-  unpack8(xr, x);
+  dev::unpack8(x, xr);
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     ss += x[e] * x[e];
@@ -3850,14 +3842,10 @@ __global__ void __launch_bounds__(kThreads, 4) gdn_qk_grad16_kernel(bf16* dqkv, 
   if (!live) return;
   const float rs = 1.f / sqrtf(ss + kL2Eps), sc = which == 0 ? 1.f / sqrtf(static_cast<float>(K)) : 1.f;
   const float r3 = rs * rs * rs * xdy;
-  uint32_t w[4];
+  float dx[8];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const __nv_bfloat162 v =
-        __floats2bfloat162_rn(sc * (rs * dy[2 * e] - r3 * x[2 * e]), sc * (rs * dy[2 * e + 1] - r3 * x[2 * e + 1]));
-    w[e] = *reinterpret_cast<const uint32_t*>(&v);
-  }
-  *reinterpret_cast<uint4*>(dqkv + xo) = make_uint4(w[0], w[1], w[2], w[3]);
+  for (int e = 0; e < 8; ++e) dx[e] = sc * (rs * dy[e] - r3 * x[e]);
+  *reinterpret_cast<uint4*>(dqkv + xo) = dev::pack8(dx);
 }
 
 // ---- workspace -----------------------------------------------------------------------------------
