@@ -2914,8 +2914,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 }
 
 // ---- backward per-chunk gradients on wgmma (dk = dv = 128) ---------------------------------------
-// Persistent: one CTA of two warpgroups per SM (221 KB of smem, 254 registers) walks the (chunk,
-// value head) items. Every product operand is a 128-byte-swizzled smem tile (cp.async panels, or
+// Persistent: one CTA per SM (221 KB of smem) walks the (chunk, value head) items; two forms. The
+// default (kWs) runs rows d in two warpgroups and the C x C chain (P1, dT, X1, Mx) and the item's
+// combine in a third, beside them (kBarQkvt ..: the chain's P1 under the rows' epilogues, its dT,
+// X1, Mx under their dq^ and dv). The two-warpgroup form (254 registers; QT_GDN_BC_TWO_WARPGROUPS=1)
+// runs every phase in both warpgroups in turn, as described here. Every product operand is a 128-byte-swizzled smem tile (cp.async panels, or
 // planes this kernel writes) or a register A fragment. The C x K results (dq^, dk^) are formed
 // transposed, rows d, columns i: warpgroup wgi owns d = 64 wgi .. + 63 of both, so the state
 // products take the state rows as register A fragments from the fragment-native h / dh (staged in
@@ -2955,9 +2958,31 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcRedXi = 28 * kC, kBcRedS2 = 36 * kC, kBcRowF = 44 * kC /* [2][C] */, kBcColF = 46 * kC /* [4][C] */,
               kBcRowV = 50 * kC /* [2][C] */, kBcDg = 52 * kC, kBcDb = 53 * kC, kBcXi = 54 * kC,
               kBcDiag = 55 * kC, kBcQdot = 56 * kC, kBcKdot = 57 * kC /* L2-norm backward */,
-              kBcSdot = 58 * kC /* [8] */, kBcNext = 58 * kC + 8 /* int: the next item */,
-              kBcFloats = 58 * kC + 9;
+              kBcSdot = 58 * kC /* [2][8]: by the row-data block */, kBcNext = 58 * kC + 16 /* int: the next item */,
+              kBcCur = 58 * kC + 17 /* int: the item (-1: none), for the C x C warpgroup */,
+              kBcFloats = 58 * kC + 18;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
+// Warp-specialized form (kWs): warpgroups 0, 1 run rows d as before, warpgroup 2 runs the C x C chain
+// (P1, dT, X1, Mx: both 32-column halves in turn) beside them. They meet at named barriers, each
+// used once per item by one side arriving and the other syncing (a side arrives again only after
+// it has synced on something the other side does later, so arrivals never pile up):
+//   kBarQkvt  all 384 sync: q, k, v, T landed, S0 / dS read; the item in fl[kBcCur]
+//   kBarDw    rows -> chain: dW planes written (and E^T's product, reading dO, done)
+//   kBarY     chain -> rows: the Y planes and P1's sums
+//   kBarDt    chain -> rows: dT's products done (W's, dD's and v's regions no longer read)
+//   kBarQ     rows -> chain: q no longer read (Pb goes into q's region)
+//   kBarP     chain -> rows: the Pa, Pb planes (the chain then combines the item's sums: dg, dbeta)
+//   kBarV     rows -> chain: dv's row dots (v . (T^T dD), for dbeta) written
+//   kBarK     chain -> rows (kL2): the combine's k^ . dk^
+// kBarRows joins the 256 rows threads (their __syncthreads), kBarChain the chain's 128.
+constexpr int kBcWsThreads = 384, kBarRows = 2, kBarQkvt = 3, kBarDw = 4, kBarY = 5, kBarDt = 6, kBarQ = 7,
+              kBarP = 8, kBarChain = 9, kBarK = 10, kBarV = 11;
+// setmaxnreg split of the 384 x 168 registers the launch allocates (setmaxnreg.inc waits for
+// registers the others released, so a split past that allocation never returns). 104 / 200 spill a
+// few scalars on each side (20-40 bytes: loop-invariant values reloaded a few times per item); the
+// splits either way spill 100+ bytes.
+constexpr int kBcChainRegs = 104, kBcRowsRegs = 200;
+static_assert(128 * kBcChainRegs + 256 * kBcRowsRegs <= kBcWsThreads * 168, "the launch's registers");
 
 // The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, kDlPanel bytes
 // apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
@@ -3190,8 +3215,8 @@ struct CcThread {
 // (no qk_grad, no dqn / dkn); otherwise dq^, dk^ per value head go to dqn, dkn as bf16 (qk_grad sums
 // them in fp32: the rounding flash-linear-attention's repeated q, k get in transformers, where the
 // repeat's backward sums bf16 per-head gradients; fp32 partials made qk_grad read twice the bytes).
-template <bool kL2>
-__global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
+template <bool kL2, bool kWs>
+__global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgmma_kernel(
     bf16* dqn, bf16* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
@@ -3310,6 +3335,232 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     rb[kBcEkl + t] = expf(gl - gt);
     rb[kBcG2 + t] = gt * kLog2e;
   };
+  // The C x C chain's four phases. A phase's products form columns c0 .. c0 + N - 1 of its C x C
+  // results (N from the accumulators' size: 32, one half per warpgroup, or 64 in the kWs chain's
+  // warpgroup, which reads each A operand once); its epilogue takes the 32 columns 32 half .. of the
+  // item with row data rb (an m64n64 accumulator's registers 16 half .. are its m64n32 half). The
+  // caller makes the planes visible (fence_proxy_async, barrier) before the next phase reads them.
+  // The register halves of an m64n64 accumulator (for the m64n32 epilogues).
+  auto half_of = [](const float(&acc)[kC / 2], int half, float(&out)[16]) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) out[r] = acc[16 * half + r];
+  };
+  // P1: dP = dO D^T (D split: 2 products), q k^T (exact).
+  auto cc_p1_products = [&](auto& dp, auto& qk, int c0) {
+    constexpr int N = 2 * static_cast<int>(sizeof(dp) / sizeof(float));
+    wg::fence();
+    bc_ss<N, 0, 0, D / 16>(dp, sO, sD + c0 * 128, false);
+    bc_ss<N, 0, 0, D / 16>(dp, sO, sD + kDlTile + c0 * 128, true);
+    bc_ss<N, 0, 0, D / 16>(qk, sQ, sK + c0 * 128, false);
+    wg::commit();
+  };
+  auto cc_p1_epilogue = [&](const float* rb, int half, float(&dp)[16], const float(&qk)[16]) {
+    const int lane = tid_x() & 31, wq = (tid_x() >> 5) & 3;
+    const float *rq = rb + kBcRq, *rk = rb + kBcRk, *g2 = rb + kBcG2;
+    // Y_ij = dP_ij e^{G_i - G_j} (j <= i); the dP . P sums leave the diagonal out (it cancels in
+    // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
+    // thread's 2 rows and 8 columns are read once.
+    const int j0 = 32 * half;
+    const CcThread ct(g2, rk, j0, wq, lane);
+    const float rqi[2] = {rq[ct.i(0)], rq[ct.i(1)]};
+    float rsum[2] = {0.f, 0.f}, csum[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      csum[c] = 0.f;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int q = 4 * (c >> 1) + 2 * hh + (c & 1), i = ct.i(hh), j = ct.j(c);
+        const float y = j <= i ? dp[q] * ct.gam(hh, c) : 0.f;
+        const float pp = j < i ? y * qk[q] * rqi[hh] * ct.rkj[c] : 0.f;
+        if (kL2 && j == i) fl[kBcDiag + i] = y * qk[q] * rqi[hh] * ct.rkj[c];  // (q^_i . k^_i) Y_ii
+        dp[q] = y;
+        rsum[hh] += pp;
+        csum[c] += pp;
+      }
+    }
+    ct.store_sums(rsum, csum, fl + kBcRowA + half * kC, fl + kBcColA + wq * kC);
+    acc_planes<32, false>(sY, nullptr, dp, 0, j0,
+                          [&](float v, int, int j) { return v * ct.rkj[2 * (j >> 3) + (j & 1)]; });
+    acc_planes<32, false>(sY + kDlPanel, nullptr, dp, 0, j0,
+                          [&](float v, int i, int) { return v * rqi[(i >> 3) & 1]; });
+  };
+  // dT_ml = b_l (dD_m . v_l + e^{G_l} rk_l dW_m . k_l) for l < m, l < len: a1 = dD v^T, a2 = dW k^T
+  // (a1 needs no dW: the kWs chain issues it before dW's planes are written).
+  auto cc_dt_a1 = [&](auto& a1, int c0) {
+    constexpr int N = 2 * static_cast<int>(sizeof(a1) / sizeof(float));
+    wg::fence();
+    bc_ss<N, 0, 0, D / 16>(a1, sDD, sV + c0 * 128, false);
+    bc_ss<N, 0, 0, D / 16>(a1, sDD + kDlTile, sV + c0 * 128, true);
+    wg::commit();
+  };
+  auto cc_dt_a2 = [&](auto& a2, int c0) {
+    constexpr int N = 2 * static_cast<int>(sizeof(a2) / sizeof(float));
+    wg::fence();
+    bc_ss<N, 0, 1, D / 16>(a2, sW, sK + c0 * 128, false);
+    bc_ss<N, 0, 1, D / 16>(a2, sW + kDlTile, sK + c0 * 128, true);
+    wg::commit();
+  };
+  // dT into a1, then its planes [m][l] (into dO's region).
+  auto cc_dt_epilogue = [&](const float* rb, int len, auto& a1, const auto& a2, int l0) {
+    constexpr int N = 2 * static_cast<int>(sizeof(a1) / sizeof(float));
+    const float *bs = rb + kBcBs, *eg = rb + kBcEg, *rk = rb + kBcRk;
+    const int lane = tid_x() & 31, m0 = 16 * ((tid_x() >> 5) & 3) + (lane >> 2), t = lane & 3;
+#pragma unroll
+    for (int nb = 0; nb < N / 8; ++nb)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = 4 * nb + 2 * hh + e, m = m0 + 8 * hh, l = l0 + 8 * nb + 2 * t + e;
+          a1[q] = (l < m && l < len) ? bs[l] * (a1[q] + eg[l] * rk[l] * a2[q]) : 0.f;
+        }
+    acc_planes<N>(sO, sO + kDlPanel, a1, 0, l0, [](float v, int, int) { return v; });
+  };
+  // X1^T = T dT^T: planes [j][m] (into D's region).
+  auto cc_x1 = [&](auto& x1, int c0) {
+    constexpr int N = 2 * static_cast<int>(sizeof(x1) / sizeof(float));
+    wg::fence();
+    bc_ss<N, 0, 0, kC / 16>(x1, sT, sO + c0 * 128, false);
+    bc_ss<N, 0, 0, kC / 16>(x1, sT + kDlPanel, sO + c0 * 128, true);
+    bc_ss<N, 0, 0, kC / 16>(x1, sT, sO + kDlPanel + c0 * 128, true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(x1);
+    acc_planes<N>(sD, sD + kDlPanel, x1, 0, c0, [](float v, int, int) { return v; });
+  };
+  // Mx = -(T^T X1) . Gam (j < i), k k^T; F = Mx . (k^ k^T): row sums (dbeta, dG) and the column sums
+  // of diag(b) F (dG); planes Pa = Mx_ij b_i rk_j, Pb = Mx_ij b_i rk_i.
+  auto cc_mx_products = [&](auto& mx, auto& kq, int c0) {
+    constexpr int N = 2 * static_cast<int>(sizeof(mx) / sizeof(float));
+    wg::fence();
+    bc_ss<N, 0, 1, kC / 16>(mx, sT, sD + c0 * 128, false);
+    bc_ss<N, 0, 1, kC / 16>(mx, sT + kDlPanel, sD + c0 * 128, true);
+    bc_ss<N, 0, 1, kC / 16>(mx, sT, sD + kDlPanel + c0 * 128, true);
+    bc_ss<N, 0, 0, D / 16>(kq, sK, sK + c0 * 128, false);
+    wg::commit();
+  };
+  auto cc_mx_epilogue = [&](const float* rb, int half, float(&mx)[16], const float(&kq)[16]) {
+    const int lane = tid_x() & 31, wq = (tid_x() >> 5) & 3;
+    const float *bs = rb + kBcBs, *rk = rb + kBcRk, *g2 = rb + kBcG2;
+    const int j0 = 32 * half;
+    const CcThread ct(g2, rk, j0, wq, lane);
+    const float bi[2] = {bs[ct.i(0)], bs[ct.i(1)]}, rki[2] = {rk[ct.i(0)], rk[ct.i(1)]};
+    float rsum[2] = {0.f, 0.f}, csum[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      csum[c] = 0.f;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int q = 4 * (c >> 1) + 2 * hh + (c & 1);
+        const float m = ct.j(c) < ct.i(hh) ? -mx[q] * ct.gam(hh, c) : 0.f;
+        const float f = m * kq[q] * rki[hh] * ct.rkj[c];
+        mx[q] = m;
+        rsum[hh] += f;
+        csum[c] += bi[hh] * f;
+      }
+    }
+    ct.store_sums(rsum, csum, fl + kBcRowF + half * kC, fl + kBcColF + wq * kC);
+    acc_planes<32, false>(sO, nullptr, mx, 0, j0,
+                          [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * ct.rkj[2 * (j >> 3) + (j & 1)]; });
+    acc_planes<32, false>(sQ, nullptr, mx, 0, j0,
+                          [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
+  };
+  // One warpgroup's half of each phase (the two-warpgroup form).
+  auto cc_p1 = [&](const float* rb, int half) {
+    float dp[16], qk[16];
+    cc_p1_products(dp, qk, 32 * half);
+    wg::wait<0>();
+    wg::fence_operands(dp);
+    wg::fence_operands(qk);
+    cc_p1_epilogue(rb, half, dp, qk);
+  };
+  auto cc_dt = [&](const float* rb, int half, int len) {
+    float a1[16], a2[16];
+    cc_dt_a1(a1, 32 * half);
+    cc_dt_a2(a2, 32 * half);
+    wg::wait<0>();
+    wg::fence_operands(a1);
+    wg::fence_operands(a2);
+    cc_dt_epilogue(rb, len, a1, a2, 32 * half);
+  };
+  auto cc_mx = [&](const float* rb, int half) {
+    float mx[16], kq[16];
+    cc_mx_products(mx, kq, 32 * half);
+    wg::wait<0>();
+    wg::fence_operands(mx);
+    wg::fence_operands(kq);
+    cc_mx_epilogue(rb, half, mx, kq);
+  };
+  // dv = diag(b) T^T dD (columns n = 64 half ..), and v . (T^T dD) per row (dbeta): early, so that dD's
+  // and v's regions are free for the next item before this one's last phase.
+  auto bc_dv = [&](const float* rb, int half, int bos, int head, int len) {
+    const float* bs = rb + kBcBs;
+    float r[kC / 2];
+    wg::fence();
+    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + half * kDlPanel, false);
+    bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + half * kDlPanel, true);
+    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + half * kDlPanel, true);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(r);
+    {
+      uint32_t vx[kC / 4];
+      panel_frag<false>(vx, sV, 64 * half);
+      acc_row_sums<kC>(fl + kBcRowV + half * kC, r, [&](float v, int q) { return pair_at(vx, q) * v; });
+    }
+    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + 64 * half;
+    const int lane = tid_x() & 31, w = (tid_x() >> 5) & 3, gg = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nb = 0; nb < kC / 8; ++nb)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = 16 * w + gg + 8 * hh;
+        if (i < len)
+          store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + 8 * nb + 2 * t, bs[i] * r[4 * nb + 2 * hh],
+                       bs[i] * r[4 * nb + 2 * hh + 1]);
+      }
+  };
+  // Combine (fixed order) the item's row / column partials into dG and dbeta (thread lt < C: row
+  // lt); then dg_reverse_cumsum adds the G_L terms into row C - 1 and sums dG in reverse.
+  auto bc_combine = [&](const float* rb, int lt) {
+    const float *bs = rb + kBcBs, *eg = rb + kBcEg, *rq = rb + kBcRq, *rk = rb + kBcRk;
+    float* dGa = fl + kBcDg;
+    float* dbv = fl + kBcDb;
+    if (lt < kC) {
+      const int i = lt;
+      float s = 0.f, qa = 0.f, xi = 0.f, s2 = 0.f, rf = 0.f, cf = 0.f, sv = 0.f, ca = 0.f;
+      for (int p = 0; p < 2; ++p) {
+        s += fl[kBcRowA + p * kC + i];
+        rf += fl[kBcRowF + p * kC + i];
+        sv += fl[kBcRowV + p * kC + i];
+      }
+      for (int p = 0; p < 4; ++p) {
+        ca += fl[kBcColA + p * kC + i];
+        cf += fl[kBcColF + p * kC + i];
+      }
+      s -= ca;
+      for (int p = 0; p < 8; ++p) {
+        qa += fl[kBcRedE + p * kC + i];
+        xi += fl[kBcRedXi + p * kC + i];
+        s2 += fl[kBcRedS2 + p * kC + i];
+      }
+      xi *= rk[i];
+      s2 *= rk[i];
+      const float b = bs[i], e = eg[i];
+      dGa[i] = s + rq[i] * qa - xi + b * rf - cf + b * e * s2;
+      dbv[i] = rf + e * s2 + sv;
+      fl[kBcXi + i] = xi;
+      // kL2: k^_i . dk^_i, term by term as dk^T's products: F^T, (T^T dW) b e^G, q^T Yq (the P1 column
+      // sums and the diagonal), k^T Pa (b F's row sums), k^T Pb (diag(b) F's column sums)
+      if constexpr (kL2) fl[kBcKdot + i] = xi + b * e * s2 + ca + fl[kBcDiag + i] + b * rf + cf;
+    }
+  };
+  auto bc_store_dg = [&](int lt, int bos, int head, int len) {
+    if (lt < len) {
+      dg[static_cast<size_t>(bos + lt) * Hv + head] = fl[kBcDg + lt];
+      dbeta[static_cast<size_t>(bos + lt) * Hv + head] = fl[kBcDb + lt];
+    }
+  };
   // Persistent: item k is (chunk rtable[k / Hv].w, head k % Hv): chunk-major, shortest sample first.
   // A CTA walks blockIdx.x, + gridDim.x, ..; or, beside the reverse scan (work != nullptr), takes
   // its items from the counter `work` one item ahead, so CTAs that start early take more of them.
@@ -3321,6 +3572,72 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     item = __float_as_int(fl[kBcNext]);
     __syncthreads();  // read by all before the first item's claim overwrites it
   }
+  if constexpr (kWs) {
+    // warpgroup 2: the C x C chain of each item the rows warpgroups name in fl[kBcCur]
+    if (__shfl_sync(0xffffffffu, tid_x() >> 7, 0) == 2) {
+      wg::regs_dec<kBcChainRegs>();
+      for (int pc = 0;; pc ^= 1) {
+        wg::named_sync(kBarQkvt, kBcWsThreads);
+        const int it = __float_as_int(fl[kBcCur]);
+        if (it < 0) return;
+        const float* rbc = fl + pc * kBcRowData;
+        const int4 ch = rtable[it / Hv];
+        cc_p1(rbc, 0);
+        cc_p1(rbc, 1);
+        wg::fence_proxy_async();
+        wg::named_arrive(kBarY, kBcWsThreads);
+        float a1[kC / 2], a2[kC / 2];
+        cc_dt_a1(a1, 0);  // beside the rows' epilogues
+        wg::named_sync(kBarDw, kBcWsThreads);
+        cc_dt_a2(a2, 0);
+        wg::wait<0>();
+        wg::fence_operands(a1);
+        wg::fence_operands(a2);
+        wg::named_arrive(kBarDt, kBcWsThreads);
+        cc_dt_epilogue(rbc, ch.y, a1, a2, 0);
+        wg::fence_proxy_async();
+        wg::named_sync(kBarChain, 128);  // dT's planes complete
+        {
+          float x1[kC / 2];
+          cc_x1(x1, 0);
+        }
+        wg::fence_proxy_async();
+        wg::named_sync(kBarChain, 128);  // X1's planes complete
+        float mx[kC / 2], kq[kC / 2];
+        cc_mx_products(mx, kq, 0);
+        wg::wait<0>();
+        wg::fence_operands(mx);
+        wg::fence_operands(kq);
+        wg::named_sync(kBarQ, kBcWsThreads);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float m16[16], k16[16];
+          half_of(mx, half, m16);
+          half_of(kq, half, k16);
+          cc_mx_epilogue(rbc, half, m16, k16);
+        }
+        wg::fence_proxy_async();
+        wg::named_arrive(kBarP, kBcWsThreads);
+        // the rows' dv row dots; and, as every chain thread meets it too, Mx's sums complete
+        wg::named_sync(kBarV, kBcWsThreads);
+        const int lt = tid_x() - 256;
+        bc_combine(rbc, lt);
+        wg::named_sync(kBarChain, 128);
+        if constexpr (kL2) wg::named_arrive(kBarK, kBcWsThreads);
+        if (lt < 32) dg_reverse_cumsum(fl + kBcDg, fl + kBcXi, fl + kBcSdot + 8 * pc, expf(rbc[kBcGs + kC - 1]));
+        wg::named_sync(kBarChain, 128);
+        bc_store_dg(lt, ch.x, it % Hv, ch.y);
+      }
+    }
+    wg::regs_inc<kBcRowsRegs>();
+  }
+  // The rows warpgroups' block barrier (kWs: without the chain's warpgroup).
+  auto sync_rows = [] {
+    if constexpr (kWs)
+      wg::named_sync(kBarRows, 256);
+    else
+      __syncthreads();
+  };
   ItemGates ig{};
   if (item < total) {
     const int4 chn = rtable[item / Hv];
@@ -3338,6 +3655,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), wgi = warp >> 2;
   const int d0 = 64 * wgi;  // this warpgroup's rows d of the transposed results
   if (work != nullptr && tid == 0) fl[kBcNext] = __int_as_float(atomicAdd(work, 1));  // read after dT
+  if (kWs && tid == 0) fl[kBcCur] = __int_as_float(item);
   const int4 ch = ig.ch;
   const int c = ch.w, head = item % Hv;
   const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
@@ -3350,10 +3668,10 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   // formed during the previous item (or before the first), in block par.
   float* rb = fl + par * kBcRowData;
   const float *gs = rb + kBcGs, *bs = rb + kBcBs, *eg = rb + kBcEg, *ekl = rb + kBcEkl, *rq = rb + kBcRq,
-              *rk = rb + kBcRk, *g2 = rb + kBcG2;
+              *rk = rb + kBcRk;
   cp_async_wait<1>();
   wg::fence_proxy_async();
-  __syncthreads();  // all but dO landed
+  sync_rows();  // all but dO landed
   const float egl = expf(gs[kC - 1]);
 
   // The state products, rows d of this warpgroup: F^T = dS D^T, then E^T = S0 dO^T, dW^T = S0 dD^T;
@@ -3379,8 +3697,8 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     // Reduced and stored here, before the barrier: left to the compiler, the sum sinks to its use
     // at the end and keeps its 128 inputs alive (spilled) through the whole kernel.
     sdot = warp_sum(sdot);
-    if (lane == 0) fl[kBcSdot + warp] = sdot;
-    __syncthreads();  // dS read by both warpgroups: q, k, v, T into its regions
+    if (lane == 0) fl[kBcSdot + 8 * par + warp] = sdot;
+    sync_rows();  // dS read by both warpgroups: q, k, v, T into its regions
     {
       const bf16* xr = xrow;  // formed here, not hoisted (see store_pairs_t)
       asm volatile("" : "+l"(xr));
@@ -3401,7 +3719,7 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     wg::commit();
     cp_async_wait<1>();
     wg::fence_proxy_async();
-    __syncthreads();  // dO landed
+    sync_rows();  // dO landed
     wg::wait<0>();
   }
   {
@@ -3423,7 +3741,11 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     wg::commit();
     cp_async_wait<0>();
     wg::fence_proxy_async();
-    __syncthreads();  // q, k, v, T landed; both warpgroups' S0 fragments read (the Y, dW regions free)
+    // q, k, v, T landed; both warpgroups' S0 fragments read (the Y, dW regions free)
+    if constexpr (kWs)
+      wg::named_sync(kBarQkvt, kBcWsThreads);
+    else
+      __syncthreads();
     wg::wait<0>();
   }
   wg::fence_operands(fT);
@@ -3464,47 +3786,15 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     for (int r = 0; r < kC / 2; ++r) fT[r] += tw[r];
   }
 
-  // P1 (columns j = 32 wgi ..): dP = dO D^T (D split: 2 products), q k^T (exact).
-  {
-    float dp[16], qk[16];
-    wg::fence();
-    bc_ss<32, 0, 0, D / 16>(dp, sO, sD + 32 * wgi * 128, false);
-    bc_ss<32, 0, 0, D / 16>(dp, sO, sD + kDlTile + 32 * wgi * 128, true);
-    bc_ss<32, 0, 0, D / 16>(qk, sQ, sK + 32 * wgi * 128, false);
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(dp);
-    wg::fence_operands(qk);
-    // Y_ij = dP_ij e^{G_i - G_j} (j <= i); the dP . P sums leave the diagonal out (it cancels in
-    // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
-    // thread's 2 rows and 8 columns are read once.
-    const int j0 = 32 * wgi;
-    const CcThread ct(g2, rk, j0, warp & 3, lane);
-    const float rqi[2] = {rq[ct.i(0)], rq[ct.i(1)]};
-    float rsum[2] = {0.f, 0.f}, csum[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      csum[c] = 0.f;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int q = 4 * (c >> 1) + 2 * hh + (c & 1), i = ct.i(hh), j = ct.j(c);
-        const float y = j <= i ? dp[q] * ct.gam(hh, c) : 0.f;
-        const float pp = j < i ? y * qk[q] * rqi[hh] * ct.rkj[c] : 0.f;
-        if (kL2 && j == i) fl[kBcDiag + i] = y * qk[q] * rqi[hh] * ct.rkj[c];  // (q^_i . k^_i) Y_ii
-        dp[q] = y;
-        rsum[hh] += pp;
-        csum[c] += pp;
-      }
-    }
-    ct.store_sums(rsum, csum, fl + kBcRowA + wgi * kC, fl + kBcColA + (warp & 3) * kC);
-    acc_planes<32, false>(sY, nullptr, dp, 0, j0,
-                          [&](float v, int, int j) { return v * ct.rkj[2 * (j >> 3) + (j & 1)]; });
-    acc_planes<32, false>(sY + kDlPanel, nullptr, dp, 0, j0,
-                          [&](float v, int i, int) { return v * rqi[(i >> 3) & 1]; });
+  if constexpr (kWs) {
+    wg::fence_proxy_async();
+    wg::named_arrive(kBarDw, kBcWsThreads);
+    wg::named_sync(kBarY, kBcWsThreads);
+  } else {
+    cc_p1(rb, wgi);
+    wg::fence_proxy_async();
+    __syncthreads();  // Y and dW^T planes complete
   }
-
-  wg::fence_proxy_async();
-  __syncthreads();  // Y and dW^T planes complete
 
   // dq^T = E^T diag(e^G) + k^T Yk; dk^T += q^T Yq.
   wg::fence();
@@ -3523,123 +3813,44 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
   wg::fence_operands(fT);
   if constexpr (!kL2) store_t(dqn + ro, dk_ld, eT, d0, len);
 
-  // dT (columns l = 32 wgi ..): dT_ml = b_l (dD_m . v_l + e^{G_l} rk_l dW_m . k_l) for l < m, l < len.
-  {
-    float a1[16], a2[16];
-    wg::fence();
-    bc_ss<32, 0, 0, D / 16>(a1, sDD, sV + 32 * wgi * 128, false);
-    bc_ss<32, 0, 0, D / 16>(a1, sDD + kDlTile, sV + 32 * wgi * 128, true);
-    bc_ss<32, 0, 1, D / 16>(a2, sW, sK + 32 * wgi * 128, false);
-    bc_ss<32, 0, 1, D / 16>(a2, sW + kDlTile, sK + 32 * wgi * 128, true);
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(a1);
-    wg::fence_operands(a2);
-    const int l0 = 32 * wgi, m0 = 16 * (warp & 3) + (lane >> 2), t = lane & 3;
-    float dt[16];
-#pragma unroll
-    for (int nb = 0; nb < 4; ++nb)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int q = 4 * nb + 2 * hh + e, m = m0 + 8 * hh, l = l0 + 8 * nb + 2 * t + e;
-          dt[q] = (l < m && l < len) ? bs[l] * (a1[q] + eg[l] * rk[l] * a2[q]) : 0.f;
-        }
-    acc_planes<32>(sO, sO + kDlPanel, dt, 0, l0, [](float v, int, int) { return v; });
-  }
-  wg::fence_proxy_async();
-  __syncthreads();  // dT planes complete; the Y planes and dW's are dead
-  if constexpr (kL2) {  // q is still in its region
+  auto store_dq_l2 = [&] {  // q is still in its region
     uint32_t qx[kC / 4];
     panel_frag<true>(qx, sQ, d0);
     store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(kh) * D, conv_dim, eT, qx,
                fl + kBcQdot, rq, static_cast<float>(D), d0, len);
+  };
+  if constexpr (kWs) {
+    sync_rows();  // q . dq^ complete (kL2); both warpgroups' Y reads done
+    if constexpr (kL2) store_dq_l2();
+    wg::named_arrive(kBarQ, kBcWsThreads);
+  } else {
+    cc_dt(rb, wgi, len);
+    wg::fence_proxy_async();
+    __syncthreads();  // dT planes complete; the Y planes and dW's are dead
+    if constexpr (kL2) store_dq_l2();
   }
   const int next = work != nullptr ? __float_as_int(fl[kBcNext]) : item + static_cast<int>(gridDim.x);
   const int4 nch = next < total ? rtable[next / Hv] : make_int4(0, 0, 0, 0);
+  if constexpr (kWs) wg::named_sync(kBarDt, kBcWsThreads);  // the chain's dT has read W's, dD's and v's regions
   if (next < total) async_early_s0(next, nch);
-  // dv = diag(b) T^T dD (columns n = 64 wgi ..), and v . (T^T dD) per row (dbeta): here, so that dD's
-  // and v's regions are free for the next item before this one's last phase.
-  {
-    float r[kC / 2];
-    wg::fence();
-    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + wgi * kDlPanel, false);
-    bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + wgi * kDlPanel, true);
-    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + wgi * kDlPanel, true);
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(r);
-    {
-      uint32_t vx[kC / 4];
-      panel_frag<false>(vx, sV, d0);
-      acc_row_sums<kC>(fl + kBcRowV + wgi * kC, r, [&](float v, int q) { return pair_at(vx, q) * v; });
-    }
-    bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + d0;
-    const int w = warp & 3, gg = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nb = 0; nb < kC / 8; ++nb)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = 16 * w + gg + 8 * hh;
-        if (i < len)
-          store_bf16x2(dvbase + static_cast<size_t>(i) * conv_dim + 8 * nb + 2 * t, bs[i] * r[4 * nb + 2 * hh],
-                       bs[i] * r[4 * nb + 2 * hh + 1]);
-      }
-  }
-  // X1^T = T dT^T (columns m = 32 wgi ..): planes [j][m] (into D's region).
-  {
+  bc_dv(rb, wgi, bos, head, len);
+  if constexpr (kWs) {
+    sync_rows();  // both warpgroups' dv done: dD's region is free
+    wg::named_arrive(kBarV, kBcWsThreads);  // and v . (T^T dD) complete for the chain's combine
+  } else {
     float x1[16];
-    wg::fence();
-    bc_ss<32, 0, 0, kC / 16>(x1, sT, sO + 32 * wgi * 128, false);
-    bc_ss<32, 0, 0, kC / 16>(x1, sT + kDlPanel, sO + 32 * wgi * 128, true);
-    bc_ss<32, 0, 0, kC / 16>(x1, sT, sO + kDlPanel + 32 * wgi * 128, true);
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(x1);
-    acc_planes<32>(sD, sD + kDlPanel, x1, 0, 32 * wgi, [](float v, int, int) { return v; });
+    cc_x1(x1, 32 * wgi);
+    wg::fence_proxy_async();
+    __syncthreads();  // X1's planes complete; dv done: dD's region is free
   }
-  wg::fence_proxy_async();
-  __syncthreads();  // X1's planes complete; dv done: dD's region is free
-  if (next < total) async_early_dd(next, nch);
-  // Mx = -(T^T X1) . Gam (j < i), k k^T (columns j = 32 wgi ..); F = Mx . (k^ k^T): row sums (dbeta,
-  // dG) and the column sums of diag(b) F (dG); planes Pa = Mx_ij b_i rk_j, Pb = Mx_ij b_i rk_i.
-  {
-    float mx[16], kq[16];
-    wg::fence();
-    bc_ss<32, 0, 1, kC / 16>(mx, sT, sD + 32 * wgi * 128, false);
-    bc_ss<32, 0, 1, kC / 16>(mx, sT + kDlPanel, sD + 32 * wgi * 128, true);
-    bc_ss<32, 0, 1, kC / 16>(mx, sT, sD + kDlPanel + 32 * wgi * 128, true);
-    bc_ss<32, 0, 0, D / 16>(kq, sK, sK + 32 * wgi * 128, false);
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(mx);
-    wg::fence_operands(kq);
-    const int j0 = 32 * wgi;
-    const CcThread ct(g2, rk, j0, warp & 3, lane);
-    const float bi[2] = {bs[ct.i(0)], bs[ct.i(1)]}, rki[2] = {rk[ct.i(0)], rk[ct.i(1)]};
-    float rsum[2] = {0.f, 0.f}, csum[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      csum[c] = 0.f;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int q = 4 * (c >> 1) + 2 * hh + (c & 1);
-        const float m = ct.j(c) < ct.i(hh) ? -mx[q] * ct.gam(hh, c) : 0.f;
-        const float f = m * kq[q] * rki[hh] * ct.rkj[c];
-        mx[q] = m;
-        rsum[hh] += f;
-        csum[c] += bi[hh] * f;
-      }
-    }
-    ct.store_sums(rsum, csum, fl + kBcRowF + wgi * kC, fl + kBcColF + (warp & 3) * kC);
-    acc_planes<32, false>(sO, nullptr, mx, 0, j0,
-                          [&](float v, int i, int j) { return v * bi[(i >> 3) & 1] * ct.rkj[2 * (j >> 3) + (j & 1)]; });
-    acc_planes<32, false>(sQ, nullptr, mx, 0, j0,
-                          [&](float v, int i, int) { return v * bi[(i >> 3) & 1] * rki[(i >> 3) & 1]; });
+  if (next < total) async_early_dd(next, nch);  // kWs: the chain's dT read dD before kBarDt
+  if constexpr (kWs) {
+    wg::named_sync(kBarP, kBcWsThreads);  // Pa, Pb and Mx's sums: the chain is done with the item
+  } else {
+    cc_mx(rb, wgi);
+    wg::fence_proxy_async();
+    __syncthreads();  // Mx's planes complete; D's (X1's), dD's, v's and T's regions are free
   }
-  wg::fence_proxy_async();
-  __syncthreads();  // Mx's planes complete; D's (X1's), dD's, v's and T's regions are free
   if (next < total) {
     async_early_d(next, nch);
     ig = item_gates(next, nch);
@@ -3656,55 +3867,34 @@ __global__ void __launch_bounds__(256, 1) gdn_bwd_chunk_wgmma_kernel(
     panel_frag<true>(kx2, sK, d0);
   else
     store_t(dkn + ro, dk_ld, fT, d0, len);
-  __syncthreads();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
+  sync_rows();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
   if (next < total) async_late(next, nch);
 
   // The next item's row data by warps 2, 3 while warps 0, 1 combine.
   if (next < total) row_data(ig, fl + (par ^ 1) * kBcRowData);
-  // Combine (fixed order), the G_L terms into row C-1, reverse cumsum -> dg.
-  float* dGa = fl + kBcDg;
-  float* dbv = fl + kBcDb;
-  if (tid < kC) {
-    const int i = tid;
-    float s = 0.f, qa = 0.f, xi = 0.f, s2 = 0.f, rf = 0.f, cf = 0.f, sv = 0.f, ca = 0.f;
-    for (int p = 0; p < 2; ++p) {
-      s += fl[kBcRowA + p * kC + i];
-      rf += fl[kBcRowF + p * kC + i];
-      sv += fl[kBcRowV + p * kC + i];
+  if constexpr (kWs) {
+    if constexpr (kL2) {
+      wg::named_sync(kBarK, kBcWsThreads);  // the chain's combine: k^ . dk^
+      store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
+                 fl + kBcKdot, rk, 1.f, d0, len);
     }
-    for (int p = 0; p < 4; ++p) {
-      ca += fl[kBcColA + p * kC + i];
-      cf += fl[kBcColF + p * kC + i];
-    }
-    s -= ca;
-    for (int p = 0; p < 8; ++p) {
-      qa += fl[kBcRedE + p * kC + i];
-      xi += fl[kBcRedXi + p * kC + i];
-      s2 += fl[kBcRedS2 + p * kC + i];
-    }
-    xi *= rk[i];
-    s2 *= rk[i];
-    const float b = bs[i], e = eg[i];
-    dGa[i] = s + rq[i] * qa - xi + b * rf - cf + b * e * s2;
-    dbv[i] = rf + e * s2 + sv;
-    fl[kBcXi + i] = xi;
-    // kL2: k^_i . dk^_i, term by term as dk^T's products: F^T, (T^T dW) b e^G, q^T Yq (the P1 column
-    // sums and the diagonal), k^T Pa (b F's row sums), k^T Pb (diag(b) F's column sums)
-    if constexpr (kL2) fl[kBcKdot + i] = xi + b * e * s2 + ca + fl[kBcDiag + i] + b * rf + cf;
-  }
-  __syncthreads();
-  if (tid < 32) dg_reverse_cumsum(dGa, fl + kBcXi, fl + kBcSdot, egl);
-  if constexpr (kL2)
-    store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
-               fl + kBcKdot, rk, 1.f, d0, len);
-  __syncthreads();
-  if (tid < len) {
-    dg[static_cast<size_t>(bos + tid) * Hv + head] = dGa[tid];
-    dbeta[static_cast<size_t>(bos + tid) * Hv + head] = dbv[tid];
+  } else {
+    bc_combine(rb, tid);
+    __syncthreads();
+    if (tid < 32) dg_reverse_cumsum(fl + kBcDg, fl + kBcXi, fl + kBcSdot + 8 * par, egl);
+    if constexpr (kL2)
+      store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
+                 fl + kBcKdot, rk, 1.f, d0, len);
+    __syncthreads();
+    bc_store_dg(tid, bos, head, len);
   }
   item = next;
   par ^= 1;
   }  // items
+  if constexpr (kWs) {  // the chain's warpgroup waits at kBarQkvt: no more items
+    if (tid_x() == 0) fl[kBcCur] = __int_as_float(-1);
+    wg::named_arrive(kBarQkvt, kBcWsThreads);
+  }
 }
 
 // ---- backward: sum over each key head's value heads, then the L2-norm backward -------------------
@@ -3889,6 +4079,10 @@ bool wgmma_bwd_chunk(int K, int V) {  // QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the m
 bool qk_grad_separate() {  // QT_GDN_QK_GRAD_SEPARATE=1: qk_grad also at one value head per key head
   static const bool on = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
   return on;
+}
+bool bwd_chunk_ws() {  // QT_GDN_BC_TWO_WARPGROUPS=1 keeps the wgmma bwd_chunk without its chain warpgroup
+  static const bool two = env_knob("QT_GDN_BC_TWO_WARPGROUPS", {1}) != 0;
+  return !two;
 }
 
 // w.done's parts: the flags of scan 0 (forward) and 1 (reverse), each array after its count
@@ -4345,8 +4539,11 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     // persistent: one CTA per SM walks the (chunk, head) items, so the next item's first tiles land
     // while the current one finishes
     const int grid = std::min(w.nc_max * Hv, sm_count());
-    launch_smem_beside(beside, l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true> : gdn_bwd_chunk_wgmma_kernel<false>,
-                       "gdn_bwd_chunk_wgmma_kernel", dim3(grid), 256, kBcSmem, stream, dqh, dkh,
+    const bool ws = bwd_chunk_ws();
+    auto kernel = ws ? (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, true> : gdn_bwd_chunk_wgmma_kernel<false, true>)
+                     : (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, false> : gdn_bwd_chunk_wgmma_kernel<false, false>);
+    launch_smem_beside(beside, kernel, "gdn_bwd_chunk_wgmma_kernel", dim3(grid), ws ? kBcWsThreads : 256, kBcSmem,
+                       stream, dqh, dkh,
                        static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
                        w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work, w.counts);
   } else {
