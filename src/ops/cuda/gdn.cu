@@ -4050,9 +4050,11 @@ struct Workspace {
   int *items, *items_rev, *counts;
   SplitStates split;
   int max_segs;    // num_seqs + split.slots
-  // dD: U (mma.sync scans) in the forward, dD_local in the backward; dqn, dkn: dq^, dk^ per value head,
-  // fp32 from the mma.sync bwd_chunk, bf16 from the wgmma one (layout sizes them by path)
-  float *Gc, *h, *dD, *dh, *dqn, *dkn, *rs;
+  // dD: U (mma.sync scans) in the forward, dD_local in the backward
+  float *Gc, *h, *dD, *dh, *rs;
+  // dq^, dk^ per value head: fp32 from the mma.sync bwd_chunk, bf16 from the wgmma one (layout sizes
+  // them by path; untyped, so each path names its element type where it uses them)
+  void *dqn, *dkn;
   int* prep_done;  // [chunk][Hk]: prep finished (chunk, key head) (the forward's output scan beside it)
   int* done;  // [count][flags: the forward scan has stored (segment, head)], the same for the reverse
               // scan, then bwd_chunk's item counter (gdn_backward's kernels beside one another):
@@ -4171,8 +4173,8 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   const size_t dqk_bytes = !wgmma_bwd_chunk(a.k_head_dim, a.v_head_dim) ? T * Hv * K * sizeof(float)
                            : Hv == Hk && !qk_grad_separate()        ? 0
                                                                     : T * Hv * K * sizeof(bf16);
-  ws.dqn = reinterpret_cast<float*>(take(dqk_bytes));
-  ws.dkn = reinterpret_cast<float*>(take(dqk_bytes));
+  ws.dqn = take(dqk_bytes);
+  ws.dkn = take(dqk_bytes);
   ws.done = reinterpret_cast<int*>(take(done_ints(ws, a.num_v_heads, true) * sizeof(int)));
   ws.prep_done = reinterpret_cast<int*>(take(static_cast<size_t>(nc) * Hk * sizeof(int)));
   ws.split.S = reinterpret_cast<float*>(take(slot_bytes));
@@ -4532,8 +4534,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // (QT_GDN_QK_GRAD_SEPARATE=1 keeps qk_grad, for A/B).
   const bool l2_in_bwd_chunk = wg_bc && Hv == Hk && !qk_grad_separate();
   // The wgmma bwd_chunk leaves dq^, dk^ per value head as bf16 (dqn, dkn: layout sizes them so).
-  bf16* dqh = reinterpret_cast<bf16*>(w.dqn);
-  bf16* dkh = reinterpret_cast<bf16*>(w.dkn);
+  bf16* dqh = static_cast<bf16*>(w.dqn);
+  bf16* dkh = static_cast<bf16*>(w.dkn);
+  float* dqf = static_cast<float*>(w.dqn);  // the mma.sync bwd_chunk's
+  float* dkf = static_cast<float*>(w.dkn);
   stage_begin(stream);
   if (wg_bc) {
     // persistent: one CTA per SM walks the (chunk, head) items, so the next item's first tiles land
@@ -4548,8 +4552,8 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
                        w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work, w.counts);
   } else {
     const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
-    launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, w.dqn,
-                w.dkn, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
+    launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, dqf,
+                dkf, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
                 w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
   }
   stage_end("gdn_bwd_chunk_kernel", stream);
@@ -4561,7 +4565,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     // four rows per warp fit in 64 registers
     const int rows_per_warp = Hv == Hk ? 4 : 2, warps = (T * Hk * 2 + rows_per_warp - 1) / rows_per_warp;
     auto kernel = Hv == Hk ? gdn_qk_grad_kernel<4, 1, 4> : gdn_qk_grad_kernel<2, 2, 4>;
-    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), w.dqn, w.dkn, x, T, Hk, Hv, K, conv_dim);
+    kernel<<<(warps + 7) / 8, kThreads, 0, stream>>>(static_cast<bf16*>(dqkv), dqf, dkf, x, T, Hk, Hv, K, conv_dim);
   } else {  // the wgmma bwd_chunk's bf16 partials (at Hv == Hk only with QT_GDN_QK_GRAD_SEPARATE=1)
     const int64_t threads = static_cast<int64_t>(T) * Hk * 2 * 16;  // a half-warp per row
     auto kernel = Hv / Hk <= 4 ? gdn_qk_grad16_kernel<4, true> : gdn_qk_grad16_kernel<4, false>;
