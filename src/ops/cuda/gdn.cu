@@ -2918,8 +2918,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
 // default (kWs) runs rows d in two warpgroups and the C x C chain (P1, dT, X1, Mx) and the item's
 // combine in a third, beside them (kBarQkvt ..: the chain's P1 under the rows' epilogues, its dT,
 // X1, Mx under their dq^ and dv). The two-warpgroup form (254 registers; QT_GDN_BC_TWO_WARPGROUPS=1)
-// runs every phase in both warpgroups in turn, as described here. Every product operand is a 128-byte-swizzled smem tile (cp.async panels, or
-// planes this kernel writes) or a register A fragment. The C x K results (dq^, dk^) are formed
+// runs every phase in both warpgroups in turn, as described here. Every product operand is a
+// 128-byte-swizzled smem tile (cp.async panels, or planes this kernel writes) or a register A
+// fragment. The C x K results (dq^, dk^) are formed
 // transposed, rows d, columns i: warpgroup wgi owns d = 64 wgi .. + 63 of both, so the state
 // products take the state rows as register A fragments from the fragment-native h / dh (staged in
 // smem: 16-byte loads), and dk^ collects all its terms in one accumulator (written once, no
@@ -2963,7 +2964,8 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcFloats = 58 * kC + 18;
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 // Warp-specialized form (kWs): warpgroups 0, 1 run rows d as before, warpgroup 2 runs the C x C chain
-// (P1, dT, X1, Mx: both 32-column halves in turn) beside them. They meet at named barriers, each
+// beside them (P1 as its two 32-column halves in turn; dT, X1, Mx as m64n64 products, their
+// epilogues by halves where they form the m64n32 sums) and then the item's combine. They meet at named barriers, each
 // used once per item by one side arriving and the other syncing (a side arrives again only after
 // it has synced on something the other side does later, so arrivals never pile up):
 //   kBarQkvt  all 384 sync: q, k, v, T landed, S0 / dS read; the item in fl[kBcCur]
@@ -2982,7 +2984,8 @@ constexpr int kBcWsThreads = 384, kBarRows = 2, kBarQkvt = 3, kBarDw = 4, kBarY 
 // few scalars on each side (20-40 bytes: loop-invariant values reloaded a few times per item); the
 // splits either way spill 100+ bytes.
 constexpr int kBcChainRegs = 104, kBcRowsRegs = 200;
-static_assert(128 * kBcChainRegs + 256 * kBcRowsRegs <= kBcWsThreads * 168, "the launch's registers");
+constexpr int kBcWsLaunchRegs = 65536 / kBcWsThreads / 8 * 8;  // per thread, by __launch_bounds__: 168
+static_assert(128 * kBcChainRegs + 256 * kBcRowsRegs <= kBcWsThreads * kBcWsLaunchRegs, "the launch's registers");
 
 // The start-address step of k16 step kk: K-major operands (panels of 64 K-columns, kDlPanel bytes
 // apart) 32 bytes inside a panel; MN-major ones 16 K-rows (2048 bytes).
@@ -3869,22 +3872,23 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     store_t(dkn + ro, dk_ld, fT, d0, len);
   sync_rows();  // both warpgroups' final dk^ products done: k's, Pb's and Pa's regions are free
   if (next < total) async_late(next, nch);
+  auto store_dk_l2 = [&] {  // k^ . dk^ from the combine
+    store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
+               fl + kBcKdot, rk, 1.f, d0, len);
+  };
 
   // The next item's row data by warps 2, 3 while warps 0, 1 combine.
   if (next < total) row_data(ig, fl + (par ^ 1) * kBcRowData);
   if constexpr (kWs) {
     if constexpr (kL2) {
-      wg::named_sync(kBarK, kBcWsThreads);  // the chain's combine: k^ . dk^
-      store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
-                 fl + kBcKdot, rk, 1.f, d0, len);
+      wg::named_sync(kBarK, kBcWsThreads);  // the chain's combine
+      store_dk_l2();
     }
   } else {
     bc_combine(rb, tid);
     __syncthreads();
     if (tid < 32) dg_reverse_cumsum(fl + kBcDg, fl + kBcXi, fl + kBcSdot + 8 * par, egl);
-    if constexpr (kL2)
-      store_l2_t(dqkv + static_cast<size_t>(bos) * conv_dim + static_cast<size_t>(Hk + kh) * D, conv_dim, fT, kx2,
-                 fl + kBcKdot, rk, 1.f, d0, len);
+    if constexpr (kL2) store_dk_l2();
     __syncthreads();
     bc_store_dg(tid, bos, head, len);
   }
