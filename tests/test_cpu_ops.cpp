@@ -769,17 +769,17 @@ TEST_F(CpuOpsPacked, GatedDeltaRule) {
   Tensor d_o = upload(be, random_vec(rng, T * Hv * dv), {T, Hv, dv});
   Tensor o = garbage(be, {T, Hv, dv}), dqkv = garbage(be, {T, CD}), dg = garbage(be, {T, Hv}),
          dbeta = garbage(be, {T, Hv});
-  be.gdn_forward(o, qkv, g, beta, dims, packed.info, Tensor());
-  be.gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, packed.info, Tensor());
+  be.gdn_forward(o, qkv, g, beta, dims, packed.info, Tensor(), GdnKeep::States);
+  be.gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, packed.info, Tensor(), GdnKeep::States);
   for (size_t s = 0; s + 1 < cu.size(); ++s) {
     SCOPED_TRACE(::testing::Message() << "sample " << s);
     const int64_t b = cu[s], len = cu[s + 1] - cu[s];
     Seqs alone({0, static_cast<int32_t>(len)});
     Tensor o1 = garbage(be, {len, Hv, dv}), dqkv1 = garbage(be, {len, CD}), dg1 = garbage(be, {len, Hv}),
            dbeta1 = garbage(be, {len, Hv});
-    be.gdn_forward(o1, rows_of(qkv, b, len), rows_of(g, b, len), rows_of(beta, b, len), dims, alone.info, Tensor());
+    be.gdn_forward(o1, rows_of(qkv, b, len), rows_of(g, b, len), rows_of(beta, b, len), dims, alone.info, Tensor(), GdnKeep::States);
     be.gdn_backward(dqkv1, dg1, dbeta1, rows_of(d_o, b, len), rows_of(qkv, b, len), rows_of(g, b, len),
-                    rows_of(beta, b, len), dims, alone.info, Tensor());
+                    rows_of(beta, b, len), dims, alone.info, Tensor(), GdnKeep::States);
     expect_close("gdn o", download(be, rows_of(o, b, len)), download(be, o1), 0.0);
     expect_close("gdn dqkv", download(be, rows_of(dqkv, b, len)), download(be, dqkv1), 0.0);
     expect_close("gdn dg", download(be, rows_of(dg, b, len)), download(be, dg1), 0.0);
@@ -945,8 +945,8 @@ TEST_F(CpuOpsFloat, GatedDeltaNet) {
   Tensor tqkv = upload(be, cy, {T, CD}), tgf = upload(be, g, {T, Hv}), tbf = upload(be, beta, {T, Hv}),
          to = garbage(be, {T, Hv, dv}), tdqkv = garbage(be, {T, CD}), tdgo = garbage(be, {T, Hv}),
          tdbo = garbage(be, {T, Hv});
-  be.gdn_forward(to, tqkv, tgf, tbf, dims, seqs.info, Tensor());
-  be.gdn_backward(tdqkv, tdgo, tdbo, upload(be, d_o, {T, Hv, dv}), tqkv, tgf, tbf, dims, seqs.info, Tensor());
+  be.gdn_forward(to, tqkv, tgf, tbf, dims, seqs.info, Tensor(), GdnKeep::States);
+  be.gdn_backward(tdqkv, tdgo, tdbo, upload(be, d_o, {T, Hv, dv}), tqkv, tgf, tbf, dims, seqs.info, Tensor(), GdnKeep::States);
   expect_close("gdn o", download(be, to), o, kFloatTol);
   expect_close("gdn dqkv", download(be, tdqkv), dqkv, kFloatTol);
   expect_close("gdn dg", download(be, tdgo), dgo, kFloatTol);
@@ -1082,7 +1082,7 @@ TEST_F(CpuOpsFloat, BackwardIsIndependentOfThreadCount) {
     Tensor dqkv = garbage(be, {T, CD}), dg = garbage(be, {T, Hv}), db = garbage(be, {T, Hv}),
            dx = garbage(be, {T, CD}), dw = filled(be, {CD, 4}, 0), rdx = garbage(be, {T, CD}),
            rdw = filled(be, {CD}, 0), rstd = garbage(be, {T}), y = garbage(be, {T, CD});
-    be.gdn_backward(dqkv, dg, db, d_o, qkv, g, beta, dims, seqs.info, Tensor());
+    be.gdn_backward(dqkv, dg, db, d_o, qkv, g, beta, dims, seqs.info, Tensor(), GdnKeep::States);
     be.conv1d_silu_backward(dx, dw, qkv, qkv, cw, seqs.info);
     be.rmsnorm_forward(y, rstd, qkv, nw, 1e-6);
     be.rmsnorm_backward(rdx, rdw, qkv, qkv, nw, rstd, false);
@@ -1129,19 +1129,19 @@ TEST(CpuOpsErrors, WrongShapesAndDtypes) {
   Seqs seqs({0, 4, 10});
   Tensor qkv = be.alloc(DType::F32, {10, 96}), g = be.alloc(DType::F32, {10, 4}), beta = be.alloc(DType::F32, {10, 4}),
          o = be.alloc(DType::F32, {10, 4, 16});
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv, g, beta, dims, seqs.info, Tensor()); }, "gdn_forward", "qkv",
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv, g, beta, dims, seqs.info, Tensor(), GdnKeep::States); }, "gdn_forward", "qkv",
                         "f32[10, 96]", "[10, 128]");
   Tensor qkv_ok = be.alloc(DType::F32, {10, 128});
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv_ok, g, be.alloc(DType::F32, {10, 3}), dims, seqs.info, Tensor()); },
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv_ok, g, be.alloc(DType::F32, {10, 3}), dims, seqs.info, Tensor(), GdnKeep::States); },
                         "gdn_forward", "beta", "[10, 4]");
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv_ok, g, beta, GdnDims{3, 4, 16, 16}, seqs.info, Tensor()); },
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv_ok, g, beta, GdnDims{3, 4, 16, 16}, seqs.info, Tensor(), GdnKeep::States); },
                         "gdn_forward", "num_v_heads 4", "num_k_heads 3");
   Seqs bad_end({0, 4, 9});
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv_ok, g, beta, dims, bad_end.info, Tensor()); }, "gdn_forward",
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv_ok, g, beta, dims, bad_end.info, Tensor(), GdnKeep::States); }, "gdn_forward",
                         "cu_seqlens", "ends at 9", "T = 10");
   Tensor dqkv = be.alloc(DType::F32, {10, 128}), dg = be.alloc(DType::F32, {10, 4}),
          d_o_bf16 = be.alloc(DType::BF16, {10, 4, 16});
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_backward(dqkv, dg, beta, d_o_bf16, qkv_ok, g, beta, dims, seqs.info, Tensor()); },
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_backward(dqkv, dg, beta, d_o_bf16, qkv_ok, g, beta, dims, seqs.info, Tensor(), GdnKeep::States); },
                         "gdn_backward", "d_o", "bf16", "expected dtype f32");
 
   Tensor x = be.alloc(DType::F32, {10, 8}), w = be.alloc(DType::F32, {8, 4});

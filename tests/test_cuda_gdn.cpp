@@ -114,6 +114,7 @@ struct Case {
   Beta beta = Beta::Normal;
   uint32_t seed = 1;
   bool keep_state = false;  // the forward keeps its state for the backward (the training path)
+  qt::GdnKeep keep = qt::GdnKeep::States;  // what it keeps (Prep: the backward must equal a recomputing one)
   int min_segments = 0;     // the forward's plan must split into at least this many segments
 };
 
@@ -195,13 +196,18 @@ void run_case(const Case& c) {
   qt::cuda::GdnArgs a{static_cast<const int32_t*>(cu_d.p), N, max_len, T, Hk, Hv, K, V};
   ws.alloc(qt::cuda::gdn_workspace_bytes(a));
   DevBuf state;
-  if (c.keep_state) state.alloc(qt::cuda::gdn_state_bytes(a));
+  if (c.keep_state) state.alloc(qt::cuda::gdn_state_bytes(a, c.keep));
+  const bool prep_only = c.keep_state && c.keep == qt::GdnKeep::Prep;
+  if (prep_only && K == 128 && V == 128) {
+    EXPECT_GT(state.bytes, 0u) << "the wgmma path keeps prep's results";
+    EXPECT_LT(state.bytes * 4, qt::cuda::gdn_state_bytes(a)) << "prep's part is a small part of the whole state";
+  }
 
   qt::cuda::gdn_forward(o.p, qkv.p, static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr,
-                        state.p);
+                        state.p, c.keep);
   CK(cudaDeviceSynchronize());
   if (c.min_segments > 0) {
-    const int segs = qt::cuda::gdn_planned_segments(a, ws.p, state.p);
+    const int segs = qt::cuda::gdn_planned_segments(a, ws.p, state.p, c.keep);
     std::printf("  forward scan segments %d (samples %d)\n", segs, N);
     EXPECT_GE(segs, c.min_segments) << "the forward did not split the long samples";
   }
@@ -210,14 +216,14 @@ void run_case(const Case& c) {
   for (int pass = 0; pass < (c.keep_state ? 2 : 1); ++pass) {
     qt::cuda::gdn_backward(dqkv.p, static_cast<float*>(dg.p), static_cast<float*>(dbeta.p), d_o.p, qkv.p,
                            static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr,
-                           state.p);
+                           state.p, c.keep);
     CK(cudaDeviceSynchronize());
     if (pass == 0 && c.keep_state) {
       CK(cudaMemset(ws.p, 0xFF, ws.bytes));
     }
   }
-  if (c.min_segments > 0 && !c.keep_state) {  // the recomputed forward and the reverse scan split too
-    const int segs = qt::cuda::gdn_planned_segments(a, ws.p);
+  if (c.min_segments > 0 && (!c.keep_state || prep_only)) {  // the recomputed forward and the reverse scan split too
+    const int segs = qt::cuda::gdn_planned_segments(a, ws.p, state.p, c.keep);  // Prep: the plan is in ws
     std::printf("  backward segments %d\n", segs);
     EXPECT_GE(segs, c.min_segments) << "the backward did not split the long samples";
   }
@@ -235,6 +241,25 @@ void run_case(const Case& c) {
   EXPECT_TRUE(ws.guard_ok()) << "write past the workspace";
   if (c.keep_state) {
     EXPECT_TRUE(state.guard_ok()) << "write past the kept state";
+  }
+  if (prep_only) {
+    // The same kernels as a backward that recomputes prep too, on the same T and gates: bit-equal.
+    DevBuf dqkv2, dg2, dbeta2;
+    dqkv2.alloc(dqkv.bytes);
+    dg2.alloc(dg.bytes);
+    dbeta2.alloc(dbeta.bytes);
+    qt::cuda::gdn_backward(dqkv2.p, static_cast<float*>(dg2.p), static_cast<float*>(dbeta2.p), d_o.p, qkv.p,
+                           static_cast<const float*>(g.p), static_cast<const float*>(beta.p), a, ws.p, nullptr);
+    CK(cudaDeviceSynchronize());
+    auto same = [](const DevBuf& x, const DevBuf& y) {
+      std::vector<unsigned char> hx(x.bytes), hy(y.bytes);
+      EXPECT_EQ(cudaMemcpy(hx.data(), x.p, x.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(hy.data(), y.p, y.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      return hx == hy;
+    };
+    EXPECT_TRUE(same(dqkv, dqkv2)) << "dqkv from prep's kept results differs from the recomputing backward's";
+    EXPECT_TRUE(same(dg, dg2)) << "dg from prep's kept results differs from the recomputing backward's";
+    EXPECT_TRUE(same(dbeta, dbeta2)) << "dbeta from prep's kept results differs from the recomputing backward's";
   }
 
   // Split dqkv into dq, dk, dv (GPU as float, truth, bf16(truth)).
@@ -382,6 +407,35 @@ TEST(CudaGdn, SplitKeptStateGatesNearZero) {
   Case c{2, 4, 128, 128, {700, 5000, 1, 129}, Gate::NearZero, Beta::Normal, 33};
   c.keep_state = true;
   c.min_segments = 6;
+  run_case(c);
+}
+// Prep's results kept (GdnKeep::Prep, flash-linear-attention's saved set): the backward runs the
+// chunk table and the forward scan again but not prep, and must equal the recomputing backward bit
+// for bit (run_case); at the 27B and 2B head layouts, with a split, and where the mma.sync scans run
+// (dk, dv != 128: nothing is kept there, the backward recomputes prep).
+TEST(CudaGdn, TwentySevenBHeadsPrepKept) {
+  Case c{16, 48, 128, 128, {1, 65, 300, 2, 129, 64, 3}, Gate::Normal, Beta::Normal, 38};
+  c.keep_state = true;
+  c.keep = qt::GdnKeep::Prep;
+  run_case(c);
+}
+TEST(CudaGdn, TwoBHeadsSegmentEdgesPrepKept) {
+  Case c{16, 16, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 39};
+  c.keep_state = true;
+  c.keep = qt::GdnKeep::Prep;
+  run_case(c);
+}
+TEST(CudaGdn, SplitPrepKeptGatesNearZero) {
+  Case c{2, 4, 128, 128, {700, 5000, 1, 129}, Gate::NearZero, Beta::Normal, 40};
+  c.keep_state = true;
+  c.keep = qt::GdnKeep::Prep;
+  c.min_segments = 6;
+  run_case(c);
+}
+TEST(CudaGdn, HeadDimsNotPowersOfTwoPrepKept) {
+  Case c{1, 2, 48, 80, {70, 1, 130}, Gate::Normal, Beta::Normal, 41};
+  c.keep_state = true;
+  c.keep = qt::GdnKeep::Prep;
   run_case(c);
 }
 TEST(CudaGdn, SplitKeptStateFourBHeadsOutputInScan) {

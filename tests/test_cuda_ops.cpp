@@ -613,13 +613,13 @@ TEST_F(OpsTest, GdnEntries) {
     Pair qkv = input({T, dims.conv_dim()}, -1, 1), g = input({T, 4}, -1, -0.01f, DType::F32),
          beta = input({T, 4}, 0.05f, 0.95f, DType::F32);
     Pair o = output({T, 4, 32});
-    g_->gdn_forward(o.gpu, qkv.gpu, g.gpu, beta.gpu, dims, s.gpu, Tensor());
-    c_->gdn_forward(o.cpu, qkv.cpu, g.cpu, beta.cpu, dims, s.cpu, Tensor());
+    g_->gdn_forward(o.gpu, qkv.gpu, g.gpu, beta.gpu, dims, s.gpu, Tensor(), GdnKeep::States);
+    c_->gdn_forward(o.cpu, qkv.cpu, g.cpu, beta.cpu, dims, s.cpu, Tensor(), GdnKeep::States);
     expect_close("o", o, 4.0);
     Pair d_o = input({T, 4, 32}), dqkv = output({T, dims.conv_dim()}), dg = output({T, 4}, DType::F32),
          dbeta = output({T, 4}, DType::F32);
-    g_->gdn_backward(dqkv.gpu, dg.gpu, dbeta.gpu, d_o.gpu, qkv.gpu, g.gpu, beta.gpu, dims, s.gpu, Tensor());
-    c_->gdn_backward(dqkv.cpu, dg.cpu, dbeta.cpu, d_o.cpu, qkv.cpu, g.cpu, beta.cpu, dims, s.cpu, Tensor());
+    g_->gdn_backward(dqkv.gpu, dg.gpu, dbeta.gpu, d_o.gpu, qkv.gpu, g.gpu, beta.gpu, dims, s.gpu, Tensor(), GdnKeep::States);
+    c_->gdn_backward(dqkv.cpu, dg.cpu, dbeta.cpu, d_o.cpu, qkv.cpu, g.cpu, beta.cpu, dims, s.cpu, Tensor(), GdnKeep::States);
     expect_close("dqkv", dqkv, 4.0);
     expect_close("dg", dg, 4.0);
     expect_close("dbeta", dbeta, 4.0);

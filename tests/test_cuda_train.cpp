@@ -191,8 +191,47 @@ TEST(CudaTrainStep, CheckpointingPoliciesTrackNoneUnderGraph) {
   EXPECT_GT(c.graph_kernels(), a.graph_kernels());  // the recompute is in the graph
 }
 
+// At Qwen3.5's GDN head dims (128) checkpointing keeps prep's results of each GDN layer (selective,
+// one buffer per layer) or of the layer being recomputed (full, one buffer shared by all), and the
+// backward reads them instead of running prep again; none keeps the chunk states. Selective and
+// full run the same kernels on the same values (the plain forward, the backward from prep's
+// results, which tests/test_cuda_gdn.cpp finds bit-equal to recomputing them), so their steps are
+// bit-equal: a layer of full reading another layer's T from the shared buffer would not be. None's
+// forward forms the output at the backward's precision (it keeps the chunk states), so it is
+// within the policies' usual tolerance.
+TEST(CudaTrainStep, CheckpointingKeepsPrepResultsAtRealHeadDims) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 1024;
+  ModelConfig cfg = preset_config("tiny");
+  cfg.linear_key_head_dim = cfg.linear_value_head_dim = 128;
+  const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
+  ASSERT_GT(n_gdn, 1) << "the shared buffer needs two GDN layers to be tested";
+  Rig none(T, Checkpointing::None, cfg), sel(T, Checkpointing::Selective, cfg), full(T, Checkpointing::Full, cfg);
+  TrainStep a(none.model, *none.opt, 1, 16, true), b(sel.model, *sel.opt, 1, 16, true),
+      c(full.model, *full.opt, 1, 16, true);
+  const GdnDims gd{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                   cfg.linear_value_head_dim};
+  const int64_t prep = none.be.gdn_state_bytes(gd, T, 16, GdnKeep::Prep);
+  ASSERT_GT(prep, 0);
+  EXPECT_EQ(none.model.memory_plan().mixer_state, n_gdn * none.be.gdn_state_bytes(gd, T, 16, GdnKeep::States));
+  EXPECT_EQ(sel.model.memory_plan().mixer_state, n_gdn * prep);
+  EXPECT_EQ(full.model.memory_plan().mixer_state, prep);
+  const std::vector<PackedRow> rows = make_rows(cfg, 3, T, 6);
+  for (int s = 0; s < 3; ++s) {
+    const StepResult ra = a.run({rows[s]}, 1e-3, 1.0, s + 1), rb = b.run({rows[s]}, 1e-3, 1.0, s + 1),
+                     rc = c.run({rows[s]}, 1e-3, 1.0, s + 1);
+    EXPECT_EQ(rc.loss_sum, rb.loss_sum) << "step " << s + 1;
+    EXPECT_EQ(rc.grad_norm, rb.grad_norm) << "step " << s + 1;
+    EXPECT_NEAR(rb.loss_sum, ra.loss_sum, 2e-4 * std::abs(ra.loss_sum)) << "step " << s + 1;
+    EXPECT_NEAR(rb.grad_norm, ra.grad_norm, 2e-3 * ra.grad_norm) << "step " << s + 1;
+  }
+  for (size_t i = 0; i < sel.model.specs().size(); ++i)
+    EXPECT_TRUE(sel.model.param_f32(i) == full.model.param_f32(i)) << sel.model.specs()[i].name;
+}
+
 // The backward reading the forward's kept GDN state computes exactly what it computes when it
-// recomputes that state (same kernels, same precision).
+// recomputes that state (same kernels, same precision); prep's results alone too (where the
+// mma.sync scans run, as at these head dims, that part is empty and the backward recomputes prep).
 TEST(CudaTrainStep, KeptGdnStateBackwardIsBitEqualToRecompute) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   CudaBackend be;
@@ -217,25 +256,40 @@ TEST(CudaTrainStep, KeptGdnStateBackwardIsBitEqualToRecompute) {
   Tensor cu_dev = be.alloc(DType::I32, {6});
   be.copy_from_host(cu_dev, cu.data());
   SeqInfo seqs{cu_dev, 5, 171, static_cast<int>(T)};
-  const Tensor state = be.alloc(DType::U8, {be.gdn_state_bytes(d, T, 5)});
+  const Tensor state = be.alloc(DType::U8, {be.gdn_state_bytes(d, T, 5, GdnKeep::States)});
+  EXPECT_EQ(be.gdn_state_bytes(d, T, 5, GdnKeep::Prep), 0);
   const Tensor o = be.alloc(DType::BF16, {T, Hv, d.v_head_dim});
-  Tensor dq[2], dg[2], db[2];
-  for (int k = 0; k < 2; ++k) {
+  Tensor dq[3], dg[3], db[3];
+  for (int k = 0; k < 3; ++k) {
     dq[k] = be.alloc(DType::BF16, {T, C});
     dg[k] = be.alloc(DType::F32, {T, Hv});
     db[k] = be.alloc(DType::F32, {T, Hv});
   }
-  be.gdn_forward(o, qkv, g, beta, d, seqs, state);
-  be.gdn_backward(dq[0], dg[0], db[0], d_o, qkv, g, beta, d, seqs, state);
-  be.gdn_backward(dq[1], dg[1], db[1], d_o, qkv, g, beta, d, seqs, Tensor());
-  for (const auto& [a, b, name] : {std::tuple{dq[0], dq[1], "dqkv"}, {dg[0], dg[1], "dg"}, {db[0], db[1], "dbeta"}}) {
+  be.gdn_forward(o, qkv, g, beta, d, seqs, state, GdnKeep::States);
+  be.gdn_backward(dq[0], dg[0], db[0], d_o, qkv, g, beta, d, seqs, state, GdnKeep::States);
+  be.gdn_backward(dq[1], dg[1], db[1], d_o, qkv, g, beta, d, seqs, Tensor(), GdnKeep::States);
+  be.gdn_forward(o, qkv, g, beta, d, seqs, Tensor(), GdnKeep::Prep);
+  be.gdn_backward(dq[2], dg[2], db[2], d_o, qkv, g, beta, d, seqs, Tensor(), GdnKeep::Prep);
+  for (const auto& [a, b, name] : {std::tuple{dq[0], dq[1], "dqkv"}, {dg[0], dg[1], "dg"}, {db[0], db[1], "dbeta"},
+                                   {dq[2], dq[1], "dqkv (prep)"}, {dg[2], dg[1], "dg (prep)"},
+                                   {db[2], db[1], "dbeta (prep)"}}) {
     std::vector<char> ha(a.nbytes()), hb(b.nbytes());
     be.copy_to_host(ha.data(), a);
     be.copy_to_host(hb.data(), b);
     EXPECT_EQ(ha, hb) << name;
   }
   const Tensor small = be.alloc(DType::U8, {16});
-  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv, g, beta, d, seqs, small); }, "gdn_forward", "state");
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o, qkv, g, beta, d, seqs, small, GdnKeep::States); }, "gdn_forward", "state",
+                        "keeping the chunk states");
+  // At dk = dv = 128 prep's part is kept, and a buffer too small for it is refused by name.
+  const GdnDims real{2, 4, 128, 128};
+  const int64_t prep = be.gdn_state_bytes(real, T, 5, GdnKeep::Prep);
+  EXPECT_GT(prep, 16);
+  EXPECT_LT(prep * 4, be.gdn_state_bytes(real, T, 5, GdnKeep::States));
+  const Tensor qkv_r = be.alloc(DType::BF16, {T, real.conv_dim()}), g_r = be.alloc(DType::F32, {T, 4}),
+               b_r = be.alloc(DType::F32, {T, 4}), o_r = be.alloc(DType::BF16, {T, 4, 128});
+  EXPECT_ERROR_CONTAINS([&] { be.gdn_forward(o_r, qkv_r, g_r, b_r, real, seqs, small, GdnKeep::Prep); }, "gdn_forward",
+                        "state", "keeping prep's results");
 }
 
 TEST(CudaTrainStep, StaticStepMatchesPlainStep) {

@@ -194,14 +194,27 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
     return Checkpointing::None;
   }
   const GdnDims gd = gdn_dims(cfg);
-  int64_t gdn_state = 0;
-  for (LayerKind k : cfg.layer_types)
-    if (k == LayerKind::GatedDeltaNet) gdn_state += backend.gdn_state_bytes(gd, max_tokens, max_seqs);
-  return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens, gdn_state, free_bytes, why);
+  return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens,
+                                     backend.gdn_state_bytes(gd, max_tokens, max_seqs, GdnKeep::States),
+                                     backend.gdn_state_bytes(gd, max_tokens, max_seqs, GdnKeep::Prep), free_bytes, why);
 }
 
-Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
-                                          int64_t free_bytes, std::string* why) {
+GdnKeep gdn_keep_for(Checkpointing ckpt) { return ckpt == Checkpointing::None ? GdnKeep::States : GdnKeep::Prep; }
+
+int64_t gdn_kept_bytes(Checkpointing ckpt, int64_t n_gdn, int64_t states, int64_t prep) {
+  if (n_gdn == 0) return 0;
+  switch (ckpt) {
+    case Checkpointing::None: return n_gdn * states;
+    case Checkpointing::Selective: return n_gdn * prep;
+    case Checkpointing::Full: return prep;
+  }
+  return 0;
+}
+
+Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens,
+                                          int64_t gdn_states_bytes, int64_t gdn_prep_bytes, int64_t free_bytes,
+                                          std::string* why) {
+  const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
   const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
                                  2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
@@ -211,8 +224,8 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
                         (int64_t(4) << 30);
   std::string detail;
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
-    int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
-    if (c == Checkpointing::None) need += gdn_state_bytes;
+    const int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c) +
+                         gdn_kept_bytes(c, n_gdn, gdn_states_bytes, gdn_prep_bytes);
     detail += str(detail.empty() ? "" : ", ", checkpointing_name(c), " needs ", need >> 20, " MiB");
     if (need <= free_bytes) {
       if (why != nullptr) *why = str(detail, " of ", free_bytes >> 20, " MiB free: ", checkpointing_name(c));
@@ -418,13 +431,20 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   const bool has_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet) > 0;
   static_split_seqlen_ = has_gdn ? be_.gdn_split_seqlen(gd, max_tokens_, max_seqs) : std::numeric_limits<int>::max();
   staged_longest_.assign(static_cast<size_t>(slots), static_cast<int>(max_tokens_));
-  const int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs);
-  // The other policies trade this memory away too.
-  if (ckpt_ == Checkpointing::None && bytes > 0)
+  gdn_keep_ = gdn_keep_for(ckpt_);
+  const int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs, gdn_keep_);
+  int64_t first_gdn = -1;
+  if (bytes > 0)
     for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
       if (cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
-        gdn_state_[static_cast<size_t>(l)] = be_.alloc(DType::U8, {bytes});
+        Tensor& st = gdn_state_[static_cast<size_t>(l)];
+        if (ckpt_ == Checkpointing::Full && first_gdn >= 0) {
+          st = gdn_state_[static_cast<size_t>(first_gdn)];  // shared: each layer refills it just before its backward
+          continue;
+        }
+        st = be_.alloc(DType::U8, {bytes});
         plan_.mixer_state += bytes;
+        first_gdn = l;
       }
   // The step is planned now (weights, optimizer, activations, GDN state); what stays free holds
   // the kernel workspaces. A 2000 MiB logits chunk (2048 rows at V = 248,320) halves the
@@ -439,7 +459,7 @@ const Tensor* Qwen35Model::gdn_state_for(int layer, int64_t T) const {
   if (st.data == nullptr) return nullptr;
   const GdnDims gd = gdn_dims(cfg_);
   // A row with more samples than the static bound (an eager fallback) does not fit: recompute.
-  return be_.gdn_state_bytes(gd, T, seqs_.num_seqs) <= static_cast<int64_t>(st.nbytes()) ? &st : nullptr;
+  return be_.gdn_state_bytes(gd, T, seqs_.num_seqs, gdn_keep_) <= static_cast<int64_t>(st.nbytes()) ? &st : nullptr;
 }
 
 int Qwen35Model::static_seqs_needed(const PackedRow& row) const {
@@ -540,7 +560,7 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     if (heavy) {
       be_.gdn_gates_forward(beta, gg, b, a, p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
       const Tensor* st = gdn_state_for(l, T);
-      be_.gdn_forward(o, conv, gg, beta, gd, seqs_, st != nullptr ? *st : Tensor());
+      be_.gdn_forward(o, conv, gg, beta, gd, seqs_, st != nullptr ? *st : Tensor(), gdn_keep_);
     }
     be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
                               p(ParamRole::GdnNorm, l), c.rms_norm_eps);
@@ -619,7 +639,7 @@ void Qwen35Model::backward_layers(int64_t T) {
                                  p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
       const Tensor* st = gdn_state_for(l, T);
       be_.gdn_backward(dconv, dg, dbeta, d_o, rows(A.conv, T), rows(A.g, T), rows(A.beta, T), gd, seqs_,
-                       st != nullptr ? *st : Tensor());
+                       st != nullptr ? *st : Tensor(), gdn_keep_);
       // db and da reuse the (now free) dy buffer: [T, Hv] each.
       const Tensor db = slab(d_a_, {T, Hv});
       const Tensor da = Tensor(static_cast<char*>(d_a_.data) + static_cast<size_t>(T * Hv) * dtype_size(d_a_.dtype),

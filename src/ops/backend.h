@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "core/tensor.h"
+#include "ops/gdn_keep.h"
 
 namespace qt {
 
@@ -121,12 +122,16 @@ class Backend {
   // The gated delta rule over qkv[T, conv_dim] = [q (Hk*dk) | k (Hk*dk) | v (Hv*dv)] (the conv
   // output): q, k L2-normalized inside (eps 1e-6), q scaled by dk^-1/2, value head j reads key
   // head j / (Hv/Hk); state reset at every sample start. o: [T, Hv, dv].
-  // `state` (optional; an empty Tensor for none) keeps the forward's internal state (chunk states
-  // etc.) for the backward instead of recomputing it there: gdn_state_bytes is its size for a row
-  // of `tokens` tokens and at most `num_seqs` samples (0: the backend always recomputes and ignores
-  // `state`, as the CPU reference does); the forward writes it (u8, at least that size), the
-  // backward reads it (same inputs as that forward).
-  virtual int64_t gdn_state_bytes(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/) const { return 0; }
+  // `state` (optional; an empty Tensor for none) keeps the forward's internal state for the backward
+  // instead of recomputing it there, as much as `keep` names (ops/gdn_keep.h: States, everything;
+  // Prep, prep's results only, a seventh of that): gdn_state_bytes is its size for a row of `tokens`
+  // tokens and at most `num_seqs` samples (0: the backend recomputes that part and ignores `state`,
+  // as the CPU reference does); the forward writes it (u8, at least that size), the backward reads
+  // it (same inputs and `keep` as that forward).
+  virtual int64_t gdn_state_bytes(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/,
+                                  GdnKeep /*keep*/) const {
+    return 0;
+  }
   // The shortest sample (tokens) that gdn_forward may split across parallel scan pieces in a row of
   // `tokens` tokens and at most `num_seqs` samples: a call whose SeqInfo::max_seqlen is below it
   // runs the unsplit kernels (the split's ticket walk costs a row of short samples a few %), so a
@@ -135,11 +140,11 @@ class Backend {
     return std::numeric_limits<int>::max();
   }
   virtual void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                           const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) = 0;
+                           const GdnDims& dims, const SeqInfo& seqs, const Tensor& state, GdnKeep keep) = 0;
   // dqkv [T, conv_dim], dg, dbeta f32 [T,Hv]: all overwritten.
   virtual void gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                             const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                            const SeqInfo& seqs, const Tensor& state) = 0;
+                            const SeqInfo& seqs, const Tensor& state, GdnKeep keep) = 0;
 
   // Gated RMSNorm per head: y = (w * x * rstd) * silu(z); x, z, y: [T, Hv, dv]; w: [dv]; rstd f32 [T*Hv].
   virtual void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,

@@ -153,16 +153,16 @@ void ProfiledBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, con
 }
 
 void ProfiledBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                                  const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
+                                  const GdnDims& dims, const SeqInfo& seqs, const Tensor& state, GdnKeep keep) {
   OpRange r(prof_, "gdn_forward", true);
-  inner_.gdn_forward(o, qkv, g, beta, dims, seqs, state);
+  inner_.gdn_forward(o, qkv, g, beta, dims, seqs, state, keep);
 }
 
 void ProfiledBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                                    const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                                   const SeqInfo& seqs, const Tensor& state) {
+                                   const SeqInfo& seqs, const Tensor& state, GdnKeep keep) {
   OpRange r(prof_, "gdn_backward", true);
-  inner_.gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, state);
+  inner_.gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, dims, seqs, state, keep);
 }
 
 void ProfiledBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,

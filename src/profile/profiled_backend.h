@@ -36,8 +36,8 @@ class ProfiledBackend final : public Backend {
   void synchronize() override { inner_.synchronize(); }
   int64_t free_memory_bytes() const override { return inner_.free_memory_bytes(); }
   void set_loss_chunk_budget(int64_t bytes) override { inner_.set_loss_chunk_budget(bytes); }
-  int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
-    return inner_.gdn_state_bytes(dims, tokens, num_seqs);
+  int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs, GdnKeep keep) const override {
+    return inner_.gdn_state_bytes(dims, tokens, num_seqs, keep);
   }
   int gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
     return inner_.gdn_split_seqlen(dims, tokens, num_seqs);
@@ -72,10 +72,10 @@ class ProfiledBackend final : public Backend {
                           const Tensor& dbeta, const Tensor& dg, const Tensor& b, const Tensor& a, const Tensor& a_log,
                           const Tensor& dt_bias) override;
   void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                   const SeqInfo& seqs, const Tensor& state) override;
+                   const SeqInfo& seqs, const Tensor& state, GdnKeep keep) override;
   void gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o, const Tensor& qkv,
                     const Tensor& g, const Tensor& beta, const GdnDims& dims, const SeqInfo& seqs,
-                    const Tensor& state) override;
+                    const Tensor& state, GdnKeep keep) override;
   void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
                              double eps) override;
   void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,

@@ -52,10 +52,10 @@ class CpuBackend : public Backend {
                           const Tensor& dbeta, const Tensor& dg, const Tensor& b, const Tensor& a, const Tensor& a_log,
                           const Tensor& dt_bias) override;
   void gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                   const SeqInfo& seqs, const Tensor& state) override;
+                   const SeqInfo& seqs, const Tensor& state, GdnKeep keep) override;
   void gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o, const Tensor& qkv,
                     const Tensor& g, const Tensor& beta, const GdnDims& dims, const SeqInfo& seqs,
-                    const Tensor& state) override;
+                    const Tensor& state, GdnKeep keep) override;
   void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
                              double eps) override;
   void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,

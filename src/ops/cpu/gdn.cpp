@@ -545,7 +545,7 @@ void CpuBackend::gdn_gates_backward(const Tensor& db, const Tensor& da, const Te
 
 // The reference keeps no state (gdn_state_bytes is 0): `state` is ignored, the backward recomputes.
 void CpuBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                             const GdnDims& dims, const SeqInfo& seqs, const Tensor& /*state*/) {
+                             const GdnDims& dims, const SeqInfo& seqs, const Tensor& /*state*/, GdnKeep /*keep*/) {
   const char* op = "gdn_forward";
   const int64_t T = ops::check_gdn_forward(op, dims, o, qkv, g, beta, F32, DeviceKind::CPU);
   const int32_t* cu = check_seqs(op, seqs, T);
@@ -554,7 +554,7 @@ void CpuBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g
 
 void CpuBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                               const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                              const SeqInfo& seqs, const Tensor& /*state*/) {
+                              const SeqInfo& seqs, const Tensor& /*state*/, GdnKeep /*keep*/) {
   const char* op = "gdn_backward";
   const int64_t T = ops::check_gdn_backward(op, dims, dqkv, dg, dbeta, d_o, qkv, g, beta, F32, DeviceKind::CPU);
   const int32_t* cu = check_seqs(op, seqs, T);

@@ -557,8 +557,8 @@ cuda::GdnArgs gdn_bound_args(const GdnDims& dims, int64_t tokens, int num_seqs) 
 }
 }  // namespace
 
-int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs) const {
-  return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_bound_args(dims, tokens, num_seqs)));
+int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs, GdnKeep keep) const {
+  return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_bound_args(dims, tokens, num_seqs), keep));
 }
 
 int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const {
@@ -566,47 +566,48 @@ int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_s
 }
 
 namespace {
-// The kept GDN state buffer: absent (recompute), or large enough for this call's shapes.
-void* gdn_state_ptr(const char* op, const Tensor& state, const cuda::GdnArgs& args) {
+// The kept GDN state buffer: absent (recompute), or large enough for this call's shapes and `keep`.
+void* gdn_state_ptr(const char* op, const Tensor& state, const cuda::GdnArgs& args, GdnKeep keep) {
   if (state.data == nullptr) return nullptr;
-  const size_t need = cuda::gdn_state_bytes(args);
+  const size_t need = cuda::gdn_state_bytes(args, keep);
   QT_CHECK(state.nbytes() >= need, op, ": state is ", state.describe(), " (", state.nbytes(), " bytes), needs ", need,
-           " for ", args.total_tokens, " tokens in ", args.num_seqs, " samples");
+           " for ", args.total_tokens, " tokens in ", args.num_seqs, " samples (keeping ",
+           keep == GdnKeep::Prep ? "prep's results" : "the chunk states", ")");
   return state.data;
 }
 // Workspace a GDN call needs: all of it, or without the state part when the caller keeps that.
-size_t gdn_scratch_bytes(const cuda::GdnArgs& args, bool state_kept) {
-  return cuda::gdn_workspace_bytes(args) - (state_kept ? cuda::gdn_state_bytes(args) : 0);
+size_t gdn_scratch_bytes(const cuda::GdnArgs& args, bool state_kept, GdnKeep keep) {
+  return cuda::gdn_workspace_bytes(args) - (state_kept ? cuda::gdn_state_bytes(args, keep) : 0);
 }
 }  // namespace
 
 void CudaBackend::gdn_forward(const Tensor& o, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                              const GdnDims& dims, const SeqInfo& seqs, const Tensor& state) {
+                              const GdnDims& dims, const SeqInfo& seqs, const Tensor& state, GdnKeep keep) {
   const char* op = "gdn_forward";
   check_gdn_kernel_dims(op, dims);
   const int64_t T = ops::check_gdn_forward(op, dims, o, qkv, g, beta, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
-  void* st = gdn_state_ptr(op, state, args);
-  void* ws = workspace(gdn_scratch_bytes(args, st != nullptr));
-  cuda::gdn_forward(o.data, qkv.data, g.ptr<float>(), beta.ptr<float>(), args, ws, stream_, st);
+  void* st = gdn_state_ptr(op, state, args, keep);
+  void* ws = workspace(gdn_scratch_bytes(args, st != nullptr, keep));
+  cuda::gdn_forward(o.data, qkv.data, g.ptr<float>(), beta.ptr<float>(), args, ws, stream_, st, keep);
   QT_LAUNCH_CHECK("gdn_forward");
 }
 
 void CudaBackend::gdn_backward(const Tensor& dqkv, const Tensor& dg, const Tensor& dbeta, const Tensor& d_o,
                                const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnDims& dims,
-                               const SeqInfo& seqs, const Tensor& state) {
+                               const SeqInfo& seqs, const Tensor& state, GdnKeep keep) {
   const char* op = "gdn_backward";
   check_gdn_kernel_dims(op, dims);
   const int64_t T = ops::check_gdn_backward(op, dims, dqkv, dg, dbeta, d_o, qkv, g, beta, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
   const cuda::GdnArgs args = gdn_args(dims, seqs);
-  const void* st = gdn_state_ptr(op, state, args);
-  void* ws = workspace(gdn_scratch_bytes(args, st != nullptr));
+  const void* st = gdn_state_ptr(op, state, args, keep);
+  void* ws = workspace(gdn_scratch_bytes(args, st != nullptr, keep));
   cuda::gdn_backward(dqkv.data, dg.ptr<float>(), dbeta.ptr<float>(), d_o.data, qkv.data, g.ptr<float>(),
-                     beta.ptr<float>(), args, ws, stream_, st);
+                     beta.ptr<float>(), args, ws, stream_, st, keep);
   QT_LAUNCH_CHECK("gdn_backward");
 }
 

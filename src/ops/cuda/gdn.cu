@@ -4115,10 +4115,14 @@ int max_chunks(const GdnArgs& a) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b, std::max(a.total_tokens, 1))));
 }
 
-// Lays the forward state (chunk table, Gc, W, D, h, rs: what the backward reuses when the
-// forward kept it) out from `state` and the backward-only buffers from `scratch` (nullptr: sizes
-// only). Returns {state bytes, scratch bytes}.
-std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w) {
+// Lays the forward state out from `state` and the backward-only buffers from `scratch` (nullptr:
+// sizes only). Returns {state bytes, scratch bytes}. The state starts with prep's results (Gc, T,
+// rs: GdnKeep::Prep's part); GdnKeep::States also keeps the chunk plan, W, D, h and the split's maps
+// (what the backward reuses when the forward kept it), which GdnKeep::Prep leaves in the scratch.
+// Prep keeps nothing where the mma.sync scans run (they read prep's W and U as well, which would
+// make the part as large as States'): the backward recomputes prep there.
+std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w,
+                                 GdnKeep keep = GdnKeep::States) {
   size_t off = 0;
   char* base = state;
   auto take = [&](size_t bytes) {
@@ -4126,13 +4130,26 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
     off += (bytes + 255) / 256 * 256;
     return p;
   };
+  size_t state_bytes = 0;
+  auto state_ends = [&] {  // the rest goes to the scratch
+    state_bytes = off;
+    off = 0;
+    base = scratch;
+  };
   const size_t T = static_cast<size_t>(a.total_tokens), Hk = static_cast<size_t>(a.num_k_heads),
                Hv = static_cast<size_t>(a.num_v_heads), K = static_cast<size_t>(a.k_head_dim),
                V = static_cast<size_t>(a.v_head_dim);
+  const bool wg = wgmma_scans(a.k_head_dim, a.v_head_dim);
   const int nc = max_chunks(a);
   const size_t states = static_cast<size_t>(nc) * Hv * K * V * sizeof(float);
   Workspace ws{};
   ws.nc_max = nc;
+  if (keep == GdnKeep::Prep && !wg) state_ends();
+  ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
+  ws.Th = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
+  ws.Tl = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
+  ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
+  if (keep == GdnKeep::Prep && wg) state_ends();
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.rtable = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.nchunks = reinterpret_cast<int*>(take(sizeof(int)));
@@ -4146,28 +4163,21 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.items = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 3 * slots) * sizeof(int)));
   ws.items_rev = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 2 * slots) * sizeof(int)));
   ws.counts = reinterpret_cast<int*>(take(5 * sizeof(int)));
-  ws.Gc = reinterpret_cast<float*>(take(T * Hv * sizeof(float)));
   // W's planes: only the mma.sync scans read them (the wgmma ones form W S from T).
-  const size_t w_bytes = wgmma_scans(a.k_head_dim, a.v_head_dim) ? 0 : T * Hv * K * sizeof(bf16);
+  const size_t w_bytes = wg ? 0 : T * Hv * K * sizeof(bf16);
   ws.Wh = reinterpret_cast<bf16*>(take(w_bytes));
   ws.Wl = reinterpret_cast<bf16*>(take(w_bytes));
   ws.Dh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.Dl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.h = reinterpret_cast<float*>(take(states));
-  ws.Th = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
-  ws.Tl = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
-  ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
   // The split's maps M and the flags: a backward reading a kept state combines its reverse
   // segments with the forward's M (the other slots are scratch).
   const size_t slot_bytes = static_cast<size_t>(slots) * Hv * K * V * sizeof(float);
   ws.split.M = reinterpret_cast<float*>(take(slot_bytes));
   ws.split.flags = reinterpret_cast<int*>(take(kSplitStateCount * static_cast<size_t>(slots) * Hv * sizeof(int)));
-  const size_t state_bytes = off;
-  off = 0;
-  base = scratch;
+  if (keep == GdnKeep::States) state_ends();
   // dD (fp32): U of the mma.sync forward scans, dD_local of a separate dlocal kernel; the wgmma
   // scans form both where they use them.
-  const bool wg = wgmma_scans(a.k_head_dim, a.v_head_dim);
   ws.dD = reinterpret_cast<float*>(take(!wg || dlocal_separate() ? T * Hv * V * sizeof(float) : 0));
   ws.dDh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dDl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
@@ -4191,11 +4201,12 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   return {state_bytes, off};
 }
 
-// The workspace of a call: the state from `state` when the caller keeps it, else its front part.
-Workspace place(const GdnArgs& a, void* workspace, void* state) {
+// The workspace of a call: the state from `state` when the caller keeps it (what `keep` names; the
+// rest in the workspace), else its front part.
+Workspace place(const GdnArgs& a, void* workspace, void* state, GdnKeep keep = GdnKeep::States) {
   Workspace w;
   if (state != nullptr) {
-    layout(a, static_cast<char*>(state), static_cast<char*>(workspace), &w);
+    layout(a, static_cast<char*>(state), static_cast<char*>(workspace), &w, keep);
   } else {
     const size_t front = layout(a, nullptr, nullptr, nullptr).first;
     layout(a, static_cast<char*>(workspace), static_cast<char*>(workspace) + front, &w);
@@ -4313,9 +4324,11 @@ bool split_possible(const GdnArgs& a, const Workspace& w) {
   return gdn_plan::split_worth_trying(a.max_seqlen, max_chunks(a), {w.split.slots, a.num_v_heads, sm_count()});
 }
 // split: the plan may split long samples (its reverse scan then splits too: the backward combines
-// with the maps' M, which a kept state keeps).
+// with the maps' M, which a kept state keeps). run_prep = false: G, T and the row scales are in w
+// already (a backward reading GdnKeep::Prep's state, made by a forward on the same inputs and plan).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
-                    bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false) {
+                    bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false,
+                    bool run_prep = true) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
@@ -4346,12 +4359,14 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   stage_end("gdn_chunk_table_kernel", stream);
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
-  stage_begin(stream);
-  // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
-  launch_smem_beside(prep_beside, prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads, prep_bytes,
-                     stream, w.Gc, w.Wh, w.Wl, w.dD, for_backward || wg_scans ? w.Th : nullptr, w.Tl, w.table, w.nchunks,
-                     w.rs, qkv, g, beta, Hk, Hv, K, V, conv_dim, prep_done);
-  stage_end("gdn_prep_kernel", stream);
+  if (run_prep) {
+    stage_begin(stream);
+    // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
+    launch_smem_beside(prep_beside, prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads,
+                       prep_bytes, stream, w.Gc, w.Wh, w.Wl, w.dD, for_backward || wg_scans ? w.Th : nullptr, w.Tl,
+                       w.table, w.nchunks, w.rs, qkv, g, beta, Hk, Hv, K, V, conv_dim, prep_done);
+    stage_end("gdn_prep_kernel", stream);
+  }
   if (wg_scans) {
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     // The instance: output formed here (fuse), its loads first where the state is kept too; by
@@ -4387,7 +4402,7 @@ size_t gdn_workspace_bytes(const GdnArgs& a) {
   return sizes.first + sizes.second;
 }
 
-size_t gdn_state_bytes(const GdnArgs& a) { return layout(a, nullptr, nullptr, nullptr).first; }
+size_t gdn_state_bytes(const GdnArgs& a, GdnKeep keep) { return layout(a, nullptr, nullptr, nullptr, keep).first; }
 
 // Benchmark hooks (declared by bench/bench_gdn.cu, not part of kernels.h): per-kernel timing.
 void gdn_stage_timing(bool on) { stage_times().on = on; }
@@ -4409,17 +4424,20 @@ int gdn_split_min_seqlen(const GdnArgs& a) {
   return std::numeric_limits<int>::max();
 }
 
-int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state) {
-  const Workspace w = place(a, const_cast<void*>(workspace), const_cast<void*>(state));
+int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state, GdnKeep keep) {
+  const Workspace w = place(a, const_cast<void*>(workspace), const_cast<void*>(state), keep);
   int n = 0;
   CUDA_CHECK(cudaMemcpy(&n, w.counts + 1, sizeof(int), cudaMemcpyDeviceToHost));
   return n;
 }
 
 void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
-                 cudaStream_t stream, void* state) {
+                 cudaStream_t stream, void* state, GdnKeep keep) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
-  const Workspace w = place(a, workspace, state);
+  const Workspace w = place(a, workspace, state, keep);
+  // Keeping prep's results is the plain forward's work (prep writes them either way, here into the
+  // caller's state); keeping the chunk states is the training path's forward.
+  const bool keep_states = state != nullptr && keep == GdnKeep::States;
   const bf16* x = static_cast<const bf16*>(qkv);
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   // Where the output kernel follows the wgmma scan (one wave of scan CTAs with the state kept: 2B),
@@ -4427,12 +4445,12 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   // each CTA waiting for its (sample, head)'s flag, shortest sample first (rtable).
   // QT_GDN_OUTPUT_AFTER_SCAN=1 launches it after the scan, for A/B.
   static const bool after_scan = env_knob("QT_GDN_OUTPUT_AFTER_SCAN", {1}) != 0;
-  const bool in_scan = output_in_scan(a, state != nullptr);
+  const bool in_scan = output_in_scan(a, keep_states);
   const bool beside = wgmma_scans(K, V) && !in_scan && !after_scan;
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, done_ints(w, Hv, false) * sizeof(int), stream));
   // A kept state is computed at the backward's precision, so reusing it changes nothing. Long
   // samples may split either way: a kept state keeps the plan and the maps' M for the backward.
-  forward_common(w, x, g, beta, a, state != nullptr, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
+  forward_common(w, x, g, beta, a, keep_states, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
                  beside ? done_flags(w, Hv, 0) : nullptr, true);
   if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
@@ -4444,11 +4462,17 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
 }
 
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
-                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream, const void* state) {
+                  const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream, const void* state,
+                  GdnKeep keep) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
   // The backward only reads the state (the kernels below write dD, dh, dqn, dkn, never it), except
   // for the reverse split's flags and ticket counter, which it resets.
-  const Workspace w = place(a, workspace, const_cast<void*>(state));
+  const Workspace w = place(a, workspace, const_cast<void*>(state), keep);
+  // kept: the forward's chunk states are there (nothing of the forward runs); with prep's results
+  // only, the chunk table and the forward scan run again, prep does not (where that part is
+  // non-empty: the wgmma scans).
+  const bool kept = state != nullptr && keep == GdnKeep::States;
+  const bool prep_kept = state != nullptr && keep == GdnKeep::Prep && gdn_state_bytes(a, GdnKeep::Prep) > 0;
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
@@ -4465,7 +4489,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // idle while the longest chains finish (2B: one wave of 128 CTAs). QT_GDN_BWD_CHUNK_AFTER_SCAN=1
   // launches each after the one before, for A/B.
   static const bool after_scan = env_knob("QT_GDN_BWD_CHUNK_AFTER_SCAN", {1}) != 0;
-  const bool beside = wg_scan && wg_bc && !after_scan, rev_beside = beside && state == nullptr && !separate;
+  const bool beside = wg_scan && wg_bc && !after_scan, rev_beside = beside && !kept && !separate;
   int* done_fwd = rev_beside ? done_flags(w, Hv, 0) : nullptr;
   int* done_rev = beside ? done_flags(w, Hv, 1) : nullptr;
   int* work = beside ? work_counter(w, Hv) : nullptr;
@@ -4474,8 +4498,8 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // them as well (its ticket instance; with the separate dlocal kernel, A/B only, neither splits).
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
-  if (state == nullptr) {
-    forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split);
+  if (!kept) {
+    forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split, !prep_kept);
   } else if (split) {
     // The kept forward's table kernel zeroed the reverse walk's counter and flags, but a kept state
     // may be read more than once (bench_gdn, gradient checks): reset them.

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ops/gdn_keep.h"
+
 namespace qt::cuda {
 
 // ---- Gated DeltaNet (QWEN35_SPEC.md 3.5 / 4; semantics of Backend::gdn_forward/backward) ----
@@ -21,28 +23,32 @@ struct GdnArgs {
 };
 // Scratch for forward and backward (chunk states etc.), bytes.
 size_t gdn_workspace_bytes(const GdnArgs& a);
-// The part of it the forward can leave for the backward (chunk table, gates, T = (I + A)^-1, D,
-// chunk states, L2 row scales of q/k; W too where the mma.sync scans read it): the caller's `state`
-// buffer, when given, takes that part.
-size_t gdn_state_bytes(const GdnArgs& a);
+// The part of it the forward can leave for the backward, by what it keeps (ops/gdn_keep.h):
+// GdnKeep::States the chunk table, gates, T = (I + A)^-1, D, chunk states, L2 row scales of q/k (W
+// too where the mma.sync scans read it); GdnKeep::Prep the gates, T and the row scales only (0 where
+// the mma.sync scans run, dk or dv != 128: they need prep's W and U as well, so there the backward
+// recomputes prep). The caller's `state` buffer, when given, takes that part.
+size_t gdn_state_bytes(const GdnArgs& a, GdnKeep keep = GdnKeep::States);
 // o [T, Hv, dv] bf16; qkv [T, 2*Hk*dk + Hv*dv] bf16 (q | k | v, raw: L2 norm and dk^-1/2 inside);
-// g, beta f32 [T, Hv]. With `state` (gdn_state_bytes), the forward state is kept there, computed
-// at the backward's precision.
+// g, beta f32 [T, Hv]. With `state` (gdn_state_bytes(a, keep)), what `keep` names is kept there,
+// computed at the backward's precision. Keeping Prep costs the forward nothing (prep's results are
+// written either way); keeping States adds the chunk states' stores.
 void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, const GdnArgs& a, void* workspace,
-                 cudaStream_t stream, void* state = nullptr);
+                 cudaStream_t stream, void* state = nullptr, GdnKeep keep = GdnKeep::States);
 // dqkv [T, conv_dim] bf16, dg, dbeta f32 [T, Hv] (all overwritten); d_o [T, Hv, dv] bf16.
 // Recomputes the forward state from the inputs, or with `state` reads what gdn_forward kept there
-// for these same inputs and args.
+// (with the same `keep`) for these same inputs and args, recomputing the rest.
 void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const void* qkv, const float* g,
                   const float* beta, const GdnArgs& a, void* workspace, cudaStream_t stream,
-                  const void* state = nullptr);
+                  const void* state = nullptr, GdnKeep keep = GdnKeep::States);
 // The shortest max_seqlen with which gdn_forward / gdn_backward may split a sample (the plan on the
 // device then decides): below it they run the unsplit kernels. INT_MAX where they never split.
 int gdn_split_min_seqlen(const GdnArgs& a);
 // The segments the last gdn_forward (or recomputing gdn_backward) planned in `workspace`, or in
 // `state` where it kept one: num_seqs, or more where it split long samples across scan CTAs (the
 // intra-sample split, gdn.cu). Synchronizes; for tests and benchmarks.
-int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state = nullptr);
+int gdn_planned_segments(const GdnArgs& a, const void* workspace, const void* state = nullptr,
+                         GdnKeep keep = GdnKeep::States);
 
 // ---- causal varlen attention with GQA (semantics of Backend::attention_forward/backward) ----
 struct AttnArgs {
