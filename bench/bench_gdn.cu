@@ -9,6 +9,10 @@
 // 4b_one32k (one 32768-token sample, Hv = 32: the shape of KERNELS.md 1.9's FLA / FlashQLA
 // anchors), 2b_mix2600 and 4b_mix4400 (a chat row with one sample just long enough to split), or
 // all of them with shape "long".
+// The backward (gdn_bwd_*) reads what the forward saved as flash-linear-attention's does (KERNELS.md
+// 1.4: the gates' cumsum, T = (I + A)^-1, the q / k row scales; GdnKeep::Prep) and recomputes the
+// chunk states, the work 1.8's backward formula counts; gdn_bwd_recompute_* is the backward that
+// recomputes prep too (the triangular solve, which that formula counts in the forward only).
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 // QT_GDN_BENCH_STATIC_BOUND=1 passes max_seqlen = T, the bound a captured training step with static
@@ -152,8 +156,15 @@ int main(int argc, char** argv) {
     const double fwd_ms = time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr); });
     // The scan's segments in that forward (more than the samples where it split a long one).
     const int fwd_segments = qt::cuda::gdn_planned_segments(a, ws);
-    const double bwd_ms =
+    const double bwd_recompute_ms =
         time_ms([&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr); });
+    // The forward keeping prep's results (which it writes either way) and the backward reading them.
+    void* prep;
+    BCHECK(cudaMalloc(&prep, qt::cuda::gdn_state_bytes(a, qt::GdnKeep::Prep)));
+    const double fp_ms =
+        time_ms([&] { qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, prep, qt::GdnKeep::Prep); });
+    const double bwd_ms = time_ms(
+        [&] { qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, prep, qt::GdnKeep::Prep); });
     // The training path: the forward keeps its state (computed at the backward's precision) and the
     // backward reads it instead of recomputing (Backend::gdn_forward / gdn_backward with a state).
     void* kept;
@@ -166,6 +177,9 @@ int main(int argc, char** argv) {
     std::printf("| gdn_fwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, fwd_per * th / (fwd_ms * 1e-3) / 1e12);
     std::printf("| gdn_bwd_tflops_%s | %.2f | TFLOP/s |\n", s.name, bwd_per * th / (bwd_ms * 1e-3) / 1e12);
     std::printf("| gdn_fwd_ms_%s | %.3f | ms |\n| gdn_bwd_ms_%s | %.3f | ms |\n", s.name, fwd_ms, s.name, bwd_ms);
+    std::printf("| gdn_bwd_recompute_tflops_%s | %.2f | TFLOP/s |\n| gdn_bwd_recompute_ms_%s | %.3f | ms |\n", s.name,
+                bwd_per * th / (bwd_recompute_ms * 1e-3) / 1e12, s.name, bwd_recompute_ms);
+    std::printf("| gdn_fwd_keep_prep_ms_%s | %.3f | ms |\n", s.name, fp_ms);
     std::printf("| gdn_fwd_keep_ms_%s | %.3f | ms |\n| gdn_bwd_kept_ms_%s | %.3f | ms |\n", s.name, fk_ms, s.name,
                 bk_ms);
     std::printf("| gdn_train_ms_%s | %.3f | ms |\n", s.name, fk_ms + bk_ms);
@@ -178,6 +192,9 @@ int main(int argc, char** argv) {
       for (int i = 0; i < iters; ++i) qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr);
       qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd").c_str(), iters);
       for (int i = 0; i < iters; ++i) qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr);
+      qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd_recompute").c_str(), iters);
+      for (int i = 0; i < iters; ++i)  // prep's results as the timed forward above left them
+        qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, prep, qt::GdnKeep::Prep);
       qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd").c_str(), iters);
       for (int i = 0; i < iters; ++i) qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, kept);
       qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd_keep").c_str(), iters);
@@ -195,6 +212,7 @@ int main(int argc, char** argv) {
     BCHECK(cudaFree(dbeta));
     BCHECK(cudaFree(ws));
     BCHECK(cudaFree(kept));
+    BCHECK(cudaFree(prep));
     BCHECK(cudaFree(cu_d));
   }
   return 0;
