@@ -8,9 +8,9 @@ enum class GdnKeep : int {
   // Everything the backward reuses (the chunk plan, the gates' cumsum G, T = (I + A)^-1, the q / k L2
   // row scales, the chunk states h and D): the backward runs no forward stage. The largest.
   States,
-  // Prep's results only: G, T and the row scales, what flash-linear-attention's forward saves
-  // (KERNELS.md 1.4). The backward recomputes the chunk plan and the chunk states (the forward scan),
-  // not the triangular solve. About a seventh of States at dk = dv = 128.
+  // Prep's results and the chunk plan: G, T and the row scales, what flash-linear-attention's
+  // forward saves (KERNELS.md 1.4). The backward recomputes the chunk states (the forward scan), not
+  // the plan or the triangular solve. About a seventh of States at dk = dv = 128.
   Prep,
 };
 

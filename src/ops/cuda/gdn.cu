@@ -3675,7 +3675,6 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   cp_async_wait<1>();
   wg::fence_proxy_async();
   sync_rows();  // all but dO landed
-  const float egl = expf(gs[kC - 1]);
 
   // The state products, rows d of this warpgroup: F^T = dS D^T, then E^T = S0 dO^T, dW^T = S0 dD^T;
   // the A fragments from the staged rows (this thread's: r0 + g, + 8), <S0, dS_end> on the way.
@@ -3887,7 +3886,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   } else {
     bc_combine(rb, tid);
     __syncthreads();
-    if (tid < 32) dg_reverse_cumsum(fl + kBcDg, fl + kBcXi, fl + kBcSdot + 8 * par, egl);
+    if (tid < 32) dg_reverse_cumsum(fl + kBcDg, fl + kBcXi, fl + kBcSdot + 8 * par, expf(gs[kC - 1]));
     if constexpr (kL2) store_dk_l2();
     __syncthreads();
     bc_store_dg(tid, bos, head, len);
@@ -4116,9 +4115,10 @@ int max_chunks(const GdnArgs& a) {
 }
 
 // Lays the forward state out from `state` and the backward-only buffers from `scratch` (nullptr:
-// sizes only). Returns {state bytes, scratch bytes}. The state starts with prep's results (Gc, T,
-// rs: GdnKeep::Prep's part); GdnKeep::States also keeps the chunk plan, W, D, h and the split's maps
-// (what the backward reuses when the forward kept it), which GdnKeep::Prep leaves in the scratch.
+// sizes only). Returns {state bytes, scratch bytes}. The state starts with prep's results and the
+// chunk plan (Gc, T, rs, the table and the split's plan: GdnKeep::Prep's part); GdnKeep::States also
+// keeps W, D, h and the split's maps and flags (what the backward reuses when the forward kept it),
+// which GdnKeep::Prep leaves in the scratch.
 // Prep keeps nothing where the mma.sync scans run (they read prep's W and U as well, which would
 // make the part as large as States'): the backward recomputes prep there.
 std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, Workspace* w,
@@ -4149,7 +4149,6 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.Th = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
   ws.Tl = reinterpret_cast<bf16*>(take(static_cast<size_t>(nc) * Hv * kC * kC * sizeof(bf16)));
   ws.rs = reinterpret_cast<float*>(take(T * Hk * 2 * sizeof(float)));  // L2 row scales of q, k
-  if (keep == GdnKeep::Prep && wg) state_ends();
   ws.table = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.rtable = reinterpret_cast<int4*>(take(static_cast<size_t>(nc) * sizeof(int4)));
   ws.nchunks = reinterpret_cast<int*>(take(sizeof(int)));
@@ -4163,6 +4162,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.items = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 3 * slots) * sizeof(int)));
   ws.items_rev = reinterpret_cast<int*>(take((static_cast<size_t>(a.num_seqs) + 2 * slots) * sizeof(int)));
   ws.counts = reinterpret_cast<int*>(take(5 * sizeof(int)));
+  if (keep == GdnKeep::Prep && wg) state_ends();
   // W's planes: only the mma.sync scans read them (the wgmma ones form W S from T).
   const size_t w_bytes = wg ? 0 : T * Hv * K * sizeof(bf16);
   ws.Wh = reinterpret_cast<bf16*>(take(w_bytes));
@@ -4323,18 +4323,21 @@ bool output_in_scan(const GdnArgs& a, bool for_backward) {
 bool split_possible(const GdnArgs& a, const Workspace& w) {
   return gdn_plan::split_worth_trying(a.max_seqlen, max_chunks(a), {w.split.slots, a.num_v_heads, sm_count()});
 }
+// GdnKeep::Prep's part (the chunk plan, G, T, the row scales) in a call: kMake, the chunk table and
+// prep make it; kMakeKept, the same and the table kernel also builds rtable (bwd_chunk's order), for
+// the backward that reads it (a forward keeping Prep); kHave, it is there (that backward): neither
+// runs, and only the split's flags and ticket counters, which the scans consume, are reset.
+enum class PrepPart { kMake, kMakeKept, kHave };
 // split: the plan may split long samples (its reverse scan then splits too: the backward combines
-// with the maps' M, which a kept state keeps). run_prep = false: G, T and the row scales are in w
-// already (a backward reading GdnKeep::Prep's state, made by a forward on the same inputs and plan).
+// with the maps' M, which a kept state keeps).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false,
-                    bool run_prep = true) {
+                    PrepPart part = PrepPart::kMake) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
   const bool wg_scans = wgmma_scans(K, V);
   const bool fuse = out != nullptr;
-  stage_begin(stream);
   // rtable: bwd_chunk's and the output kernel's order, not needed by a plain forward with the output fused.
   const SplitArgs sp{w.vcu,
                      w.seginfo,
@@ -4352,14 +4355,22 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   const bool tickets = sp.shape.max_slots >= 3;  // the plan may split a long sample
   const bool prep_beside = wg_scans && fuse && !keep && !tickets && !prep_after;
   int* prep_done = prep_beside ? w.prep_done : nullptr;
-  gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, for_backward || !fuse ? w.rtable : nullptr,
-                                                          w.nchunks, w.seq_off, w.seq_order, a.cu_seqlens,
-                                                          a.num_seqs, sp, prep_done, w.nc_max * Hk);
-  QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
-  stage_end("gdn_chunk_table_kernel", stream);
+  if (part != PrepPart::kHave) {
+    stage_begin(stream);
+    const bool rtable = for_backward || !fuse || part == PrepPart::kMakeKept;
+    gdn_chunk_table_kernel<<<1, kTableThreads, 0, stream>>>(w.table, rtable ? w.rtable : nullptr, w.nchunks,
+                                                            w.seq_off, w.seq_order, a.cu_seqlens, a.num_seqs, sp,
+                                                            prep_done, w.nc_max * Hk);
+    QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
+    stage_end("gdn_chunk_table_kernel", stream);
+  } else if (tickets) {  // what the table kernel zeroes: the split's flags, the two scans' ticket counters
+    CUDA_CHECK(cudaMemsetAsync(sp.flags, 0, kSplitStateCount * static_cast<size_t>(sp.shape.max_slots) * Hv * sizeof(int),
+                               stream));
+    CUDA_CHECK(cudaMemsetAsync(sp.counts + 2, 0, 2 * sizeof(int), stream));
+  }
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
-  if (run_prep) {
+  if (part != PrepPart::kHave) {
     stage_begin(stream);
     // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
     launch_smem_beside(prep_beside, prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads,
@@ -4450,8 +4461,9 @@ void gdn_forward(void* o, const void* qkv, const float* g, const float* beta, co
   if (beside) CUDA_CHECK(cudaMemsetAsync(w.done, 0, done_ints(w, Hv, false) * sizeof(int), stream));
   // A kept state is computed at the backward's precision, so reusing it changes nothing. Long
   // samples may split either way: a kept state keeps the plan and the maps' M for the backward.
+  const bool keep_prep = state != nullptr && keep == GdnKeep::Prep;
   forward_common(w, x, g, beta, a, keep_states, in_scan ? static_cast<bf16*>(o) : nullptr, stream,
-                 beside ? done_flags(w, Hv, 0) : nullptr, true);
+                 beside ? done_flags(w, Hv, 0) : nullptr, true, keep_prep ? PrepPart::kMakeKept : PrepPart::kMake);
   if (in_scan) return;
   const size_t bytes = static_cast<size_t>(out_smem_floats(K, V)) * sizeof(float);
   stage_begin(stream);
@@ -4468,9 +4480,9 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // The backward only reads the state (the kernels below write dD, dh, dqn, dkn, never it), except
   // for the reverse split's flags and ticket counter, which it resets.
   const Workspace w = place(a, workspace, const_cast<void*>(state), keep);
-  // kept: the forward's chunk states are there (nothing of the forward runs); with prep's results
-  // only, the chunk table and the forward scan run again, prep does not (where that part is
-  // non-empty: the wgmma scans).
+  // kept: the forward's chunk states are there (nothing of the forward runs); with prep's part only
+  // (the plan, G, T, the row scales; non-empty where the wgmma scans run), the forward scan runs
+  // again, not the chunk table or prep.
   const bool kept = state != nullptr && keep == GdnKeep::States;
   const bool prep_kept = state != nullptr && keep == GdnKeep::Prep && gdn_state_bytes(a, GdnKeep::Prep) > 0;
   const bf16* x = static_cast<const bf16*>(qkv);
@@ -4499,7 +4511,8 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
   if (!kept) {
-    forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split, !prep_kept);
+    forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split,
+                   prep_kept ? PrepPart::kHave : PrepPart::kMake);
   } else if (split) {
     // The kept forward's table kernel zeroed the reverse walk's counter and flags, but a kept state
     // may be read more than once (bench_gdn, gradient checks): reset them.

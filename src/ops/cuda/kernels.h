@@ -25,7 +25,7 @@ struct GdnArgs {
 size_t gdn_workspace_bytes(const GdnArgs& a);
 // The part of it the forward can leave for the backward, by what it keeps (ops/gdn_keep.h):
 // GdnKeep::States the chunk table, gates, T = (I + A)^-1, D, chunk states, L2 row scales of q/k (W
-// too where the mma.sync scans read it); GdnKeep::Prep the gates, T and the row scales only (0 where
+// too where the mma.sync scans read it); GdnKeep::Prep the chunk table, gates, T and the row scales (0 where
 // the mma.sync scans run, dk or dv != 128: they need prep's W and U as well, so there the backward
 // recomputes prep). The caller's `state` buffer, when given, takes that part.
 size_t gdn_state_bytes(const GdnArgs& a, GdnKeep keep = GdnKeep::States);
