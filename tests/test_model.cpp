@@ -267,30 +267,33 @@ TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
   EXPECT_EQ(choose_checkpointing(g.dir.config, be, 8192, 64), Checkpointing::None);  // host memory: no budget
   // From explicit budgets: the first policy that fits; a clear error when none does.
   const ModelConfig& cfg = g.dir.config;
-  // One GDN layer's kept state (GdnKeep::States) and prep's part (GdnKeep::Prep): none keeps the
-  // first per layer, selective the second per layer, full the second once (shared).
-  const int64_t T = 4096, state = int64_t(64) << 20, prep = int64_t(9) << 20, mib = int64_t(1) << 20;
+  const int64_t T = 4096, state = int64_t(64) << 20, mib = int64_t(1) << 20;
+  std::string why;
+  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, int64_t(1) << 50, &why), Checkpointing::None);
+  // The requirement of none, as reported (MiB, rounded down), gives the part shared by all three.
+  const int64_t need_none = std::stoll(why.substr(why.find("none needs ") + 11)) * mib;
+  const int64_t fixed = need_none - activation_bytes(cfg, DType::BF16, T, Checkpointing::None) - state;
+  EXPECT_GT(fixed, (int64_t(4) << 30) - mib);  // at least the 4 GiB reserve
+  const int64_t sel = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Selective);
+  const int64_t full = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Full);
+  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, sel + 2 * mib), Checkpointing::Selective);
+  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, full + 2 * mib), Checkpointing::Full);
+  EXPECT_ERROR_CONTAINS([&] { choose_checkpointing_within(cfg, DType::BF16, T, state, full - 2 * mib); },
+                        "does not fit on this device", "full needs", "MiB free");
+  // What each policy keeps of the GDN forward: none the chunk states per layer (its plan); selective
+  // prep's part per layer, full one shared; those two only where the 4 GiB reserve stays free.
   const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
   ASSERT_GT(n_gdn, 1);
-  EXPECT_EQ(gdn_kept_bytes(Checkpointing::None, n_gdn, state, prep), n_gdn * state);
-  EXPECT_EQ(gdn_kept_bytes(Checkpointing::Selective, n_gdn, state, prep), n_gdn * prep);
-  EXPECT_EQ(gdn_kept_bytes(Checkpointing::Full, n_gdn, state, prep), prep);
-  EXPECT_EQ(gdn_kept_bytes(Checkpointing::Full, 0, state, prep), 0);
   EXPECT_EQ(gdn_keep_for(Checkpointing::None), GdnKeep::States);
   EXPECT_EQ(gdn_keep_for(Checkpointing::Selective), GdnKeep::Prep);
   EXPECT_EQ(gdn_keep_for(Checkpointing::Full), GdnKeep::Prep);
-  std::string why;
-  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, prep, int64_t(1) << 50, &why), Checkpointing::None);
-  // The requirement of none, as reported (MiB, rounded down), gives the part shared by all three.
-  const int64_t need_none = std::stoll(why.substr(why.find("none needs ") + 11)) * mib;
-  const int64_t fixed = need_none - activation_bytes(cfg, DType::BF16, T, Checkpointing::None) - n_gdn * state;
-  EXPECT_GT(fixed, (int64_t(4) << 30) - mib);  // at least the 4 GiB reserve
-  const int64_t sel = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Selective) + n_gdn * prep;
-  const int64_t full = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Full) + prep;
-  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, prep, sel + 2 * mib), Checkpointing::Selective);
-  EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, prep, full + 2 * mib), Checkpointing::Full);
-  EXPECT_ERROR_CONTAINS([&] { choose_checkpointing_within(cfg, DType::BF16, T, state, prep, full - 2 * mib); },
-                        "does not fit on this device", "full needs", "MiB free");
+  EXPECT_EQ(gdn_kept_bytes(Checkpointing::None, n_gdn, state), n_gdn * state);
+  EXPECT_EQ(gdn_kept_bytes(Checkpointing::Selective, n_gdn, 9 * mib), n_gdn * 9 * mib);
+  EXPECT_EQ(gdn_kept_bytes(Checkpointing::Full, n_gdn, 9 * mib), 9 * mib);
+  EXPECT_EQ(gdn_kept_bytes(Checkpointing::Full, 0, 9 * mib), 0);
+  EXPECT_TRUE(gdn_keep_fits(100 * mib, (int64_t(4) << 30) + 100 * mib));
+  EXPECT_FALSE(gdn_keep_fits(100 * mib, (int64_t(4) << 30) + 99 * mib));
+  EXPECT_TRUE(gdn_keep_fits(100 * mib, -1));  // no device budget (host memory)
   EXPECT_EQ(checkpointing_from_name("selective"), Checkpointing::Selective);
   EXPECT_FALSE(checkpointing_from_name("some"));
 }

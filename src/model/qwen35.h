@@ -49,23 +49,26 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
 // The policy for training cfg on backend at max_tokens per row (at most max_seqs samples): the
 // first of none, selective, full whose activations fit in the backend's free memory next to the
 // weights, fp32 gradients, AdamW state (master, m, v) and a reserve for scratch and kernel
-// workspaces, with the GDN forward state each policy keeps (gdn_kept_bytes); none where the
+// workspaces (none also keeps the GDN forward state, Backend::gdn_state_bytes); none where the
 // backend reports no device budget (CPU). `why` (optional) receives the figures.
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
                                    std::string* why = nullptr);
+// The same decision from explicit figures (GDN state of all layers, free bytes). Throws, naming
+// the figures, when even full checkpointing does not fit.
+Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
+                                          int64_t free_bytes, std::string* why = nullptr);
 // What each policy keeps of a GDN layer's forward for its backward (Backend::gdn_forward's `keep`):
-// none the chunk states (no forward stage runs again in the backward); selective prep's results per
-// layer (the backward runs the forward scan again, not prep); full the same in one buffer that
-// every layer shares (each layer's forward runs again just before its backward and refills it).
+// none the chunk states (no forward stage runs again in the backward: part of none's memory);
+// selective prep's results per layer (the backward runs the forward scan again, not prep); full
+// the same in one buffer every layer shares (each layer's forward runs again just before its
+// backward and refills it). The last two are optional: kept only where memory is left after the
+// plan (gdn_keep_fits), never a reason to pick a slower policy.
 GdnKeep gdn_keep_for(Checkpointing ckpt);
-// Bytes of that over all n_gdn GDN layers, from one layer's Backend::gdn_state_bytes for States
-// (states) and for Prep (prep).
-int64_t gdn_kept_bytes(Checkpointing ckpt, int64_t n_gdn, int64_t states, int64_t prep);
-// The same decision from explicit figures (one GDN layer's state for GdnKeep::States and ::Prep,
-// free bytes). Throws, naming the figures, when even full checkpointing does not fit.
-Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens,
-                                          int64_t gdn_states_bytes, int64_t gdn_prep_bytes, int64_t free_bytes,
-                                          std::string* why = nullptr);
+// Bytes of that over n_gdn GDN layers, from one layer's Backend::gdn_state_bytes for that keep.
+int64_t gdn_kept_bytes(Checkpointing ckpt, int64_t n_gdn, int64_t layer_bytes);
+// Whether selective's / full's optional GDN part (kept_bytes) is kept with free_bytes free after the
+// plan: it must leave the plan's 4 GiB reserve for workspaces (free_bytes < 0: no device budget).
+bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes);
 
 // Bytes the model allocates at construction, by kind (the step itself allocates nothing).
 struct MemoryPlan {
@@ -118,7 +121,8 @@ class Qwen35Model {
   // end), so every kernel's grid and workspace are the same for every row. `slots` rows can be
   // staged at once (one per micro-batch of a step), each in its own page-locked host slot and
   // device input buffer. It also allocates the GDN forward state the backward reuses
-  // (Backend::gdn_state_bytes; what gdn_keep_for the policy names). Allocates (call once, at set-up).
+  // (Backend::gdn_state_bytes; what gdn_keep_for the policy names, where gdn_keep_fits for selective
+  // and full). Allocates (call once, at set-up).
   void set_static_shape(int max_seqs, int slots);
   int static_max_seqs() const { return static_max_seqs_; }
   // Samples the row needs in a static slot (its own plus the padding one).
