@@ -216,6 +216,9 @@ TEST(CudaTrainStep, CheckpointingKeepsPrepResultsAtRealHeadDims) {
   EXPECT_EQ(none.model.memory_plan().mixer_state, n_gdn * none.be.gdn_state_bytes(gd, T, 16, GdnKeep::States));
   EXPECT_EQ(sel.model.memory_plan().mixer_state, n_gdn * prep);
   EXPECT_EQ(full.model.memory_plan().mixer_state, prep);
+  EXPECT_STREQ(none.model.memory_plan().mixer_kept, "chunk states");
+  EXPECT_STREQ(sel.model.memory_plan().mixer_kept, "prep's results");
+  EXPECT_NE(sel.model.memory_plan().describe().find("(prep's results)"), std::string::npos);
   const std::vector<PackedRow> rows = make_rows(cfg, 3, T, 6);
   for (int s = 0; s < 3; ++s) {
     const StepResult ra = a.run({rows[s]}, 1e-3, 1.0, s + 1), rb = b.run({rows[s]}, 1e-3, 1.0, s + 1),

@@ -138,6 +138,7 @@ void run_bench(const BenchArgs& a) {
                    {"activations", double(model.memory_plan().activations) / (1 << 20)},
                    {"scratch", double(model.memory_plan().scratch) / (1 << 20)},
                    {"gdn_state", double(model.memory_plan().mixer_state) / (1 << 20)}};
+  j["gdn_kept"] = model.memory_plan().mixer_kept;
   j["loss"] = loss;
   if (std::string(be->name()) == "cuda") j["device_mem_used_gib"] = stepper.device_memory_gib();
   std::printf("%s\n", j.dump().c_str());

@@ -315,7 +315,7 @@ std::string MemoryPlan::describe() const {
   auto mib = [](int64_t b) { return str(static_cast<double>(b) / double(1 << 20)); };
   return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
              " MiB (checkpointing ", checkpointing_name(checkpointing), ") | GDN state kept for the backward ",
-             mib(mixer_state), " MiB | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
+             mib(mixer_state), " MiB (", mixer_kept, ") | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
              mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
 }
 
@@ -447,6 +447,7 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
         }
         st = be_.alloc(DType::U8, {bytes});
         plan_.mixer_state += bytes;
+        plan_.mixer_kept = gdn_keep_ == GdnKeep::States ? "chunk states" : "prep's results";
         first_gdn = l;
       }
   // The step is planned now (weights, optimizer, activations, GDN state); what stays free holds

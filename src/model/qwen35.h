@@ -73,6 +73,7 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes);
 // Bytes the model allocates at construction, by kind (the step itself allocates nothing).
 struct MemoryPlan {
   int64_t weights = 0, grads = 0, activations = 0, scratch = 0, inputs = 0, mixer_state = 0;
+  const char* mixer_kept = "nothing";  // what mixer_state holds: "chunk states", "prep's results" or "nothing"
   int64_t total() const { return weights + grads + activations + scratch + inputs + mixer_state; }
   std::string describe() const;
   Checkpointing checkpointing = Checkpointing::None;

@@ -4326,8 +4326,17 @@ bool split_possible(const GdnArgs& a, const Workspace& w) {
 // GdnKeep::Prep's part (the chunk plan, G, T, the row scales) in a call: kMake, the chunk table and
 // prep make it; kMakeKept, the same and the table kernel also builds rtable (bwd_chunk's order), for
 // the backward that reads it (a forward keeping Prep); kHave, it is there (that backward): neither
-// runs, and only the split's flags and ticket counters, which the scans consume, are reset.
+// runs (the caller resets what the scans consume: reset_split_walks).
 enum class PrepPart { kMake, kMakeKept, kHave };
+// What the chunk table kernel zeroes and the split's scans consume: its flags and the forward and
+// reverse scans' ticket counters (a backward reading a kept plan; nothing where the plan never
+// splits).
+void reset_split_walks(const Workspace& w, int Hv, bool split, cudaStream_t stream) {
+  if (!split || w.split.slots < 3) return;  // the table kernel's may_split
+  CUDA_CHECK(cudaMemsetAsync(w.split.flags, 0, kSplitStateCount * static_cast<size_t>(w.split.slots) * Hv * sizeof(int),
+                             stream));
+  CUDA_CHECK(cudaMemsetAsync(w.counts + 2, 0, 2 * sizeof(int), stream));
+}
 // split: the plan may split long samples (its reverse scan then splits too: the backward combines
 // with the maps' M, which a kept state keeps).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
@@ -4363,10 +4372,6 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                             prep_done, w.nc_max * Hk);
     QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
     stage_end("gdn_chunk_table_kernel", stream);
-  } else if (tickets) {  // what the table kernel zeroes: the split's flags, the two scans' ticket counters
-    CUDA_CHECK(cudaMemsetAsync(sp.flags, 0, kSplitStateCount * static_cast<size_t>(sp.shape.max_slots) * Hv * sizeof(int),
-                               stream));
-    CUDA_CHECK(cudaMemsetAsync(sp.counts + 2, 0, 2 * sizeof(int), stream));
   }
   const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
   auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
@@ -4510,6 +4515,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // them as well (its ticket instance; with the separate dlocal kernel, A/B only, neither splits).
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
+  if (prep_kept) reset_split_walks(w, Hv, split, stream);
   if (!kept) {
     forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split,
                    prep_kept ? PrepPart::kHave : PrepPart::kMake);
