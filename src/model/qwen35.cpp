@@ -315,8 +315,8 @@ std::string MemoryPlan::describe() const {
   auto mib = [](int64_t b) { return str(static_cast<double>(b) / double(1 << 20)); };
   return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
              " MiB (checkpointing ", checkpointing_name(checkpointing), ") | GDN state kept for the backward ",
-             mib(mixer_state), " MiB (", mixer_kept, ") | gradient scratch ", mib(scratch), " MiB | inputs ", mib(inputs), " MiB | total ",
-             mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
+             mib(mixer_state), " MiB (", mixer_kept, ") | gradient scratch ", mib(scratch), " MiB | inputs ",
+             mib(inputs), " MiB | total ", mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
 }
 
 const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
@@ -433,7 +433,8 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   const int64_t n_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet);
   int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs, gdn_keep_);
   // None's states are part of its plan (choose_checkpointing); the others' part is kept only where
-  // it leaves the reserve, so it never costs a policy (it saves prep: ~2 % of the GDN backward).
+  // it leaves the reserve, so it never costs a policy (it saves the chunk table and prep: 6-10 % of
+  // the GDN backward, bench_gdn).
   if (ckpt_ != Checkpointing::None && !gdn_keep_fits(gdn_kept_bytes(ckpt_, n_gdn, bytes), be_.free_memory_bytes()))
     bytes = 0;
   int64_t first_gdn = -1;

@@ -4483,7 +4483,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
                   GdnKeep keep) {
   if (a.total_tokens <= 0 || a.num_seqs <= 0) return;
   // The backward only reads the state (the kernels below write dD, dh, dqn, dkn, never it), except
-  // for the reverse split's flags and ticket counter, which it resets.
+  // for the split's ticket counters (and, in States' part, the reverse split's flags), which it resets.
   const Workspace w = place(a, workspace, const_cast<void*>(state), keep);
   // kept: the forward's chunk states are there (nothing of the forward runs); with prep's part only
   // (the plan, G, T, the row scales; non-empty where the wgmma scans run), the forward scan runs
