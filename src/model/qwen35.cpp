@@ -426,11 +426,10 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   loss_sums_ = be_.alloc(DType::F64, {slots});
   gdn_state_.assign(static_cast<size_t>(cfg_.num_hidden_layers), Tensor());
   const GdnDims gd = gdn_dims(cfg_);
-  const bool has_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet) > 0;
-  static_split_seqlen_ = has_gdn ? be_.gdn_split_seqlen(gd, max_tokens_, max_seqs) : std::numeric_limits<int>::max();
+  const int64_t n_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet);
+  static_split_seqlen_ = n_gdn > 0 ? be_.gdn_split_seqlen(gd, max_tokens_, max_seqs) : std::numeric_limits<int>::max();
   staged_longest_.assign(static_cast<size_t>(slots), static_cast<int>(max_tokens_));
   gdn_keep_ = gdn_keep_for(ckpt_);
-  const int64_t n_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet);
   int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs, gdn_keep_);
   // None's states are part of its plan (choose_checkpointing); the others' part is kept only where
   // it leaves the reserve, so it never costs a policy (it saves the chunk table and prep: 6-10 % of

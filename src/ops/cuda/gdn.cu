@@ -4328,14 +4328,17 @@ bool split_possible(const GdnArgs& a, const Workspace& w) {
 // the backward that reads it (a forward keeping Prep); kHave, it is there (that backward): neither
 // runs (the caller resets what the scans consume: reset_split_walks).
 enum class PrepPart { kMake, kMakeKept, kHave };
-// What the chunk table kernel zeroes and the split's scans consume: its flags and the forward and
-// reverse scans' ticket counters (a backward reading a kept plan; nothing where the plan never
-// splits).
-void reset_split_walks(const Workspace& w, int Hv, bool split, cudaStream_t stream) {
-  if (!split || w.split.slots < 3) return;  // the table kernel's may_split
-  CUDA_CHECK(cudaMemsetAsync(w.split.flags, 0, kSplitStateCount * static_cast<size_t>(w.split.slots) * Hv * sizeof(int),
-                             stream));
-  CUDA_CHECK(cudaMemsetAsync(w.counts + 2, 0, 2 * sizeof(int), stream));
+// For a backward reading a kept plan (split_possible: it may split), what the chunk table kernel
+// zeroed and the split's scans consume (a kept state may be read more than once: bench_gdn, gradient
+// checks): with the forward scan running again (GdnKeep::Prep) every flag row and both scans' ticket
+// counters; with the chunk states kept (States) only the reverse scan's, its G and F flag rows (the
+// forward's S, M and E stay set: the reverse combines with the kept M) and its counter.
+void reset_split_walks(const Workspace& w, int Hv, bool forward_too, cudaStream_t stream) {
+  static_assert(kStateG + 1 == kStateF && kStateF + 1 == kSplitStateCount, "G, F: the flags' last rows");
+  const size_t rows = static_cast<size_t>(w.split.slots) * Hv;
+  const int first = forward_too ? 0 : kStateG;
+  CUDA_CHECK(cudaMemsetAsync(w.split.flags + first * rows, 0, (kSplitStateCount - first) * rows * sizeof(int), stream));
+  CUDA_CHECK(cudaMemsetAsync(w.counts + (forward_too ? 2 : 3), 0, (forward_too ? 2 : 1) * sizeof(int), stream));
 }
 // split: the plan may split long samples (its reverse scan then splits too: the backward combines
 // with the maps' M, which a kept state keeps).
@@ -4372,10 +4375,8 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
                                                             prep_done, w.nc_max * Hk);
     QT_LAUNCH_CHECK("gdn_chunk_table_kernel");
     stage_end("gdn_chunk_table_kernel", stream);
-  }
-  const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
-  auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
-  if (part != PrepPart::kHave) {
+    const size_t prep_bytes = static_cast<size_t>(prep_smem_floats(K, V, !wg_scans)) * sizeof(float);
+    auto prep = !wg_scans ? gdn_prep_kernel<true> : Hv > Hk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false>;
     stage_begin(stream);
     // wgmma scans: one prep CTA per key head and chunk, its value heads in turn (gdn_prep_kernel).
     launch_smem_beside(prep_beside, prep, "gdn_prep_kernel", dim3(w.nc_max, wg_scans ? Hk : Hv), kThreads,
@@ -4489,7 +4490,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // (the plan, G, T, the row scales; non-empty where the wgmma scans run), the forward scan runs
   // again, not the chunk table or prep.
   const bool kept = state != nullptr && keep == GdnKeep::States;
-  const bool prep_kept = state != nullptr && keep == GdnKeep::Prep && gdn_state_bytes(a, GdnKeep::Prep) > 0;
+  const bool prep_kept = state != nullptr && keep == GdnKeep::Prep && wgmma_scans(a.k_head_dim, a.v_head_dim);
   const bf16* x = static_cast<const bf16*>(qkv);
   const bf16* dO = static_cast<const bf16*>(d_o);
   const int T = a.total_tokens, Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
@@ -4515,18 +4516,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // them as well (its ticket instance; with the separate dlocal kernel, A/B only, neither splits).
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
-  if (prep_kept) reset_split_walks(w, Hv, split, stream);
-  if (!kept) {
+  if ((kept || prep_kept) && split) reset_split_walks(w, Hv, prep_kept, stream);
+  if (!kept)
     forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split,
                    prep_kept ? PrepPart::kHave : PrepPart::kMake);
-  } else if (split) {
-    // The kept forward's table kernel zeroed the reverse walk's counter and flags, but a kept state
-    // may be read more than once (bench_gdn, gradient checks): reset them.
-    static_assert(kStateG + 1 == kStateF && kStateF + 1 == kSplitStateCount, "G, F: the flags' last rows");
-    const size_t rows = static_cast<size_t>(w.split.slots) * Hv;
-    CUDA_CHECK(cudaMemsetAsync(w.split.flags + kStateG * rows, 0, 2 * rows * sizeof(int), stream));
-    CUDA_CHECK(cudaMemsetAsync(w.counts + 3, 0, sizeof(int), stream));
-  }
 
   // A separate dlocal kernel (QT_GDN_DLOCAL_SEPARATE=1, or where no reverse scan forms dD_local) is the
   // wgmma one at dk = dv = 128; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
