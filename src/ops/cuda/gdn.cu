@@ -323,6 +323,14 @@ struct SplitArgs {
 // clamped chunk count; within a count it is arbitrary and harmless, since every CTA's result is
 // independent of when it runs.
 constexpr int kTableThreads = 1024, kOrderKeys = 1024;
+// rtable's .z: the segment, with kRtFirst where the chunk is its sample's first (it enters with state
+// 0) and kRtLast where it is its sample's last (it leaves with gradient 0). A split sample's inner
+// segment ends carry states: no flag there. The wgmma scans store neither zero state (zero_skip);
+// their readers take g_zero_state instead (a sample's first h and last dh, ~6 % each of the bench
+// mix's state stores at 27B; more where samples are short).
+constexpr int kRtFirst = 1 << 30, kRtLast = 1 << 29, kRtSeg = kRtLast - 1;
+constexpr int kZeroStateFloats = 128 * 128;  // a dk = dv = 128 state
+__device__ float g_zero_state[kZeroStateFloats];  // zero-initialized at module load, never written
 // Programmatic dependent launch (launch_smem_beside): the kernel beside this grid may start once
 // every CTA of it has run launch_dependents (or exited). wait_previous_grid: the previous kernel in
 // the stream complete and its writes visible (a no-op without programmatic dependence).
@@ -534,7 +542,11 @@ __global__ void __launch_bounds__(kTableThreads, 1) gdn_chunk_table_kernel(int4*
   int base = sums[tid] - local;
   for (int r = p0; r < p1; ++r) {
     const int p = seq_order[num_segs - 1 - r], bos = sp.vcu[p], len = sp.vcu[p + 1] - bos, n = seg_n(p);
-    for (int c = 0; c < n; ++c) rtable[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC), p, seq_off[p] + c);
+    const int4 si = may_split ? sp.seginfo[p] : make_int4(p, 0, 1, -1);
+    const int first = si.y == 0 ? kRtFirst : 0, last = si.y == si.z - 1 ? kRtLast : 0;
+    for (int c = 0; c < n; ++c)
+      rtable[base + c] = make_int4(bos + c * kC, min(kC, len - c * kC),
+                                   p | (c == 0 ? first : 0) | (c == n - 1 ? last : 0), seq_off[p] + c);
     base += n;
   }
 }
@@ -1087,7 +1099,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   if (e >= *nchunks) return;
   const int4 ch = table[e];
   const int c = ch.w, bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
-  wait_done(done, ch.z, Hv, head);
+  wait_done(done, ch.z & kRtSeg, Hv, head);
   extern __shared__ float smem[];
   Carve cv{smem};
   const int ldr = raw_ld(K), ldd = raw_ld(V);
@@ -1117,7 +1129,9 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   // -8 % against 1 in the eighth round); S0's fragments by 16-byte loads and movmatrix (NtT: output
   // 0.317 -> 0.282 ms at 4B against scalar gathers in the ninth round).
   constexpr int kMT = 2;
-  const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
+  // A sample's first chunk: the wgmma scans store no zero state (kRtFirst); the mma.sync ones do.
+  const float* S0 = (ch.z & kRtFirst) && K * V <= kZeroStateFloats ? g_zero_state
+                                                                   : h + (static_cast<size_t>(c) * Hv + head) * K * V;
   for_tiles_m2<kMT, 2>(
       kC, V,
       [&](auto& a1, auto& a2, int m0, int n0) {
@@ -1693,7 +1707,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
                                               bf16* Dgl, bf16* o, const bf16* Th, const bf16* Tl, const bf16* qkv,
                                               const float* rs, const float* Gc, const float* beta,
                                               const SplitStates& st, int Hk, int Hv, int conv_dim, int* done,
-                                              const int* prep_done = nullptr) {
+                                              bool zero_skip, const int* prep_done = nullptr) {
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
@@ -1711,6 +1725,8 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   // The ticket instance keeps hi / lo there too: with one product its registers spilled.
   constexpr bool kOutHi = kOut && kMode == kPlain;
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
+  // A sample's first segment enters with state 0: its first h is not stored (rtable's kRtFirst).
+  const bool zero_first = zero_skip && cta.kind == kItemOut;
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   char* pplanes = tiles + 2 * kBuf;  // kOut: P hi, lo [i][j] (wg_p_planes)
@@ -1782,7 +1798,8 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
 
     // h[chunk] = the state entering the chunk (fragment-native K x V), here or under D's batch.
     auto store_h = [&] { store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t); };
-    if (kStores && !kHUnderBatch && h != nullptr) store_h();
+    const bool h_stored = h != nullptr && (ci > 0 || !zero_first);
+    if (kStores && !kHUnderBatch && h_stored) store_h();
     if constexpr (kOut) wg_p_planes<!kOutHi>(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
 
     // D = U - W S = T Y with Y = diag(b) V - diag(kbs) k S (W = T diag(kbs) k and U = T diag(b) V are
@@ -1845,7 +1862,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       // h[chunk] under this batch (the recompute's, the 2B kept forward's instance): the warps' wait for
       // the 16 stores to drain overlaps the tensor work (recompute scan 27B -3.5 %; under the first
       // batch it lost 2 %; the kept output instance lost 6-12 % under either and stores at the top).
-      if (kHUnderBatch && h != nullptr) store_h();
+      if (kHUnderBatch && h_stored) store_h();
       wg::wait<0>();
     }
     wg::fence_operands(dT);
@@ -1956,7 +1973,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                                                     const int* seq_off, const int* seq_order,
                                                                     const int4* seginfo, const int* items,
                                                                     int* counts, SplitStates st, int Hk, int Hv,
-                                                                    int conv_dim, int* done, const int* prep_done) {
+                                                                    int conv_dim, int* done, const int* prep_done,
+                                                                    bool zero_skip) {
   // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
   // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
   if constexpr (!kOut) launch_dependents();
@@ -1971,10 +1989,10 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     if constexpr (kBesidePrep) {
       scan_fwd_item<kOut, kLoadsFirst, kPlain, true>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh,
                                                      Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done,
-                                                     prep_done);
+                                                     zero_skip, prep_done);
     } else {
       scan_fwd_item<kOut, kLoadsFirst, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh, Dgl, o,
-                                               Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
+                                               Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done, zero_skip);
     }
   } else {
     WgScanItem& item = scan_item;
@@ -1982,12 +2000,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
       // The maps form no output and store no h, D: the output-free code.
       if (item.kind == kItemE || item.kind == kItemM) {
         scan_fwd_item<false, false, kSplitMap>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
-                                          conv_dim, done);
+                                          conv_dim, done, zero_skip);
       } else {
         if (item.kind == kItemOutFromState) split_entering_state(st, item.idx, item.slot, Hv, item.head);
         // (The output items with their loads first: the other order spills here.)
         scan_fwd_item<kOut, true, kSplitOut>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
-                                                conv_dim, done);
+                                                conv_dim, done, zero_skip);
       }
     }
   }
@@ -2263,10 +2281,12 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
                                               bf16* dDgl, const float* dD, const bf16* Th, const bf16* Tl,
                                               const bf16* qkv, const float* rs, const float* Gc, const float* beta,
                                               const bf16* d_o, const SplitStates& st, int Hk, int Hv, int conv_dim,
-                                              int* done) {
+                                              int* done, bool zero_skip) {
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
   const bool stores = kMode == kPlain || cta.kind != kRevF;  // a split F item stores only its result
+  // A sample's last segment leaves with gradient 0: its last dh is not stored (rtable's kRtLast).
+  const bool zero_last = zero_skip && cta.kind == kRevOut;
   constexpr bool kDhUnderBatch = kFused && kMode == kPlain;    // where dh[chunk] is stored (below)
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
@@ -2329,7 +2349,8 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // plain fused instance stores it under the first batch (below); unfused, ptxas made the batch wait
     // for the stores' registers there, and the ticket instance lost 2-4 % on split rows.
     auto store_dh = [&] { store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t); };
-    if (stores && !kDhUnderBatch) store_dh();
+    const bool dh_stored = stores && (ci < n - 1 || !zero_last);
+    if (dh_stored && !kDhUnderBatch) store_dh();
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
     // dS^T k^T product in flight during P's epilogue, ptxas ran out of registers and waited for the
     // product anyway: 0.36 instead of 0.30 ms at 4B.)
@@ -2354,7 +2375,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       // dh[chunk] under the batch: the warps' wait for the 16 stores to drain (their address and
       // source registers), a quarter of the scan's stall samples at the chunk's top, overlaps the
       // tensor work here (reverse scan 27B -3 %; the forward scans' h stores lost there).
-      if (stores && kDhUnderBatch) store_dh();
+      if (dh_stored && kDhUnderBatch) store_dh();
       wg::wait<0>();
     }
     wg::fence_operands(acc);
@@ -2500,12 +2521,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                                                                     const int* seq_order, const int4* seginfo,
                                                                     const int* items_rev, int* counts,
                                                                     SplitStates st, int Hk, int Hv, int conv_dim,
-                                                                    int* done) {
+                                                                    int* done, bool zero_skip) {
   launch_dependents();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   if constexpr (!kTickets) {
     scan_bwd_item<kFused, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o, st, Hk, Hv,
-                                  conv_dim, done);
+                                  conv_dim, done, zero_skip);
   } else {
     WgScanItem& item = scan_item;
     while (take_scan_item(counts, 3, 4, items_rev, vcu, seq_off, seginfo, Hk, Hv)) {
@@ -2513,7 +2534,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       // F items run the same code with their dh, dD stores off (one copy of the chunk loop: with a
       // second, output-free copy for them the kernel spilled).
       scan_bwd_item<kFused, kSplitOut>(WgScanItem(item), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o,
-                                       st, Hk, Hv, conv_dim, done);
+                                       st, Hk, Hv, conv_dim, done, zero_skip);
     }
   }
 }
@@ -3234,8 +3255,10 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
   // cp.async of the fp32 state rows 64 half .. + 63 of item's (chunk chn.w, head) (32 KB,
   // fragment-native; the states are stored chunk-major).
-  auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half) {
-    const float* p = src + (static_cast<size_t>(chn.w) * Hv + item % Hv) * D * D + half * (D * D / 2);
+  // zero: the state is 0 (a sample's first S0, its last dS: rtable's flags), which the scans did not store.
+  auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half, bool zero) {
+    const float* p = (zero ? g_zero_state : src + (static_cast<size_t>(chn.w) * Hv + item % Hv) * D * D) +
+                     half * (D * D / 2);
 #pragma unroll 4
     for (int u = 0; u < D * D / 8 / 256; ++u) {
       const int e4 = tid_x() + 256 * u;
@@ -3261,15 +3284,15 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     wait_done(flags, s, Hv, head);
   };
   auto async_early_s0 = [&](int item, int4 chn) {
-    wait_scan(done_fwd, chn.z, item % Hv, fwd_all);
-    async_state_half(sY, h, item, chn, 0);
-    async_state_half(sW, h, item, chn, 1);
+    wait_scan(done_fwd, chn.z & kRtSeg, item % Hv, fwd_all);
+    async_state_half(sY, h, item, chn, 0, chn.z & kRtFirst);
+    async_state_half(sW, h, item, chn, 1, chn.z & kRtFirst);
     cp_async_commit();
   };
   // S0 and dD are the first of the forward scan's and the reverse scan's outputs an item reads:
   // beside those scans, wait for their (sample, head) first.
   auto async_early_dd = [&](int item, int4 chn) {
-    wait_scan(done, chn.z, item % Hv, rev_all);
+    wait_scan(done, chn.z & kRtSeg, item % Hv, rev_all);
     const size_t r = item_ro(item, chn);
     async_panels<256>(sDD, dDgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
@@ -3279,13 +3302,13 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     const size_t r = item_ro(item, chn);
     async_panels<256>(sD, Dgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, chn.y, tid_x());
-    async_state_half(sV, dh, item, chn, 1);
+    async_state_half(sV, dh, item, chn, 1, chn.z & kRtLast);
     cp_async_commit();
   };
   // dS's first half (q, k regions) and dO (dO's region), the last of an item's state-product
   // operands: issued once the previous item's final dk^ product has read k, Pa and Pb there.
   auto async_late = [&](int item, int4 chn) {
-    async_state_half(sQ, dh, item, chn, 0);
+    async_state_half(sQ, dh, item, chn, 0, chn.z & kRtLast);
     cp_async_commit();
     async_panels<256>(sO, d_o + item_ro(item, chn), vh_ld, chn.y, tid_x());
     cp_async_commit();
@@ -4081,6 +4104,10 @@ bool wgmma_bwd_chunk(int K, int V) {  // QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the m
   static const bool mma_sync = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
   return K == kDlD && V == kDlD && !mma_sync;
 }
+// The wgmma scans leave a sample's first h and last dh unstored (zero: rtable's kRtFirst / kRtLast)
+// where every reader knows those flags: the wgmma bwd_chunk and the output kernel, not the mma.sync
+// bwd_chunk (QT_GDN_BWD_CHUNK_MMA_SYNC=1), which walks the plain chunk table.
+bool zero_states_skipped(int K, int V) { return wgmma_bwd_chunk(K, V); }
 bool qk_grad_separate() {  // QT_GDN_QK_GRAD_SEPARATE=1: qk_grad also at one value head per key head
   static const bool on = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
   return on;
@@ -4399,7 +4426,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     launch_smem_beside(prep_beside, kernel, "gdn_scan_fwd_wgmma_kernel", dim3(grid), 256, bytes, stream,
                        keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs,
                        w.Gc, beta, w.vcu, w.seq_off, w.seq_order, w.seginfo, w.items, w.counts, w.split, Hk, Hv,
-                       conv_dim, done, prep_done);
+                       conv_dim, done, prep_done, zero_states_skipped(K, V));
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return;
   }
@@ -4556,7 +4583,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     stage_begin(stream);
     launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", dim3(grid), 256, bytes, stream, w.dh, w.dDh,
                        w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, w.vcu, w.seq_off, w.seq_order, w.seginfo,
-                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev);
+                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev, zero_states_skipped(K, V));
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
