@@ -1898,7 +1898,9 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     }
 
     // S^T = e^{G_L} S^T + (ks D)^T k: B = the raw k rows, N-major (64-column blocks kDlPanel apart);
-    // kOut: oT += D^T P^T, B = P's planes, K-major.
+    // kOut: oT += D^T P^T, B = P's planes, K-major. Not in a plain recompute's last chunk: the state
+    // leaving the sample is never read there.
+    if (kOut || kMode != kPlain || ci + 1 < n) {
     const float egl = expf(gl);
 #pragma unroll
     for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
@@ -1927,6 +1929,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       wg::wait<0>();
     }
     wg::fence_operands(sT);
+    }
     if constexpr (kOut) {
       wg::fence_operands(oT);
       // O rows i < L as bf16 (8 x 8 blocks of O^T transposed by movmatrix, as the D planes).
@@ -2421,6 +2424,9 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       for (int hh = 0; hh < 2; ++hh)
         gdn_mma::split_bf16(-x[2 * hh], -x[2 * hh + 1], ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
     }
+    // The update below is not run in a plain scan's last step (the sample's first chunk): the gradient
+    // entering the sample is never read there.
+    if (kMode != kPlain || ci > 0) {
     // (diag(eq) dO)^T fragments: the raw dO rows by ldmatrix.trans from the warpgroup's swizzled panel
     // (lane l addresses row 16 kk + 8 (l / 16) + l % 8, 8-column chunk 2 w + (l / 8) % 2), scaled by eq_i.
     uint32_t oh[kC / 16][4], ol[kC / 16][4];
@@ -2490,6 +2496,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       wg::wait<0>();
     }
     wg::fence_operands(sT);
+    }
   }
   cp_async_wait<0>();
   if constexpr (kMode == kPlain) {
