@@ -1901,34 +1901,34 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     // kOut: oT += D^T P^T, B = P's planes, K-major. Not in a plain recompute's last chunk: the state
     // leaving the sample is never read there.
     if (kOut || kMode != kPlain || ci + 1 < n) {
-    const float egl = expf(gl);
+      const float egl = expf(gl);
 #pragma unroll
-    for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
-    {
-      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + kTk, kDlPanel, 1024));
-      const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, 16, 1024));
-      wg::issue_after_wg0(wgi, 3);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(k0, kk * 2048), 1);
-        wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(k0, kk * 2048), 1);
-      }
-      if constexpr (kOut) {
+      for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
+      {
+        const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur + kTk, kDlPanel, 1024));
+        const uint64_t p0 = wg::desc_opaque(wg::desc_sw128(pplanes, 16, 1024));
+        wg::issue_after_wg0(wgi, 3);
+        wg::fence();
 #pragma unroll
         for (int kk = 0; kk < kC / 16; ++kk) {
-          wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kk * 32), 1);
-          if constexpr (!kOutHi) {
-            wg::mma_m64n64k16_rs<0>(oT, xl[kk], wg::desc_advance(p0, kk * 32), 1);
-            wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kDlPanel + kk * 32), 1);
+          wg::mma_m64n128k16_rs<1>(sT, ph[kk], wg::desc_advance(k0, kk * 2048), 1);
+          wg::mma_m64n128k16_rs<1>(sT, pl[kk], wg::desc_advance(k0, kk * 2048), 1);
+        }
+        if constexpr (kOut) {
+#pragma unroll
+          for (int kk = 0; kk < kC / 16; ++kk) {
+            wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kk * 32), 1);
+            if constexpr (!kOutHi) {
+              wg::mma_m64n64k16_rs<0>(oT, xl[kk], wg::desc_advance(p0, kk * 32), 1);
+              wg::mma_m64n64k16_rs<0>(oT, xh[kk], wg::desc_advance(p0, kDlPanel + kk * 32), 1);
+            }
           }
         }
+        wg::commit();
+        wg::issued_by_wg0(wgi, 3);
+        wg::wait<0>();
       }
-      wg::commit();
-      wg::issued_by_wg0(wgi, 3);
-      wg::wait<0>();
-    }
-    wg::fence_operands(sT);
+      wg::fence_operands(sT);
     }
     if constexpr (kOut) {
       wg::fence_operands(oT);
@@ -2427,75 +2427,75 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // The update below is not run in a plain scan's last step (the sample's first chunk): the gradient
     // entering the sample is never read there.
     if (kMode != kPlain || ci > 0) {
-    // (diag(eq) dO)^T fragments: the raw dO rows by ldmatrix.trans from the warpgroup's swizzled panel
-    // (lane l addresses row 16 kk + 8 (l / 16) + l % 8, 8-column chunk 2 w + (l / 8) % 2), scaled by eq_i.
-    uint32_t oh[kC / 16][4], ol[kC / 16][4];
-    {
-      const char* dO = cur + kTo + wgi * kDlPanel;
-      const int lq = lane >> 3, rr = lane & 7;
+      // (diag(eq) dO)^T fragments: the raw dO rows by ldmatrix.trans from the warpgroup's swizzled panel
+      // (lane l addresses row 16 kk + 8 (l / 16) + l % 8, 8-column chunk 2 w + (l / 8) % 2), scaled by eq_i.
+      uint32_t oh[kC / 16][4], ol[kC / 16][4];
+      {
+        const char* dO = cur + kTo + wgi * kDlPanel;
+        const int lq = lane >> 3, rr = lane & 7;
 #pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        uint32_t r[4];
-        const int row = 16 * kk + (lq >> 1) * 8 + rr, chunk16 = 2 * w + (lq & 1);
-        gdn_mma::ldmatrix_x4<true>(r, reinterpret_cast<const bf16*>(dO + row * 128 + ((chunk16 ^ (row & 7)) << 4)));
+        for (int kk = 0; kk < kC / 16; ++kk) {
+          uint32_t r[4];
+          const int row = 16 * kk + (lq >> 1) * 8 + rr, chunk16 = 2 * w + (lq & 1);
+          gdn_mma::ldmatrix_x4<true>(r, reinterpret_cast<const bf16*>(dO + row * 128 + ((chunk16 ^ (row & 7)) << 4)));
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float2 e = ld_f2(eqc + 16 * kk + 8 * (q >> 1) + 2 * t);
-          gdn_mma::split_bf16(__uint_as_float(r[q] << 16) * e.x, __uint_as_float(r[q] & 0xffff0000u) * e.y, oh[kk][q],
-                              ol[kk][q]);
+          for (int q = 0; q < 4; ++q) {
+            const float2 e = ld_f2(eqc + 16 * kk + 8 * (q >> 1) + 2 * t);
+            gdn_mma::split_bf16(__uint_as_float(r[q] << 16) * e.x, __uint_as_float(r[q] & 0xffff0000u) * e.y, oh[kk][q],
+                                ol[kk][q]);
+          }
         }
       }
-    }
 
-    // dS^T = e^{G_L} dS^T + (eq dO)^T q (B = raw q, N-major), with Z^T = -dD^T T (B = T's planes,
-    // N-major) in the same batch; then dS^T += Z^T diag(kbs) k (B = raw k, N-major).
-    const float egl = expf(gl);
+      // dS^T = e^{G_L} dS^T + (eq dO)^T q (B = raw q, N-major), with Z^T = -dD^T T (B = T's planes,
+      // N-major) in the same batch; then dS^T += Z^T diag(kbs) k (B = raw k, N-major).
+      const float egl = expf(gl);
 #pragma unroll
-    for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
-    float zT[kC / 2];
-    {
-      const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kTq, kDlPanel, 1024));
-      const uint64_t th0 = wg::desc_opaque(wg::desc_sw128(cur + kTt, kDlPanel, 1024));
-      const uint64_t tl0 = wg::desc_opaque(wg::desc_sw128(cur + kTt + kDlPanel, kDlPanel, 1024));
-      wg::issue_after_wg0(wgi, 3);
-      wg::fence();
+      for (int r = 0; r < 2 * D / 4; ++r) sT[r] *= egl;
+      float zT[kC / 2];
+      {
+        const uint64_t q0 = wg::desc_opaque(wg::desc_sw128(cur + kTq, kDlPanel, 1024));
+        const uint64_t th0 = wg::desc_opaque(wg::desc_sw128(cur + kTt, kDlPanel, 1024));
+        const uint64_t tl0 = wg::desc_opaque(wg::desc_sw128(cur + kTt + kDlPanel, kDlPanel, 1024));
+        wg::issue_after_wg0(wgi, 3);
+        wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        const uint32_t off = kk * 2048;
-        wg::mma_m64n64k16_rs<1>(zT, ph[kk], wg::desc_advance(th0, off), kk > 0);
-        wg::mma_m64n64k16_rs<1>(zT, pl[kk], wg::desc_advance(th0, off), 1);
-        wg::mma_m64n64k16_rs<1>(zT, ph[kk], wg::desc_advance(tl0, off), 1);
-        wg::mma_m64n128k16_rs<1>(sT, oh[kk], wg::desc_advance(q0, off), 1);
-        wg::mma_m64n128k16_rs<1>(sT, ol[kk], wg::desc_advance(q0, off), 1);
+        for (int kk = 0; kk < kC / 16; ++kk) {
+          const uint32_t off = kk * 2048;
+          wg::mma_m64n64k16_rs<1>(zT, ph[kk], wg::desc_advance(th0, off), kk > 0);
+          wg::mma_m64n64k16_rs<1>(zT, pl[kk], wg::desc_advance(th0, off), 1);
+          wg::mma_m64n64k16_rs<1>(zT, ph[kk], wg::desc_advance(tl0, off), 1);
+          wg::mma_m64n128k16_rs<1>(sT, oh[kk], wg::desc_advance(q0, off), 1);
+          wg::mma_m64n128k16_rs<1>(sT, ol[kk], wg::desc_advance(q0, off), 1);
+        }
+        wg::commit();
+        wg::issued_by_wg0(wgi, 3);
+        wg::wait<0>();
       }
-      wg::commit();
-      wg::issued_by_wg0(wgi, 3);
-      wg::wait<0>();
-    }
-    wg::fence_operands(zT);
-    {
-      uint32_t zh[kC / 16][4], zl[kC / 16][4];
+      wg::fence_operands(zT);
+      {
+        uint32_t zh[kC / 16][4], zl[kC / 16][4];
 #pragma unroll
-      for (int j = 0; j < kC / 8; ++j) {
-        const float2 kv = ld_f2(ksc + 6 * kC + 8 * j + 2 * t);
+        for (int j = 0; j < kC / 8; ++j) {
+          const float2 kv = ld_f2(ksc + 6 * kC + 8 * j + 2 * t);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          gdn_mma::split_bf16(kv.x * zT[4 * j + 2 * hh], kv.y * zT[4 * j + 2 * hh + 1], zh[j >> 1][hh + 2 * (j & 1)],
-                              zl[j >> 1][hh + 2 * (j & 1)]);
+          for (int hh = 0; hh < 2; ++hh)
+            gdn_mma::split_bf16(kv.x * zT[4 * j + 2 * hh], kv.y * zT[4 * j + 2 * hh + 1], zh[j >> 1][hh + 2 * (j & 1)],
+                                zl[j >> 1][hh + 2 * (j & 1)]);
+        }
+        const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur, kDlPanel, 1024));
+        wg::issue_after_wg0(wgi, 4);
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < kC / 16; ++kk) {
+          wg::mma_m64n128k16_rs<1>(sT, zh[kk], wg::desc_advance(k0, kk * 2048), 1);
+          wg::mma_m64n128k16_rs<1>(sT, zl[kk], wg::desc_advance(k0, kk * 2048), 1);
+        }
+        wg::commit();
+        wg::issued_by_wg0(wgi, 4);
+        wg::wait<0>();
       }
-      const uint64_t k0 = wg::desc_opaque(wg::desc_sw128(cur, kDlPanel, 1024));
-      wg::issue_after_wg0(wgi, 4);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        wg::mma_m64n128k16_rs<1>(sT, zh[kk], wg::desc_advance(k0, kk * 2048), 1);
-        wg::mma_m64n128k16_rs<1>(sT, zl[kk], wg::desc_advance(k0, kk * 2048), 1);
-      }
-      wg::commit();
-      wg::issued_by_wg0(wgi, 4);
-      wg::wait<0>();
-    }
-    wg::fence_operands(sT);
+      wg::fence_operands(sT);
     }
   }
   cp_async_wait<0>();
