@@ -11,6 +11,9 @@ namespace qt {
 namespace {
 
 constexpr int kNumRoles = static_cast<int>(ParamRole::AttnKNorm) + 1;
+// What the memory plan leaves free beyond its own parts: the cross-entropy chunk, the GDN and
+// attention workspaces, cuBLASLt and fragmentation (choose_checkpointing_within, gdn_keep_fits).
+constexpr int64_t kWorkspaceReserve = int64_t(4) << 30;
 
 // Weights whose gradient comes from exactly one dW GEMM per backward (Qwen35Model::proj_backward).
 bool is_projection(ParamRole r) {
@@ -208,7 +211,7 @@ int64_t gdn_kept_bytes(Checkpointing ckpt, int64_t n_gdn, int64_t layer_bytes) {
 }
 
 bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes) {
-  return free_bytes < 0 || free_bytes - kept_bytes >= (int64_t(4) << 30);
+  return free_bytes < 0 || free_bytes - kept_bytes >= kWorkspaceReserve;
 }
 
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
@@ -219,7 +222,7 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
   // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
   const int64_t fixed = param_count(cfg) * (static_cast<int64_t>(dtype_size(act)) + 4 + 12) +
                         max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act)) +
-                        (int64_t(4) << 30);
+                        kWorkspaceReserve;
   std::string detail;
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
     int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
@@ -447,9 +450,9 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
         }
         st = be_.alloc(DType::U8, {bytes});
         plan_.mixer_state += bytes;
-        plan_.mixer_kept = gdn_keep_ == GdnKeep::States ? "chunk states" : "prep's results";
         first_gdn = l;
       }
+  if (first_gdn >= 0) plan_.mixer_kept = gdn_keep_ == GdnKeep::States ? "chunk states" : "prep's results";
   // The step is planned now (weights, optimizer, activations, GDN state); what stays free holds
   // the kernel workspaces. A 2000 MiB logits chunk (2048 rows at V = 248,320) halves the
   // cross-entropy's dW passes over the default 1000 MiB: -6 % of its time at 2B (bench_cuda_ops
