@@ -325,12 +325,21 @@ struct SplitArgs {
 constexpr int kTableThreads = 1024, kOrderKeys = 1024;
 // rtable's .z: the segment, with kRtFirst where the chunk is its sample's first (it enters with state
 // 0) and kRtLast where it is its sample's last (it leaves with gradient 0). A split sample's inner
-// segment ends carry states: no flag there. The wgmma scans store neither zero state (zero_skip);
-// their readers take g_zero_state instead (a sample's first h and last dh, ~6 % each of the bench
-// mix's state stores at 27B; more where samples are short).
+// segment ends carry states: no flag there. The wgmma scans store neither zero state (a sample's
+// first h and last dh, ~6 % each of the bench mix's state stores at 27B; more where samples are
+// short); every reader of h and dh walks rtable and takes them from chunk_state.
 constexpr int kRtFirst = 1 << 30, kRtLast = 1 << 29, kRtSeg = kRtLast - 1;
 constexpr int kZeroStateFloats = 128 * 128;  // a dk = dv = 128 state
 __device__ float g_zero_state[kZeroStateFloats];  // zero-initialized at module load, never written
+// The K x V state of rtable entry ch's chunk for `head` in a chunk-major [chunks, Hv, K, V] buffer
+// (h, dh): g_zero_state where ch carries `zero_flag` (kRtFirst for h, kRtLast for dh). Only the wgmma
+// scans (dk = dv = 128, which fits the zero block) leave those states unstored; the mma.sync ones
+// store them at every size.
+__device__ __forceinline__ const float* chunk_state(const float* base, int4 ch, int zero_flag, int Hv, int head,
+                                                    int K, int V) {
+  return (ch.z & zero_flag) && K * V <= kZeroStateFloats ? g_zero_state
+                                                         : base + (static_cast<size_t>(ch.w) * Hv + head) * K * V;
+}
 // Programmatic dependent launch (launch_smem_beside): the kernel beside this grid may start once
 // every CTA of it has run launch_dependents (or exited). wait_previous_grid: the previous kernel in
 // the stream complete and its writes visible (a no-op without programmatic dependence).
@@ -1087,18 +1096,18 @@ int out_smem_floats(int K, int V) {
 }
 
 // O = diag(e^G rq) (q S0) + P D, per (chunk, value head).
-// A 1-D grid, heads fastest, over the entries of `table` (the chunk table, or rtable: shortest sample
-// first, the order in which a single wave of scan CTAs finishes). done != nullptr: launched beside
-// the scan, a CTA waits for its (sample, head)'s flag first.
-__global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* table, const int* nchunks,
+// A 1-D grid, heads fastest, over the entries of rtable (shortest sample first, the order in which a
+// single wave of scan CTAs finishes; its flags name the zero states, chunk_state). done != nullptr:
+// launched beside the scan, a CTA waits for its (sample, head)'s flag first.
+__global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int4* rtable, const int* nchunks,
                                                               const float* rs, const bf16* qkv, const float* Gc,
                                                               const bf16* Dgh, const bf16* Dgl, const float* h,
                                                               int Hk, int Hv,
                                                               int K, int V, int conv_dim, const int* done) {
   const int e = static_cast<int>(blockIdx.x) / Hv, head = static_cast<int>(blockIdx.x) % Hv;
   if (e >= *nchunks) return;
-  const int4 ch = table[e];
-  const int c = ch.w, bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  const int4 ch = rtable[e];
+  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   wait_done(done, ch.z & kRtSeg, Hv, head);
   extern __shared__ float smem[];
   Carve cv{smem};
@@ -1129,9 +1138,7 @@ __global__ void __launch_bounds__(kThreads) gdn_output_kernel(bf16* o, const int
   // -8 % against 1 in the eighth round); S0's fragments by 16-byte loads and movmatrix (NtT: output
   // 0.317 -> 0.282 ms at 4B against scalar gathers in the ninth round).
   constexpr int kMT = 2;
-  // A sample's first chunk: the wgmma scans store no zero state (kRtFirst); the mma.sync ones do.
-  const float* S0 = (ch.z & kRtFirst) && K * V <= kZeroStateFloats ? g_zero_state
-                                                                   : h + (static_cast<size_t>(c) * Hv + head) * K * V;
+  const float* S0 = chunk_state(h, ch, kRtFirst, Hv, head, K, V);
   for_tiles_m2<kMT, 2>(
       kC, V,
       [&](auto& a1, auto& a2, int m0, int n0) {
@@ -1707,7 +1714,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
                                               bf16* Dgl, bf16* o, const bf16* Th, const bf16* Tl, const bf16* qkv,
                                               const float* rs, const float* Gc, const float* beta,
                                               const SplitStates& st, int Hk, int Hv, int conv_dim, int* done,
-                                              bool zero_skip, const int* prep_done = nullptr) {
+                                              const int* prep_done = nullptr) {
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
@@ -1726,7 +1733,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
   constexpr bool kOutHi = kOut && kMode == kPlain;
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   // A sample's first segment enters with state 0: its first h is not stored (rtable's kRtFirst).
-  const bool zero_first = zero_skip && cta.kind == kItemOut;
+  const bool zero_first = cta.kind == kItemOut;
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   char* pplanes = tiles + 2 * kBuf;  // kOut: P hi, lo [i][j] (wg_p_planes)
@@ -1976,8 +1983,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                                                     const int* seq_off, const int* seq_order,
                                                                     const int4* seginfo, const int* items,
                                                                     int* counts, SplitStates st, int Hk, int Hv,
-                                                                    int conv_dim, int* done, const int* prep_done,
-                                                                    bool zero_skip) {
+                                                                    int conv_dim, int* done, const int* prep_done) {
   // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
   // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
   if constexpr (!kOut) launch_dependents();
@@ -1992,10 +1998,10 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
     if constexpr (kBesidePrep) {
       scan_fwd_item<kOut, kLoadsFirst, kPlain, true>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh,
                                                      Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done,
-                                                     zero_skip, prep_done);
+                                                     prep_done);
     } else {
       scan_fwd_item<kOut, kLoadsFirst, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh, Dgl, o,
-                                               Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done, zero_skip);
+                                               Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
     }
   } else {
     WgScanItem& item = scan_item;
@@ -2003,12 +2009,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
       // The maps form no output and store no h, D: the output-free code.
       if (item.kind == kItemE || item.kind == kItemM) {
         scan_fwd_item<false, false, kSplitMap>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
-                                          conv_dim, done, zero_skip);
+                                          conv_dim, done);
       } else {
         if (item.kind == kItemOutFromState) split_entering_state(st, item.idx, item.slot, Hv, item.head);
         // (The output items with their loads first: the other order spills here.)
         scan_fwd_item<kOut, true, kSplitOut>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
-                                                conv_dim, done, zero_skip);
+                                                conv_dim, done);
       }
     }
   }
@@ -2284,12 +2290,12 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
                                               bf16* dDgl, const float* dD, const bf16* Th, const bf16* Tl,
                                               const bf16* qkv, const float* rs, const float* Gc, const float* beta,
                                               const bf16* d_o, const SplitStates& st, int Hk, int Hv, int conv_dim,
-                                              int* done, bool zero_skip) {
+                                              int* done) {
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
   const bool stores = kMode == kPlain || cta.kind != kRevF;  // a split F item stores only its result
   // A sample's last segment leaves with gradient 0: its last dh is not stored (rtable's kRtLast).
-  const bool zero_last = zero_skip && cta.kind == kRevOut;
+  const bool zero_last = cta.kind == kRevOut;
   constexpr bool kDhUnderBatch = kFused && kMode == kPlain;    // where dh[chunk] is stored (below)
   const int head = cta.head, kh = cta.kh, bos = cta.bos, len = cta.len, n = cta.n, first = cta.first;
   char* tiles = align1024(smem_raw);  // panels 1024-aligned
@@ -2528,12 +2534,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                                                                     const int* seq_order, const int4* seginfo,
                                                                     const int* items_rev, int* counts,
                                                                     SplitStates st, int Hk, int Hv, int conv_dim,
-                                                                    int* done, bool zero_skip) {
+                                                                    int* done) {
   launch_dependents();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   if constexpr (!kTickets) {
     scan_bwd_item<kFused, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o, st, Hk, Hv,
-                                  conv_dim, done, zero_skip);
+                                  conv_dim, done);
   } else {
     WgScanItem& item = scan_item;
     while (take_scan_item(counts, 3, 4, items_rev, vcu, seq_off, seginfo, Hk, Hv)) {
@@ -2541,7 +2547,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       // F items run the same code with their dh, dD stores off (one copy of the chunk loop: with a
       // second, output-free copy for them the kernel spilled).
       scan_bwd_item<kFused, kSplitOut>(WgScanItem(item), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o,
-                                       st, Hk, Hv, conv_dim, done, zero_skip);
+                                       st, Hk, Hv, conv_dim, done);
     }
   }
 }
@@ -2595,17 +2601,17 @@ __device__ __forceinline__ void dg_reverse_cumsum(float* dGa, const float* xi, c
 // dqn, dkn [T, Hv, K] (grads w.r.t. q^, k^ per value head), dv into dqkv, dg, dbeta. q^ = q rs[., 0],
 // k^ = k rs[., 1] (rs [T, Hk, 2] from gdn_prep_kernel); D, dD as their planes [T, Hv, V].
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
-    float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* table, const int* nchunks,
+    float* dqn, float* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl, const bf16* dDgh, const bf16* dDgl,
     const float* h, const float* dh, const bf16* d_o, const bf16* Th, const bf16* Tl, int Hk, int Hv, int K, int V,
     int conv_dim) {
   // The products with S0 / dS_end (read from global): kMT row tiles per warp tile share each B
   // fragment, k loop unrolled by kBU k steps of 8 (MT 1 and unroll 8 were slower or spilled).
   constexpr int kMT = 2, kBU = 4;
-  const int c = blockIdx.x, head = blockIdx.y;
-  if (c >= *nchunks) return;
-  const int4 ch = table[c];
-  const int bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
+  const int head = blockIdx.y;
+  if (static_cast<int>(blockIdx.x) >= *nchunks) return;
+  const int4 ch = rtable[blockIdx.x];  // rtable, for its flags: the zero states the wgmma scans leave unstored
+  const int c = ch.w, bos = ch.x, len = ch.y, kh = head / (Hv / Hk);
   extern __shared__ float smem[];
   Carve cv{smem};
   // dW piece stride 4 mod 32 words: P10's scalar B gathers are conflict-free, P5's pair loads 2-way.
@@ -2642,8 +2648,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_chunk_kernel(
   float* red = cv.take(kThreads / 32);
   const int tid = threadIdx.x;
   const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * V;
-  const float* S0 = h + (static_cast<size_t>(c) * Hv + head) * K * V;
-  const float* dSe = dh + (static_cast<size_t>(c) * Hv + head) * K * V;
+  const float* S0 = chunk_state(h, ch, kRtFirst, Hv, head, K, V);
+  const float* dSe = chunk_state(dh, ch, kRtLast, Hv, head, K, V);
   const bf16* xrow = qkv + static_cast<size_t>(bos) * x_ld;
   float* dkrow = dkn + (static_cast<size_t>(bos) * Hv + head) * K;  // row i at dkrow + i * Hv * K
   const size_t dk_ld = static_cast<size_t>(Hv) * K;
@@ -3262,10 +3268,9 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   const size_t x_ld = static_cast<size_t>(conv_dim), vh_ld = static_cast<size_t>(Hv) * D, dk_ld = vh_ld;
   // cp.async of the fp32 state rows 64 half .. + 63 of item's (chunk chn.w, head) (32 KB,
   // fragment-native; the states are stored chunk-major).
-  // zero: the state is 0 (a sample's first S0, its last dS: rtable's flags), which the scans did not store.
-  auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half, bool zero) {
-    const float* p = (zero ? g_zero_state : src + (static_cast<size_t>(chn.w) * Hv + item % Hv) * D * D) +
-                     half * (D * D / 2);
+  // zero_flag: rtable's flag under which the state is 0 and unstored (chunk_state).
+  auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half, int zero_flag) {
+    const float* p = chunk_state(src, chn, zero_flag, Hv, item % Hv, D, D) + half * (D * D / 2);
 #pragma unroll 4
     for (int u = 0; u < D * D / 8 / 256; ++u) {
       const int e4 = tid_x() + 256 * u;
@@ -3292,8 +3297,8 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   };
   auto async_early_s0 = [&](int item, int4 chn) {
     wait_scan(done_fwd, chn.z & kRtSeg, item % Hv, fwd_all);
-    async_state_half(sY, h, item, chn, 0, chn.z & kRtFirst);
-    async_state_half(sW, h, item, chn, 1, chn.z & kRtFirst);
+    async_state_half(sY, h, item, chn, 0, kRtFirst);
+    async_state_half(sW, h, item, chn, 1, kRtFirst);
     cp_async_commit();
   };
   // S0 and dD are the first of the forward scan's and the reverse scan's outputs an item reads:
@@ -3309,13 +3314,13 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     const size_t r = item_ro(item, chn);
     async_panels<256>(sD, Dgh + r, vh_ld, chn.y, tid_x());
     async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, chn.y, tid_x());
-    async_state_half(sV, dh, item, chn, 1, chn.z & kRtLast);
+    async_state_half(sV, dh, item, chn, 1, kRtLast);
     cp_async_commit();
   };
   // dS's first half (q, k regions) and dO (dO's region), the last of an item's state-product
   // operands: issued once the previous item's final dk^ product has read k, Pa and Pb there.
   auto async_late = [&](int item, int4 chn) {
-    async_state_half(sQ, dh, item, chn, 0, chn.z & kRtLast);
+    async_state_half(sQ, dh, item, chn, 0, kRtLast);
     cp_async_commit();
     async_panels<256>(sO, d_o + item_ro(item, chn), vh_ld, chn.y, tid_x());
     cp_async_commit();
@@ -4111,10 +4116,6 @@ bool wgmma_bwd_chunk(int K, int V) {  // QT_GDN_BWD_CHUNK_MMA_SYNC=1 keeps the m
   static const bool mma_sync = env_knob("QT_GDN_BWD_CHUNK_MMA_SYNC", {1}) != 0;
   return K == kDlD && V == kDlD && !mma_sync;
 }
-// The wgmma scans leave a sample's first h and last dh unstored (zero: rtable's kRtFirst / kRtLast)
-// where every reader knows those flags: the wgmma bwd_chunk and the output kernel, not the mma.sync
-// bwd_chunk (QT_GDN_BWD_CHUNK_MMA_SYNC=1), which walks the plain chunk table.
-bool zero_states_skipped(int K, int V) { return wgmma_bwd_chunk(K, V); }
 bool qk_grad_separate() {  // QT_GDN_QK_GRAD_SEPARATE=1: qk_grad also at one value head per key head
   static const bool on = env_knob("QT_GDN_QK_GRAD_SEPARATE", {1}) != 0;
   return on;
@@ -4433,7 +4434,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     launch_smem_beside(prep_beside, kernel, "gdn_scan_fwd_wgmma_kernel", dim3(grid), 256, bytes, stream,
                        keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs,
                        w.Gc, beta, w.vcu, w.seq_off, w.seq_order, w.seginfo, w.items, w.counts, w.split, Hk, Hv,
-                       conv_dim, done, prep_done, zero_states_skipped(K, V));
+                       conv_dim, done, prep_done);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return;
   }
@@ -4590,7 +4591,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     stage_begin(stream);
     launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", dim3(grid), 256, bytes, stream, w.dh, w.dDh,
                        w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, w.vcu, w.seq_off, w.seq_order, w.seginfo,
-                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev, zero_states_skipped(K, V));
+                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
@@ -4627,7 +4628,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   } else {
     const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
     launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, dqf,
-                dkf, static_cast<bf16*>(dqkv), dg, dbeta, w.table, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
+                dkf, static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
                 w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, K, V, conv_dim);
   }
   stage_end("gdn_bwd_chunk_kernel", stream);
