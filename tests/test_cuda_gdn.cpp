@@ -116,6 +116,8 @@ struct Case {
   bool keep_state = false;  // the forward keeps its state for the backward (the training path)
   qt::GdnKeep keep = qt::GdnKeep::States;  // what it keeps (Prep: the backward must equal a recomputing one)
   int min_segments = 0;     // the forward's plan must split into at least this many segments
+  float do_scale = 1.f;     // dO's magnitude (the fp16 backward scales each tile into range)
+  float v_scale = 1.f;      // v's magnitude (the states' and D's)
 };
 
 void check_tensor(const char* name, bool bf16_out, const Err& gpu, const Err& floor) {
@@ -144,11 +146,12 @@ void run_case(const Case& c) {
   std::vector<uint16_t> qkv_h(static_cast<size_t>(T) * CD), do_h(static_cast<size_t>(T) * Hv * V);
   std::vector<double> qkv_d(qkv_h.size()), do_d(do_h.size());
   for (size_t i = 0; i < qkv_h.size(); ++i) {
-    qkv_h[i] = to_bf16(u11(rng));
+    const bool is_v = static_cast<int>(i % static_cast<size_t>(CD)) >= 2 * Hk * K;
+    qkv_h[i] = to_bf16(u11(rng) * (is_v ? c.v_scale : 1.f));
     qkv_d[i] = from_bf16(qkv_h[i]);
   }
   for (size_t i = 0; i < do_h.size(); ++i) {
-    do_h[i] = to_bf16(u11(rng));
+    do_h[i] = to_bf16(u11(rng) * c.do_scale);
     do_d[i] = from_bf16(do_h[i]);
   }
   std::vector<float> g_h(static_cast<size_t>(T) * Hv), b_h(g_h.size());
@@ -352,6 +355,27 @@ TEST(CudaGdn, TwoBHeadsKeptState) {
 TEST(CudaGdn, RealHeadDimsSegmentEdgesKeptState) {
   Case c{2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 26};
   c.keep_state = true;
+  run_case(c);
+}
+// Magnitudes far from 1 at dk = dv = 128, where the backward keeps h, D, dh and dD as fp16 tiles
+// times a power of two each and bwd_chunk multiplies in fp16: gradients of a mean loss over many
+// tokens (1e-7, below fp16's normal range unscaled) and large ones (3e4, dS past fp16's largest
+// unscaled), large values (v: the states and D); 2B heads too (bwd_chunk's L2-norm instance).
+TEST(CudaGdn, TinyGradientsFp16Tiles) {
+  Case c{4, 8, 128, 128, {1, 65, 300, 129, 64}, Gate::NearZero, Beta::Normal, 42};
+  c.do_scale = 1e-7f;
+  run_case(c);
+}
+TEST(CudaGdn, LargeGradientsAndValuesFp16Tiles) {
+  Case c{4, 8, 128, 128, {1, 65, 300, 129, 64}, Gate::NearZero, Beta::NearOne, 43};
+  c.do_scale = 3e4f;
+  c.v_scale = 300.f;
+  run_case(c);
+}
+TEST(CudaGdn, TwoBHeadsTinyGradientsFp16Tiles) {
+  Case c{8, 8, 128, 128, {200, 3, 129, 64}, Gate::Normal, Beta::Normal, 44};
+  c.do_scale = 1e-6f;
+  c.v_scale = 40.f;
   run_case(c);
 }
 TEST(CudaGdn, ManyShortSegments) {

@@ -7,6 +7,11 @@
 // and the triangular solve stay fp32; W, D, dD and the scans' smem states are kept as hi / lo planes
 // (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32 in the
 // mma fragment order (gdn_mma::frag_index), so their writers and readers move whole 512-byte runs.
+// The backward's plain form at dk = dv = 128 (gdn_backward's f16; QT_GDN_HILO=1 keeps the above) is
+// fp16 instead: h, D, dh, dD stored as fp16 tiles, each (chunk, head) tile times a power of two from
+// its largest magnitude (so gradients far from 1 keep 11 bits), and bwd_chunk's products f16 x f16,
+// one per operand pair where hi / lo took two or three (dq, dk, dv as before; dg, dbeta ~3e-4 rel
+// RMS against ~5e-5; notes/gdn_kernels.md step 32).
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -335,10 +340,42 @@ __device__ float g_zero_state[kZeroStateFloats];  // zero-initialized at module 
 // (h, dh): g_zero_state where ch carries `zero_flag` (kRtFirst for h, kRtLast for dh). Only the wgmma
 // scans (dk = dv = 128, which fits the zero block) leave those states unstored; the mma.sync ones
 // store them at every size.
+// The fp16 backward (gdn_backward's plain form at dk = dv = 128): h, D, dh, dD stored as fp16, each
+// (chunk, head) tile times a power of two (scale_of its largest magnitude, kept in [chunk][head][4]:
+// h, D, dh, dD), and bwd_chunk's products f16 x f16, each result times the inverse scales.
+// The power of two s with m s in [0.5, 1); 1 for 0 or a value that is not finite (NaN propagates).
+__device__ __forceinline__ float scale_of(float m) {
+  if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
+  int e;
+  frexpf(m, &e);
+  return ldexpf(1.f, -max(-100, min(100, e)));
+}
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+// scale_of the largest m over a wgmma scan's 256 threads (all call it; named barrier 6). red: 8
+// floats of this call's, written again only after every thread has passed a later CTA barrier.
+__device__ __forceinline__ float cta_scale256(float m, float* red) {
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  wg::named_sync(6, 256);
+  float mx = red[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, red[i]);
+  return scale_of(mx);
+}
 __device__ __forceinline__ const float* chunk_state(const float* base, int4 ch, int zero_flag, int Hv, int head,
                                                     int K, int V) {
   return (ch.z & zero_flag) && K * V <= kZeroStateFloats ? g_zero_state
                                                          : base + (static_cast<size_t>(ch.w) * Hv + head) * K * V;
+}
+__device__ __forceinline__ const __half* chunk_state16(const float* base, int4 ch, int zero_flag, int Hv, int head,
+                                                       int K, int V) {
+  return (ch.z & zero_flag) && K * V <= kZeroStateFloats
+             ? reinterpret_cast<const __half*>(g_zero_state)
+             : reinterpret_cast<const __half*>(base) + (static_cast<size_t>(ch.w) * Hv + head) * K * V;
 }
 // Programmatic dependent launch (launch_smem_beside): the kernel beside this grid may start once
 // every CTA of it has run launch_dependents (or exited). wait_previous_grid: the previous kernel in
@@ -1348,8 +1385,8 @@ __device__ __forceinline__ void load_tile_t(float (&x)[kC / 2], const float* src
 // and the odd lane row d + 1's: 16 16-byte stores (a warp writes one whole 512-byte block each)
 // instead of 64 scattered 4-byte ones, at the top of every chunk of the serial chain. kPaired =
 // false keeps the 4-byte stores (the forward scan with the output: 92 bytes of spills otherwise).
-template <bool kPaired = false>
-__device__ __forceinline__ void store_state_t(float* dst, const float (&sT)[kDlD / 2], int ncol, int t) {
+template <bool kPaired = false, class E = float>
+__device__ __forceinline__ void store_state_t(E* dst, const float (&sT)[kDlD / 2], int ncol, int t, float sc = 1.f) {
   if constexpr (!kPaired) {
 #pragma unroll
     for (int j = 0; j < kDlD / 8; ++j)
@@ -1362,15 +1399,19 @@ __device__ __forceinline__ void store_state_t(float* dst, const float (&sT)[kDlD
   }
   const int g = (threadIdx.x & 31) >> 2, odd = g & 1;
   // row 2 t + odd of the first 8-row block, at the float4 of columns n0 = the 16-column block + 2u;
-  // row block j is 8 x 128 floats further on
-  float4* p = reinterpret_cast<float4*>(dst + gdn_mma::frag_index(2 * t + odd, ncol - g + 2 * (g >> 1), kDlD));
+  // row block j is 8 x 128 elements further on
+  E* p = dst + gdn_mma::frag_index(2 * t + odd, ncol - g + 2 * (g >> 1), kDlD);
 #pragma unroll
   for (int j = 0; j < kDlD / 8; ++j) {
     // send the values of the other row (d + 1 from an even lane, d from an odd one)
     const float s0 = odd ? sT[4 * j] : sT[4 * j + 1], s1 = odd ? sT[4 * j + 2] : sT[4 * j + 3];
     const float r0 = __shfl_xor_sync(0xffffffffu, s0, 4), r1 = __shfl_xor_sync(0xffffffffu, s1, 4);
-    p[j * (8 * kDlD / 4)] = odd ? make_float4(r0, sT[4 * j + 1], r1, sT[4 * j + 3])
-                                : make_float4(sT[4 * j], r0, sT[4 * j + 2], r1);
+    const float4 v = odd ? make_float4(r0, sT[4 * j + 1], r1, sT[4 * j + 3]) : make_float4(sT[4 * j], r0, sT[4 * j + 2], r1);
+    if constexpr (sizeof(E) == 2)  // fp16 elements (times sc): 8-byte stores
+      reinterpret_cast<uint2*>(p)[j * (8 * kDlD / 4)] =
+          make_uint2(gdn_mma::pack_f16(sc * v.x, sc * v.y), gdn_mma::pack_f16(sc * v.z, sc * v.w));
+    else
+      reinterpret_cast<float4*>(p)[j * (8 * kDlD / 4)] = v;
   }
 }
 // The hi / lo A fragments of a product over the columns of the transposed state: k step kk takes
@@ -1409,18 +1450,25 @@ __device__ __forceinline__ void store_planes_t(bf16* hi, bf16* lo, size_t ld, in
 // and an odd t columns n0 + 8 + 2 (t - 1) .. + 3 (8 bytes): a warp's store fills each row's whole
 // 32-byte sector. (Two 4-byte stores per block filled half a sector each: the recompute scan's
 // store segments were half its stall samples.)
+template <bool kF16 = false>  // kF16: one fp16 plane (times sc) at hi, no lo
 __device__ __forceinline__ void store_planes_pair_t(bf16* hi, bf16* lo, size_t ld, int L, int i0, int n0,
-                                                    const float (&x)[4], int g, int t) {
-  uint32_t h[2], l[2];
+                                                    const float (&x)[4], int g, int t, float sc = 1.f) {
+  uint32_t h[2], l[2] = {0u, 0u};
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) plane_words_t(x[2 * hh], x[2 * hh + 1], h[hh], l[hh]);
+  for (int hh = 0; hh < 2; ++hh) {
+    if constexpr (kF16)
+      h[hh] = gdn_mma::movmatrix_trans(gdn_mma::pack_f16(sc * x[2 * hh], sc * x[2 * hh + 1]));
+    else
+      plane_words_t(x[2 * hh], x[2 * hh + 1], h[hh], l[hh]);
+  }
   const int odd = t & 1;
   const uint32_t rh = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 1);
-  const uint32_t rl = __shfl_xor_sync(0xffffffffu, odd ? l[0] : l[1], 1);
+  uint32_t rl = 0u;
+  if constexpr (!kF16) rl = __shfl_xor_sync(0xffffffffu, odd ? l[0] : l[1], 1);
   if (i0 + g < L) {
     const size_t o = static_cast<size_t>(i0 + g) * ld + n0 + 2 * t + 6 * odd;  // odd: n0 + 8 + 2 (t - 1)
     *reinterpret_cast<uint2*>(hi + o) = odd ? make_uint2(rh, h[1]) : make_uint2(h[0], rh);
-    *reinterpret_cast<uint2*>(lo + o) = odd ? make_uint2(rl, l[1]) : make_uint2(l[0], rl);
+    if constexpr (!kF16) *reinterpret_cast<uint2*>(lo + o) = odd ? make_uint2(rl, l[1]) : make_uint2(l[0], rl);
   }
 }
 
@@ -1458,7 +1506,7 @@ __device__ __forceinline__ WgLane wg_lane() {
 // rounding is the same 2^-9. By stmatrix: the accumulator's pairs are the 8 x 8 matrices' fragments,
 // so one instruction stores a warp's 4 matrices (rows 16 w .. + 15, two column blocks of 8) per plane
 // where 4-byte stores took four.
-template <int kN, bool kLo = true, class F>
+template <int kN, bool kLo = true, bool kF16 = false, class F>
 __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc)[kN / 2], int r0, int c0, F&& f) {
   const auto [w, g, t] = wg_lane();
   // This lane addresses row rr of matrix m = (column block 2 nb2 + m / 2, row half m % 2).
@@ -1473,14 +1521,16 @@ __device__ __forceinline__ void acc_planes(char* hi, char* lo, const float (&acc
       const int nb = 2 * nb2 + (q >> 1), hh = q & 1;
       const int r = 16 * w + g + 8 * hh, c = 8 * nb + 2 * t;
       const float x0 = f(acc[4 * nb + 2 * hh], r, c), x1 = f(acc[4 * nb + 2 * hh + 1], r, c + 1);
-      if constexpr (kLo)
+      if constexpr (kF16)
+        h[q] = gdn_mma::pack_f16(x0, x1);
+      else if constexpr (kLo)
         gdn_mma::split_bf16(x0, x1, h[q], l[q]);
       else
         h[q] = gdn_mma::pack_bf16(x0, x1);
     }
     const uint32_t chunk = ((((cb + 2 * nb2) ^ row) & 7) << 4);
     gdn_mma::stmatrix_x4(hrow + chunk, h[0], h[1], h[2], h[3]);
-    if constexpr (kLo) gdn_mma::stmatrix_x4(lrow + chunk, l[0], l[1], l[2], l[3]);
+    if constexpr (kLo && !kF16) gdn_mma::stmatrix_x4(lrow + chunk, l[0], l[1], l[2], l[3]);
   }
 }
 // P = (q k^T) gated (p_entry's values, its gates by ex2) for a chunk whose raw q and k rows sit in
@@ -1615,7 +1665,7 @@ constexpr uint32_t scan_fwd_wg_buf() {  // T hi, T lo (one panel each), raw k (,
 }
 template <bool kOut>
 constexpr size_t scan_fwd_wg_smem() {
-  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
+  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * kDlPanel : 0) + (2 * kWgRows + 32) * sizeof(float) + 1024;
 }
 static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 1024 == 0, "panels 1024-aligned");
 
@@ -1709,12 +1759,13 @@ __device__ __forceinline__ bool take_scan_item(int* counts, int counter, int cou
 enum ScanMode : int { kPlain = 0, kSplitOut = 1, kSplitMap = 2 };
 // kWaitPrep (the plain forward's scan, beside prep): the item's first k, q, v tiles are issued before
 // it waits for prep's flags of its chunks (prep_done), then T's and the gates.
-template <bool kOut, bool kLoadsFirst, int kMode, bool kWaitPrep = false>
+template <bool kOut, bool kLoadsFirst, int kMode, bool kWaitPrep = false, bool kF16 = false>
 __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned char* smem_raw, float* h, bf16* Dgh,
                                               bf16* Dgl, bf16* o, const bf16* Th, const bf16* Tl, const bf16* qkv,
                                               const float* rs, const float* Gc, const float* beta,
                                               const SplitStates& st, int Hk, int Hv, int conv_dim, int* done,
-                                              const int* prep_done = nullptr) {
+                                              const int* prep_done = nullptr, float* scl = nullptr) {
+  static_assert(!kF16 || (!kOut && kMode == kPlain), "fp16 stores: the backward's recompute only");
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
@@ -1804,7 +1855,13 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     const char* cur = tiles + buf * kBuf;
 
     // h[chunk] = the state entering the chunk (fragment-native K x V), here or under D's batch.
-    auto store_h = [&] { store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t); };
+    float s_h = 1.f;  // kF16: h's tile scale
+    auto store_h = [&] {
+      if constexpr (kF16)
+        store_state_t<true>(reinterpret_cast<__half*>(h) + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t, s_h);
+      else
+        store_state_t<!kOut>(h + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    };
     const bool h_stored = h != nullptr && (ci > 0 || !zero_first);
     if (kStores && !kHUnderBatch && h_stored) store_h();
     if constexpr (kOut) wg_p_planes<!kOutHi>(pplanes, cur + kTq, cur + kTk, rw + 2 * kC, rw + 3 * kC, rw + 4 * kC, wgi);
@@ -1869,10 +1926,27 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       // h[chunk] under this batch (the recompute's, the 2B kept forward's instance): the warps' wait for
       // the 16 stores to drain overlaps the tensor work (recompute scan 27B -3.5 %; under the first
       // batch it lost 2 %; the kept output instance lost 6-12 % under either and stores at the top).
+      if constexpr (kF16) {
+        if (h_stored) {
+          float m = 0.f;
+#pragma unroll
+          for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
+          s_h = cta_scale256(m, rows + 2 * kWgRows + 16 * buf);
+        }
+        if (tid == 0) scl[(chunk * Hv + head) * 4] = s_h;
+      }
       if (kHUnderBatch && h_stored) store_h();
       wg::wait<0>();
     }
     wg::fence_operands(dT);
+    float s_d = 1.f;  // kF16: D's tile scale
+    if constexpr (kF16) {
+      float m = 0.f;
+#pragma unroll
+      for (int r = 0; r < kC / 2; ++r) m = fmaxf(m, fabsf(dT[r]));
+      s_d = cta_scale256(m, rows + 2 * kWgRows + 16 * buf + 8);
+      if (tid == 0) scl[(chunk * Hv + head) * 4 + 1] = s_d;
+    }
 
     // D out as planes (each 8 x 8 block of D^T transposed by movmatrix, so a lane stores a pair
     // adjacent in n), (ks D)^T as the update's A fragments, kOut: D^T as the output's, and oT's
@@ -1884,8 +1958,8 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       const float2 kv = ld_f2(rw + 8 * j + 2 * t);
       const float2 ev = ld_f2(rw + kC + 8 * j + 2 * t);
       if (kPairStores && Dgh != nullptr)
-        store_planes_pair_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w,
-                            {dT[4 * j], dT[4 * j + 1], dT[4 * j + 2], dT[4 * j + 3]}, g, t);
+        store_planes_pair_t<kF16>(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w,
+                                  {dT[4 * j], dT[4 * j + 1], dT[4 * j + 2], dT[4 * j + 3]}, g, t, s_d);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float x0 = dT[4 * j + 2 * hh], x1 = dT[4 * j + 2 * hh + 1];
@@ -1975,7 +2049,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
 // by a running CTA. The ticket walk costs the chat mix's forward ~5 % (its per-item code in a loop;
 // launched beside the plain one, each returning at once where the plan was the other's, 8-10 %), so
 // it runs only where a long sample may be split.
-template <bool kOut, bool kLoadsFirst = false, bool kTickets = false>
+template <bool kOut, bool kLoadsFirst = false, bool kTickets = false, bool kF16 = false>
 __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf16* Dgh, bf16* Dgl, bf16* o,
                                                                     const bf16* Th, const bf16* Tl, const bf16* qkv,
                                                                     const float* rs, const float* Gc,
@@ -1983,7 +2057,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                                                     const int* seq_off, const int* seq_order,
                                                                     const int4* seginfo, const int* items,
                                                                     int* counts, SplitStates st, int Hk, int Hv,
-                                                                    int conv_dim, int* done, const int* prep_done) {
+                                                                    int conv_dim, int* done, const int* prep_done,
+                                                                    float* scl) {
   // The backward's recompute (no output): its reverse scan needs none of this kernel's results. The
   // output instances keep the code they were tuned with (the flag cost the forward 3-4 %).
   if constexpr (!kOut) launch_dependents();
@@ -2000,8 +2075,9 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
                                                      Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done,
                                                      prep_done);
     } else {
-      scan_fwd_item<kOut, kLoadsFirst, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h, Dgh, Dgl, o,
-                                               Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv, conv_dim, done);
+      scan_fwd_item<kOut, kLoadsFirst, kPlain, false, kF16>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, h,
+                                                            Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
+                                                            conv_dim, done, nullptr, scl);
     }
   } else {
     WgScanItem& item = scan_item;
@@ -2243,7 +2319,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 constexpr uint32_t kScanBwdBuf = 4 * kDlTile;  // raw k, raw q, T hi + lo, dO
 template <bool kFused>
 constexpr size_t scan_bwd_wg_smem() {
-  return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + 2 * kWgRows * sizeof(float) + 1024;
+  return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + (2 * kWgRows + 32) * sizeof(float) + 1024;
 }
 
 // The reverse scan's split (the forward's transposed, notes/gdn_kernels.md step 22): the gradient
@@ -2285,12 +2361,13 @@ __device__ void split_leaving_gradient(const SplitStates& st, int idx, int nseg,
 // kMode: kPlain (no split: the code as tuned) or kSplitOut (every split item, kRevF with its dh, dD
 // stores off). The split items read their kind and slot again from smem (scan_item) after the chunk
 // loop.
-template <bool kFused, int kMode>
+template <bool kFused, int kMode, bool kF16 = false>
 __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned char* smem_raw, float* dh, bf16* dDgh,
                                               bf16* dDgl, const float* dD, const bf16* Th, const bf16* Tl,
                                               const bf16* qkv, const float* rs, const float* Gc, const float* beta,
                                               const bf16* d_o, const SplitStates& st, int Hk, int Hv, int conv_dim,
-                                              int* done) {
+                                              int* done, float* scl = nullptr) {
+  static_assert(!kF16 || (kFused && kMode == kPlain), "fp16 stores: the plain fused reverse scan only");
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
   const bool stores = kMode == kPlain || cta.kind != kRevF;  // a split F item stores only its result
@@ -2357,7 +2434,14 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // dh[chunk] = dL/d(state leaving the chunk) (fragment-native K x V; fused: 16-byte stores). The
     // plain fused instance stores it under the first batch (below); unfused, ptxas made the batch wait
     // for the stores' registers there, and the ticket instance lost 2-4 % on split rows.
-    auto store_dh = [&] { store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t); };
+    float s_dh = 1.f;  // kF16: dh's tile scale
+    auto store_dh = [&] {
+      if constexpr (kF16)
+        store_state_t<true>(reinterpret_cast<__half*>(dh) + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t,
+                            s_dh);
+      else
+        store_state_t<kFused>(dh + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t);
+    };
     const bool dh_stored = stores && (ci < n - 1 || !zero_last);
     if (dh_stored && !kDhUnderBatch) store_dh();
     // Fused: P's planes (the N-major B of dO^T P) before the dS^T fragments exist. (With them and the
@@ -2384,6 +2468,15 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       // dh[chunk] under the batch: the warps' wait for the 16 stores to drain (their address and
       // source registers), a quarter of the scan's stall samples at the chunk's top, overlaps the
       // tensor work here (reverse scan 27B -3 %; the forward scans' h stores lost there).
+      if constexpr (kF16) {
+        if (dh_stored) {
+          float m = 0.f;
+#pragma unroll
+          for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
+          s_dh = cta_scale256(m, rows + 2 * kWgRows + 16 * buf);
+        }
+        if (tid == 0) scl[(chunk * Hv + head) * 4 + 2] = s_dh;
+      }
       if (dh_stored && kDhUnderBatch) store_dh();
       wg::wait<0>();
     }
@@ -2417,6 +2510,14 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // dD = dD_local + diag(ks) k dS out as planes (8 x 8 blocks of dD^T transposed by movmatrix, as in
     // the forward scan), and -dD^T as the update's A fragments.
     const size_t dbase = static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
+    float s_dd = 1.f;  // kF16: dD's tile scale (fused: dD is acc)
+    if constexpr (kF16) {
+      float m = 0.f;
+#pragma unroll
+      for (int r = 0; r < kC / 2; ++r) m = fmaxf(m, fabsf(acc[r]));
+      s_dd = cta_scale256(m, rows + 2 * kWgRows + 16 * buf + 8);
+      if (tid == 0) scl[(chunk * Hv + head) * 4 + 3] = s_dd;
+    }
     uint32_t ph[kC / 16][4], pl[kC / 16][4];
 #pragma unroll
     for (int j = 0; j < kC / 8; ++j) {
@@ -2425,7 +2526,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         x[q] = kFused ? acc[4 * j + q] : dT[4 * j + q] + ((q & 1) ? kv.y : kv.x) * acc[4 * j + q];
-      if (stores) store_planes_pair_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t);
+      if (stores) store_planes_pair_t<kF16>(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t, s_dd);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         gdn_mma::split_bf16(-x[2 * hh], -x[2 * hh + 1], ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
@@ -2525,7 +2626,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
 // plan's order (items_rev, counts[4] of them, counter counts[3]), as the forward's ticket instance.
 // bwd_chunk may be launched beside this grid once every CTA of it is running; it waits for each
 // (segment, head)'s `done` flag before reading its dh, dD.
-template <bool kFused, bool kTickets = false>
+template <bool kFused, bool kTickets = false, bool kF16 = false>
 __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, bf16* dDgh, bf16* dDgl, const float* dD,
                                                                     const bf16* Th, const bf16* Tl, const bf16* qkv,
                                                                     const float* rs, const float* Gc,
@@ -2534,12 +2635,12 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
                                                                     const int* seq_order, const int4* seginfo,
                                                                     const int* items_rev, int* counts,
                                                                     SplitStates st, int Hk, int Hv, int conv_dim,
-                                                                    int* done) {
+                                                                    int* done, float* scl) {
   launch_dependents();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   if constexpr (!kTickets) {
-    scan_bwd_item<kFused, kPlain>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o, st, Hk, Hv,
-                                  conv_dim, done);
+    scan_bwd_item<kFused, kPlain, kF16>(wg_scan_cta(seq_order, vcu, seq_off, Hk, Hv), smem_raw, dh, dDgh, dDgl, dD, Th,
+                                        Tl, qkv, rs, Gc, beta, d_o, st, Hk, Hv, conv_dim, done, scl);
   } else {
     WgScanItem& item = scan_item;
     while (take_scan_item(counts, 3, 4, items_rev, vcu, seq_off, seginfo, Hk, Hv)) {
@@ -2995,7 +3096,11 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcDiag = 55 * kC, kBcQdot = 56 * kC, kBcKdot = 57 * kC /* L2-norm backward */,
               kBcSdot = 58 * kC /* [2][8]: by the row-data block */, kBcNext = 58 * kC + 16 /* int: the next item */,
               kBcCur = 58 * kC + 17 /* int: the item (-1: none), for the C x C warpgroup */,
-              kBcFloats = 58 * kC + 18;
+              kBcScl = 58 * kC + 20 /* [2][8], 16-byte aligned: by the row-data block, the fp16 form's scales:
+                                       h, D, dh, dD (the scans'), dO, T (the rows'), v, dT (the chain's) */,
+              kBcRedR = 58 * kC + 36 /* [8]: the rows' max reductions */, kBcRedC = 58 * kC + 44 /* [4]: the chain's */,
+              kBcFloats = 58 * kC + 48;
+static_assert(kBcScl % 4 == 0, "the scales are stored as a float4");
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 // Warp-specialized form (kWs): warpgroups 0, 1 run rows d as before, warpgroup 2 runs the C x C chain
 // beside them (P1 as its two 32-column halves in turn; dT, X1, Mx as m64n64 products, their
@@ -3028,7 +3133,7 @@ __device__ __forceinline__ uint32_t k_step(int kk) {
   return kMN ? kk * 2048u : (kk >> 2) * kDlPanel + (kk & 3) * 32u;
 }
 // acc (+)= A B over kSteps k16 steps, both from smem (kTA / kTB: 1 = MN-major); no fence or commit.
-template <int kN, int kTB, int kTA, int kSteps>
+template <int kN, int kTB, int kTA, int kSteps, bool kF16 = false>
 __device__ __forceinline__ void bc_ss(float (&acc)[kN / 2], const void* a, const void* b, bool accumulate) {
   const uint64_t da = wg::desc_opaque(wg::desc_sw128(a, kTA ? kDlPanel : 16, 1024));
   const uint64_t db = wg::desc_opaque(wg::desc_sw128(b, kTB ? kDlPanel : 16, 1024));
@@ -3037,19 +3142,83 @@ __device__ __forceinline__ void bc_ss(float (&acc)[kN / 2], const void* a, const
     const uint64_t ak = wg::desc_advance(da, k_step<kTA>(kk)), bk = wg::desc_advance(db, k_step<kTB>(kk));
     const int sc = (accumulate || kk > 0) ? 1 : 0;
     if constexpr (kN == 32)
-      wg::mma_m64n32k16<kTB, kTA>(acc, ak, bk, sc);
+      wg::mma_m64n32k16<kTB, kTA, kF16>(acc, ak, bk, sc);
     else
-      wg::mma_m64n64k16<kTB, kTA>(acc, ak, bk, sc);
+      wg::mma_m64n64k16<kTB, kTA, kF16>(acc, ak, bk, sc);
   }
 }
 // acc (+)= A B, A from registers (kSteps k16 fragments), B from smem.
-template <int kTB, int kSteps>
+template <int kTB, int kSteps, bool kF16 = false>
 __device__ __forceinline__ void bc_rs(float (&acc)[kC / 2], const uint32_t (&a)[kSteps][4], const void* b,
                                       bool accumulate) {
   const uint64_t db = wg::desc_opaque(wg::desc_sw128(b, kTB ? kDlPanel : 16, 1024));
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk)
-    wg::mma_m64n64k16_rs<kTB>(acc, a[kk], wg::desc_advance(db, k_step<kTB>(kk)), (accumulate || kk > 0) ? 1 : 0);
+    wg::mma_m64n64k16_rs<kTB, kF16>(acc, a[kk], wg::desc_advance(db, k_step<kTB>(kk)), (accumulate || kk > 0) ? 1 : 0);
+}
+// The fp16 A fragments of an m64n64 accumulator (times sc) as the A operand over its columns.
+__device__ __forceinline__ void acc_frags16(const float (&x)[kC / 2], uint32_t (&a)[kC / 16][4], float sc) {
+#pragma unroll
+  for (int kk = 0; kk < kC / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int nb = 2 * kk + (q >> 1), hh = q & 1;
+      a[kk][q] = gdn_mma::pack_f16(sc * x[4 * nb + 2 * hh], sc * x[4 * nb + 2 * hh + 1]);
+    }
+}
+// In place, each 16-byte chunk c = tid + kThr u < bytes / 16 of a smem tile: bf16 -> fp16 times sc.
+template <int kThr>
+__device__ __forceinline__ void tile_bf16_to_f16(char* tile, int bytes, float sc, int tid) {
+  for (int c = tid; c < bytes / 16; c += kThr) {
+    uint4 w = *reinterpret_cast<const uint4*>(tile + 16 * c);
+    uint32_t* x = reinterpret_cast<uint32_t*>(&w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      x[e] = gdn_mma::pack_f16(sc * __uint_as_float(x[e] << 16), sc * __uint_as_float(x[e] & 0xffff0000u));
+    *reinterpret_cast<uint4*>(tile + 16 * c) = w;
+  }
+}
+// The largest magnitude of this thread's chunks (as tile_bf16_to_f16 takes them) of a bf16 tile.
+template <int kThr>
+__device__ __forceinline__ float tile_absmax_bf16(const char* tile, int bytes, int tid) {
+  float m = 0.f;
+  for (int c = tid; c < bytes / 16; c += kThr) {
+    const uint4 w = *reinterpret_cast<const uint4*>(tile + 16 * c);
+    const uint32_t* x = reinterpret_cast<const uint32_t*>(&w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(x[e] << 16)), fabsf(__uint_as_float(x[e] & 0xffff0000u))));
+  }
+  return m;
+}
+// The same for the values hi + lo of two bf16 planes (as planes_to_f16 takes them).
+template <int kThr>
+__device__ __forceinline__ float planes_absmax(const char* hi, const char* lo, int bytes, int tid) {
+  float m = 0.f;
+  for (int c = tid; c < bytes / 16; c += kThr) {
+    const uint4 a = *reinterpret_cast<const uint4*>(hi + 16 * c), b = *reinterpret_cast<const uint4*>(lo + 16 * c);
+    const uint32_t *x = reinterpret_cast<const uint32_t*>(&a), *y = reinterpret_cast<const uint32_t*>(&b);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(x[e] << 16) + __uint_as_float(y[e] << 16)),
+                         fabsf(__uint_as_float(x[e] & 0xffff0000u) + __uint_as_float(y[e] & 0xffff0000u))));
+  }
+  return m;
+}
+// In place: the hi / lo bf16 panels (hi at hi, lo at lo, same layout) -> one fp16 panel at hi, times sc.
+template <int kThr>
+__device__ __forceinline__ void planes_to_f16(char* hi, const char* lo, int bytes, int tid, float sc) {
+  for (int c = tid; c < bytes / 16; c += kThr) {
+    uint4 w = *reinterpret_cast<const uint4*>(hi + 16 * c);
+    const uint4 l = *reinterpret_cast<const uint4*>(lo + 16 * c);
+    uint32_t* x = reinterpret_cast<uint32_t*>(&w);
+    const uint32_t* y = reinterpret_cast<const uint32_t*>(&l);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      x[e] = gdn_mma::pack_f16(sc * (__uint_as_float(x[e] << 16) + __uint_as_float(y[e] << 16)),
+                               sc * (__uint_as_float(x[e] & 0xffff0000u) + __uint_as_float(y[e] & 0xffff0000u)));
+    *reinterpret_cast<uint4*>(hi + 16 * c) = w;
+  }
 }
 // The hi / lo A fragments of an m64n64 accumulator as the A operand of a product over its columns.
 __device__ __forceinline__ void acc_frags(const float (&x)[kC / 2], uint32_t (&ah)[kC / 16][4],
@@ -3155,6 +3324,11 @@ __device__ __forceinline__ float pair_at(const uint32_t (&x)[kC / 4], int q) {
   const uint32_t v = x[q >> 1];
   return __uint_as_float((q & 1) ? (v & 0xffff0000u) : (v << 16));
 }
+// The same for fp16 pairs.
+__device__ __forceinline__ float pair_at16(const uint32_t (&x)[kC / 4], int q) {
+  const float2 v = gdn_mma::unpack_f16(x[q >> 1]);
+  return (q & 1) ? v.y : v.x;
+}
 // Writes a transposed C x K result (rows d = d0 + r, columns i) as bf16 to out rows i < len (row
 // stride ld): at nb's 8 columns, cx = per_cols(nb) once, then value(cx, q, e) for accumulator position
 // q (acc_each's order), column 8 nb + 2 t + e. Lanes g, g ^ 1 exchange one value per pair of columns,
@@ -3252,12 +3426,14 @@ struct CcThread {
 // (no qk_grad, no dqn / dkn); otherwise dq^, dk^ per value head go to dqn, dkn as bf16 (qk_grad sums
 // them in fp32: the rounding flash-linear-attention's repeated q, k get in transformers, where the
 // repeat's backward sums bf16 per-head gradients; fp32 partials made qk_grad read twice the bytes).
-template <bool kL2, bool kWs>
+template <bool kL2, bool kWs, bool kF16 = false>
 __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgmma_kernel(
     bf16* dqn, bf16* dkn, bf16* dqkv, float* dg, float* dbeta, const int4* rtable, const int* nchunks,
     const float* rs, const bf16* qkv, const float* g, const float* beta, const bf16* Dgh, const bf16* Dgl,
     const bf16* dDgh, const bf16* dDgl, const float* h, const float* dh, const bf16* d_o, const bf16* Th,
-    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done_fwd, const int* done, int* work, const int* counts) {
+    const bf16* Tl, int Hk, int Hv, int conv_dim, const int* done_fwd, const int* done, int* work, const int* counts,
+    const float* scl) {
+  static_assert(!kF16 || kWs, "the fp16 form is warp-specialized");
   constexpr int D = kDlD;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   char* sm = align1024(smem_raw);
@@ -3270,6 +3446,16 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   // fragment-native; the states are stored chunk-major).
   // zero_flag: rtable's flag under which the state is 0 and unstored (chunk_state).
   auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half, int zero_flag) {
+    if constexpr (kF16) {  // 16 KB of halves
+      const __half* p = chunk_state16(src, chn, zero_flag, Hv, item % Hv, D, D) + half * (D * D / 2);
+#pragma unroll 4
+      for (int u = 0; u < D * D / 16 / 256; ++u) {
+        const int e8 = tid_x() + 256 * u;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst + 16 * e8)), "l"(p + 8 * e8)
+                     : "memory");
+      }
+      return;
+    }
     const float* p = chunk_state(src, chn, zero_flag, Hv, item % Hv, D, D) + half * (D * D / 2);
 #pragma unroll 4
     for (int u = 0; u < D * D / 8 / 256; ++u) {
@@ -3307,13 +3493,13 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     wait_scan(done, chn.z & kRtSeg, item % Hv, rev_all);
     const size_t r = item_ro(item, chn);
     async_panels<256>(sDD, dDgh + r, vh_ld, chn.y, tid_x());
-    async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
+    if constexpr (!kF16) async_panels<256>(sDD + kDlTile, dDgl + r, vh_ld, chn.y, tid_x());
     cp_async_commit();
   };
   auto async_early_d = [&](int item, int4 chn) {
     const size_t r = item_ro(item, chn);
     async_panels<256>(sD, Dgh + r, vh_ld, chn.y, tid_x());
-    async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, chn.y, tid_x());
+    if constexpr (!kF16) async_panels<256>(sD + kDlTile, Dgl + r, vh_ld, chn.y, tid_x());
     async_state_half(sV, dh, item, chn, 1, kRtLast);
     cp_async_commit();
   };
@@ -3333,6 +3519,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     int4 ch;
     float g0, g1, b0, b1;
     float2 r;
+    float4 sc;  // kF16: the scans' scales of (chunk, head): h, D, dh, dD
   };
   auto item_gates = [&](int item, int4 chn) {
     ItemGates x;
@@ -3352,7 +3539,18 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
       }
     }
     if (t >= 0 && t < x.ch.y) x.r = reinterpret_cast<const float2*>(rs)[(row0 + t) * Hk + hd / (Hv / Hk)];
+    if constexpr (kF16)
+      if (t == 0) x.sc = reinterpret_cast<const float4*>(scl)[static_cast<size_t>(x.ch.w) * Hv + hd];
     return x;
+  };
+  // The fp16 form's scales of the item whose row data is block rb (kBcScl: [h, D, dh, dD, dO, T, v, dT]).
+  auto scales_of = [&](const float* rb) { return fl + kBcScl + (rb == fl ? 0 : 8); };
+  // scale_of the largest m over the chain warpgroup's 128 threads (kWs; all call it).
+  auto chain_scale = [&](float m) {
+    m = warp_max(m);
+    if ((tid_x() & 31) == 0) fl[kBcRedC + ((tid_x() >> 5) & 3)] = m;
+    wg::named_sync(kBarChain, 128);
+    return scale_of(fmaxf(fmaxf(fl[kBcRedC], fl[kBcRedC + 1]), fmaxf(fl[kBcRedC + 2], fl[kBcRedC + 3])));
   };
   // The row data of ig's item into block rb: G = the chunk-local cumsum of g (load_gates' scan), beta,
   // e^G, e^{G_L - G}, G log2(e), the L2 scales. Warps 2, 3 only (named barrier 1 between the scan and
@@ -3367,6 +3565,8 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     }
     rb[kBcRq + t] = x.r.x;
     rb[kBcRk + t] = x.r.y;
+    if constexpr (kF16)
+      if (t == 0) *reinterpret_cast<float4*>(scales_of(rb)) = x.sc;
     wg::named_sync(1, 64);
     const float gt = rb[kBcGs + t], gl = rb[kBcGs + kC - 1];
     rb[kBcEg + t] = expf(gt);
@@ -3387,13 +3587,15 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   auto cc_p1_products = [&](auto& dp, auto& qk, int c0) {
     constexpr int N = 2 * static_cast<int>(sizeof(dp) / sizeof(float));
     wg::fence();
-    bc_ss<N, 0, 0, D / 16>(dp, sO, sD + c0 * 128, false);
-    bc_ss<N, 0, 0, D / 16>(dp, sO, sD + kDlTile + c0 * 128, true);
+    bc_ss<N, 0, 0, D / 16, kF16>(dp, sO, sD + c0 * 128, false);
+    if constexpr (!kF16) bc_ss<N, 0, 0, D / 16>(dp, sO, sD + kDlTile + c0 * 128, true);
     bc_ss<N, 0, 0, D / 16>(qk, sQ, sK + c0 * 128, false);
     wg::commit();
   };
   auto cc_p1_epilogue = [&](const float* rb, int half, float(&dp)[16], const float(&qk)[16]) {
     const int lane = tid_x() & 31, wq = (tid_x() >> 5) & 3;
+    const float* sb = scales_of(rb);
+    const float inv = kF16 ? 1.f / (sb[4] * sb[1]) : 1.f;  // dP = (dO s_dO)(D s_D)^T
     const float *rq = rb + kBcRq, *rk = rb + kBcRk, *g2 = rb + kBcG2;
     // Y_ij = dP_ij e^{G_i - G_j} (j <= i); the dP . P sums leave the diagonal out (it cancels in
     // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
@@ -3408,7 +3610,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int q = 4 * (c >> 1) + 2 * hh + (c & 1), i = ct.i(hh), j = ct.j(c);
-        const float y = j <= i ? dp[q] * ct.gam(hh, c) : 0.f;
+        const float y = j <= i ? dp[q] * (inv * ct.gam(hh, c)) : 0.f;
         const float pp = j < i ? y * qk[q] * rqi[hh] * ct.rkj[c] : 0.f;
         if (kL2 && j == i) fl[kBcDiag + i] = y * qk[q] * rqi[hh] * ct.rkj[c];  // (q^_i . k^_i) Y_ii
         dp[q] = y;
@@ -3427,8 +3629,8 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   auto cc_dt_a1 = [&](auto& a1, int c0) {
     constexpr int N = 2 * static_cast<int>(sizeof(a1) / sizeof(float));
     wg::fence();
-    bc_ss<N, 0, 0, D / 16>(a1, sDD, sV + c0 * 128, false);
-    bc_ss<N, 0, 0, D / 16>(a1, sDD + kDlTile, sV + c0 * 128, true);
+    bc_ss<N, 0, 0, D / 16, kF16>(a1, sDD, sV + c0 * 128, false);
+    if constexpr (!kF16) bc_ss<N, 0, 0, D / 16>(a1, sDD + kDlTile, sV + c0 * 128, true);
     wg::commit();
   };
   auto cc_dt_a2 = [&](auto& a2, int c0) {
@@ -3441,6 +3643,8 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   // dT into a1, then its planes [m][l] (into dO's region).
   auto cc_dt_epilogue = [&](const float* rb, int len, auto& a1, const auto& a2, int l0) {
     constexpr int N = 2 * static_cast<int>(sizeof(a1) / sizeof(float));
+    float* sb = scales_of(rb);
+    const float inv = kF16 ? 1.f / (sb[3] * sb[6]) : 1.f;  // a1 = (dD s_dD)(v s_v)^T
     const float *bs = rb + kBcBs, *eg = rb + kBcEg, *rk = rb + kBcRk;
     const int lane = tid_x() & 31, m0 = 16 * ((tid_x() >> 5) & 3) + (lane >> 2), t = lane & 3;
 #pragma unroll
@@ -3450,35 +3654,50 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int q = 4 * nb + 2 * hh + e, m = m0 + 8 * hh, l = l0 + 8 * nb + 2 * t + e;
-          a1[q] = (l < m && l < len) ? bs[l] * (a1[q] + eg[l] * rk[l] * a2[q]) : 0.f;
+          a1[q] = (l < m && l < len) ? bs[l] * (inv * a1[q] + eg[l] * rk[l] * a2[q]) : 0.f;
         }
-    acc_planes<N>(sO, sO + kDlPanel, a1, 0, l0, [](float v, int, int) { return v; });
+    // kF16 (the chain warpgroup's whole dT): its fp16 plane times s_dT; X1 and Mx carry the scale
+    float s_dt = 1.f;
+    if constexpr (kF16) {
+      float m = 0.f;
+#pragma unroll
+      for (int q = 0; q < N / 2; ++q) m = fmaxf(m, fabsf(a1[q]));
+      s_dt = chain_scale(m);
+      if (tid_x() == 256) sb[7] = s_dt;
+    }
+    acc_planes<N, true, kF16>(sO, sO + kDlPanel, a1, 0, l0, [&](float v, int, int) { return s_dt * v; });
   };
   // X1^T = T dT^T: planes [j][m] (into D's region).
   auto cc_x1 = [&](auto& x1, int c0) {
     constexpr int N = 2 * static_cast<int>(sizeof(x1) / sizeof(float));
     wg::fence();
-    bc_ss<N, 0, 0, kC / 16>(x1, sT, sO + c0 * 128, false);
-    bc_ss<N, 0, 0, kC / 16>(x1, sT + kDlPanel, sO + c0 * 128, true);
-    bc_ss<N, 0, 0, kC / 16>(x1, sT, sO + kDlPanel + c0 * 128, true);
+    bc_ss<N, 0, 0, kC / 16, kF16>(x1, sT, sO + c0 * 128, false);
+    if constexpr (!kF16) {
+      bc_ss<N, 0, 0, kC / 16>(x1, sT + kDlPanel, sO + c0 * 128, true);
+      bc_ss<N, 0, 0, kC / 16>(x1, sT, sO + kDlPanel + c0 * 128, true);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(x1);
-    acc_planes<N>(sD, sD + kDlPanel, x1, 0, c0, [](float v, int, int) { return v; });
+    acc_planes<N, true, kF16>(sD, sD + kDlPanel, x1, 0, c0, [](float v, int, int) { return v; });
   };
   // Mx = -(T^T X1) . Gam (j < i), k k^T; F = Mx . (k^ k^T): row sums (dbeta, dG) and the column sums
   // of diag(b) F (dG); planes Pa = Mx_ij b_i rk_j, Pb = Mx_ij b_i rk_i.
   auto cc_mx_products = [&](auto& mx, auto& kq, int c0) {
     constexpr int N = 2 * static_cast<int>(sizeof(mx) / sizeof(float));
     wg::fence();
-    bc_ss<N, 0, 1, kC / 16>(mx, sT, sD + c0 * 128, false);
-    bc_ss<N, 0, 1, kC / 16>(mx, sT + kDlPanel, sD + c0 * 128, true);
-    bc_ss<N, 0, 1, kC / 16>(mx, sT, sD + kDlPanel + c0 * 128, true);
+    bc_ss<N, 0, 1, kC / 16, kF16>(mx, sT, sD + c0 * 128, false);
+    if constexpr (!kF16) {
+      bc_ss<N, 0, 1, kC / 16>(mx, sT + kDlPanel, sD + c0 * 128, true);
+      bc_ss<N, 0, 1, kC / 16>(mx, sT, sD + kDlPanel + c0 * 128, true);
+    }
     bc_ss<N, 0, 0, D / 16>(kq, sK, sK + c0 * 128, false);
     wg::commit();
   };
   auto cc_mx_epilogue = [&](const float* rb, int half, float(&mx)[16], const float(&kq)[16]) {
     const int lane = tid_x() & 31, wq = (tid_x() >> 5) & 3;
+    const float* sb = scales_of(rb);
+    const float inv = kF16 ? 1.f / (sb[5] * sb[5] * sb[7]) : 1.f;  // Mx = (T s_T)^T (T s_T)(dT s_dT)^T
     const float *bs = rb + kBcBs, *rk = rb + kBcRk, *g2 = rb + kBcG2;
     const int j0 = 32 * half;
     const CcThread ct(g2, rk, j0, wq, lane);
@@ -3490,7 +3709,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int q = 4 * (c >> 1) + 2 * hh + (c & 1);
-        const float m = ct.j(c) < ct.i(hh) ? -mx[q] * ct.gam(hh, c) : 0.f;
+        const float m = ct.j(c) < ct.i(hh) ? -mx[q] * (inv * ct.gam(hh, c)) : 0.f;
         const float f = m * kq[q] * rki[hh] * ct.rkj[c];
         mx[q] = m;
         rsum[hh] += f;
@@ -3535,16 +3754,26 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     const float* bs = rb + kBcBs;
     float r[kC / 2];
     wg::fence();
-    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + half * kDlPanel, false);
-    bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + half * kDlPanel, true);
-    bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + half * kDlPanel, true);
+    bc_ss<kC, 1, 1, kC / 16, kF16>(r, sT, sDD + half * kDlPanel, false);
+    if constexpr (!kF16) {
+      bc_ss<kC, 1, 1, kC / 16>(r, sT + kDlPanel, sDD + half * kDlPanel, true);
+      bc_ss<kC, 1, 1, kC / 16>(r, sT, sDD + kDlTile + half * kDlPanel, true);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(r);
+    const float* sb = scales_of(rb);
+    if constexpr (kF16) {
+      const float inv = 1.f / (sb[5] * sb[3]);  // (T s_T)^T (dD s_dD)
+#pragma unroll
+      for (int q = 0; q < kC / 2; ++q) r[q] *= inv;
+    }
     {
       uint32_t vx[kC / 4];
       panel_frag<false>(vx, sV, 64 * half);
-      acc_row_sums<kC>(fl + kBcRowV + half * kC, r, [&](float v, int q) { return pair_at(vx, q) * v; });
+      const float vinv = kF16 ? 1.f / sb[6] : 1.f;
+      acc_row_sums<kC>(fl + kBcRowV + half * kC, r,
+                       [&](float v, int q) { return (kF16 ? vinv * pair_at16(vx, q) : pair_at(vx, q)) * v; });
     }
     bf16* dvbase = dqkv + static_cast<size_t>(bos) * conv_dim + 2 * Hk * D + head * D + 64 * half;
     const int lane = tid_x() & 31, w = (tid_x() >> 5) & 3, gg = lane >> 2, t = lane & 3;
@@ -3620,6 +3849,13 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
         if (it < 0) return;
         const float* rbc = fl + pc * kBcRowData;
         const int4 ch = rtable[it / Hv];
+        if constexpr (kF16) {  // v to fp16 times s_v (dT's a1; the rows' dv row dots after kBarDt)
+          const float s_v = chain_scale(tile_absmax_bf16<128>(sV, kDlTile, tid_x() - 256));
+          if (tid_x() == 256) scales_of(rbc)[6] = s_v;
+          tile_bf16_to_f16<128>(sV, kDlTile, s_v, tid_x() - 256);
+          wg::fence_proxy_async();
+          wg::named_sync(kBarChain, 128);
+        }
         cc_p1(rbc, 0);
         cc_p1(rbc, 1);
         wg::fence_proxy_async();
@@ -3676,6 +3912,16 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     else
       __syncthreads();
   };
+  // scale_of the largest m over the 256 rows threads (all call it).
+  auto rows_scale = [&](float m) {
+    m = warp_max(m);
+    if ((tid_x() & 31) == 0) fl[kBcRedR + (tid_x() >> 5)] = m;
+    sync_rows();
+    float mx = fl[kBcRedR];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) mx = fmaxf(mx, fl[kBcRedR + i]);
+    return scale_of(mx);
+  };
   ItemGates ig{};
   if (item < total) {
     const int4 chn = rtable[item / Hv];
@@ -3705,6 +3951,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   // regions once its fragments are read, and land while the state products run. The row data was
   // formed during the previous item (or before the first), in block par.
   float* rb = fl + par * kBcRowData;
+  float* sb = scales_of(rb);  // kF16: h, D, dh, dD (the scans'), dO, T (written below), v, dT (the chain's)
   const float *gs = rb + kBcGs, *bs = rb + kBcBs, *eg = rb + kBcEg, *ekl = rb + kBcEkl, *rq = rb + kBcRq,
               *rk = rb + kBcRk;
   cp_async_wait<1>();
@@ -3726,14 +3973,26 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int o = gdn_mma::frag_index(r0 + 8 * hh, 16 * kk, D) + 4 * lane;
-        const float4 x = *reinterpret_cast<const float4*>(s0s + o), y = *reinterpret_cast<const float4*>(dss + o);
-        sdot += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-        gdn_mma::split_bf16(y.x, y.y, ah[kk][hh], al[kk][hh]);
-        gdn_mma::split_bf16(y.z, y.w, ah[kk][hh + 2], al[kk][hh + 2]);
+        if constexpr (kF16) {  // the staged fp16 rows are the A fragments
+          const __half* s016 = reinterpret_cast<const __half*>(wgi ? sW : sY) - static_cast<size_t>(d0) * D;
+          const __half* ds16 = reinterpret_cast<const __half*>(wgi ? sV : sQ) - static_cast<size_t>(d0) * D;
+          const uint2 x = *reinterpret_cast<const uint2*>(s016 + o), y = *reinterpret_cast<const uint2*>(ds16 + o);
+          const float2 x0 = gdn_mma::unpack_f16(x.x), x1 = gdn_mma::unpack_f16(x.y);
+          const float2 y0 = gdn_mma::unpack_f16(y.x), y1 = gdn_mma::unpack_f16(y.y);
+          sdot += x0.x * y0.x + x0.y * y0.y + x1.x * y1.x + x1.y * y1.y;
+          ah[kk][hh] = y.x;
+          ah[kk][hh + 2] = y.y;
+        } else {
+          const float4 x = *reinterpret_cast<const float4*>(s0s + o), y = *reinterpret_cast<const float4*>(dss + o);
+          sdot += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+          gdn_mma::split_bf16(y.x, y.y, ah[kk][hh], al[kk][hh]);
+          gdn_mma::split_bf16(y.z, y.w, ah[kk][hh + 2], al[kk][hh + 2]);
+        }
       }
     // Reduced and stored here, before the barrier: left to the compiler, the sum sinks to its use
     // at the end and keeps its 128 inputs alive (spilled) through the whole kernel.
     sdot = warp_sum(sdot);
+    if constexpr (kF16) sdot *= 1.f / (sb[0] * sb[2]);
     if (lane == 0) fl[kBcSdot + 8 * par + warp] = sdot;
     sync_rows();  // dS read by both warpgroups: q, k, v, T into its regions
     {
@@ -3750,13 +4009,24 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     }
     cp_async_commit();
     wg::fence();
-    bc_rs<0, D / 16>(fT, ah, sD, false);
-    bc_rs<0, D / 16>(fT, al, sD, true);
-    bc_rs<0, D / 16>(fT, ah, sD + kDlTile, true);
+    if constexpr (kF16) {
+      bc_rs<0, D / 16, true>(fT, ah, sD, false);
+    } else {
+      bc_rs<0, D / 16>(fT, ah, sD, false);
+      bc_rs<0, D / 16>(fT, al, sD, true);
+      bc_rs<0, D / 16>(fT, ah, sD + kDlTile, true);
+    }
     wg::commit();
     cp_async_wait<1>();
     wg::fence_proxy_async();
     sync_rows();  // dO landed
+    if constexpr (kF16) {  // dO to fp16, scaled (its products' operands)
+      const float s_do = rows_scale(tile_absmax_bf16<256>(sO, kDlTile, tid_x()));
+      if (tid_x() == 0) sb[4] = s_do;
+      tile_bf16_to_f16<256>(sO, kDlTile, s_do, tid_x());
+      wg::fence_proxy_async();
+      sync_rows();
+    }
     wg::wait<0>();
   }
   {
@@ -3765,16 +4035,29 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float4 x = *reinterpret_cast<const float4*>(s0s + gdn_mma::frag_index(r0 + 8 * hh, 16 * kk, D) + 4 * lane);
-        gdn_mma::split_bf16(x.x, x.y, ah[kk][hh], al[kk][hh]);
-        gdn_mma::split_bf16(x.z, x.w, ah[kk][hh + 2], al[kk][hh + 2]);
+        const int o = gdn_mma::frag_index(r0 + 8 * hh, 16 * kk, D) + 4 * lane;
+        if constexpr (kF16) {
+          const __half* s016 = reinterpret_cast<const __half*>(wgi ? sW : sY) - static_cast<size_t>(d0) * D;
+          const uint2 x = *reinterpret_cast<const uint2*>(s016 + o);
+          ah[kk][hh] = x.x;
+          ah[kk][hh + 2] = x.y;
+        } else {
+          const float4 x = *reinterpret_cast<const float4*>(s0s + o);
+          gdn_mma::split_bf16(x.x, x.y, ah[kk][hh], al[kk][hh]);
+          gdn_mma::split_bf16(x.z, x.w, ah[kk][hh + 2], al[kk][hh + 2]);
+        }
       }
     wg::fence();
-    bc_rs<0, D / 16>(eT, ah, sO, false);
-    bc_rs<0, D / 16>(eT, al, sO, true);
-    bc_rs<0, D / 16>(wT, ah, sDD, false);
-    bc_rs<0, D / 16>(wT, al, sDD, true);
-    bc_rs<0, D / 16>(wT, ah, sDD + kDlTile, true);
+    if constexpr (kF16) {
+      bc_rs<0, D / 16, true>(eT, ah, sO, false);
+      bc_rs<0, D / 16, true>(wT, ah, sDD, false);
+    } else {
+      bc_rs<0, D / 16>(eT, ah, sO, false);
+      bc_rs<0, D / 16>(eT, al, sO, true);
+      bc_rs<0, D / 16>(wT, ah, sDD, false);
+      bc_rs<0, D / 16>(wT, al, sDD, true);
+      bc_rs<0, D / 16>(wT, ah, sDD + kDlTile, true);
+    }
     wg::commit();
     cp_async_wait<0>();
     wg::fence_proxy_async();
@@ -3783,6 +4066,12 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
       wg::named_sync(kBarQkvt, kBcWsThreads);
     else
       __syncthreads();
+    if constexpr (kF16) {  // T's planes to one fp16 plane times s_T (tw, dv; the chain's X1, Mx after kBarDw)
+      const float s_t = rows_scale(planes_absmax<256>(sT, sT + kDlPanel, kDlPanel, tid_x()));
+      if (tid_x() == 0) sb[5] = s_t;
+      planes_to_f16<256>(sT, sT + kDlPanel, kDlPanel, tid_x(), s_t);
+      wg::fence_proxy_async();
+    }
     wg::wait<0>();
   }
   wg::fence_operands(fT);
@@ -3796,27 +4085,40 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   {
     uint32_t qx[kC / 4];
     panel_frag<true>(qx, sQ, d0);
-    acc_each<kC>(eT, [&](float& v, int, int i) { v *= eg[i]; });
+    const float inv_e = kF16 ? 1.f / (sb[0] * sb[4]) : 1.f;  // (S0 s_h)(dO s_dO)^T
+    acc_each<kC>(eT, [&](float& v, int, int i) { v *= inv_e * eg[i]; });
     acc_col_sums<kC>(red8 + kBcRedE, eT, 0, [&](float v, int q) { return pair_at(qx, q) * v; });
   }
   panel_frag<true>(kx, sK, d0);
-  acc_each<kC>(fT, [&](float& v, int, int i) { v *= ekl[i]; });
+  const float inv_f = kF16 ? 1.f / (sb[2] * sb[1]) : 1.f;  // (dS s_dh)(D s_D)^T
+  acc_each<kC>(fT, [&](float& v, int, int i) { v *= inv_f * ekl[i]; });
   acc_col_sums<kC>(red8 + kBcRedXi, fT, 0, [&](float v, int q) { return pair_at(kx, q) * v; });
   // dW^T = -S0 dD^T: planes [d][m] for dT, and the A fragments of (T^T dW)^T = dW^T T; dk^ gets
   // b_i e^{G_i} (T^T dW)_i, s2_i = rk_i k_i . (T^T dW)_i.
   {
     acc_each<kC>(wT, [](float& v, int, int) { v = -v; });
-    acc_planes<kC>(sW, sW + kDlTile, wT, d0, 0, [](float v, int, int) { return v; });
+    const float inv_w = kF16 ? 1.f / (sb[0] * sb[3]) : 1.f;  // (S0 s_h)(dD s_dD)^T
+    acc_planes<kC>(sW, sW + kDlTile, wT, d0, 0, [&](float v, int, int) { return inv_w * v; });
     float tw[kC / 2];
     uint32_t ah[kC / 16][4], al[kC / 16][4];
-    acc_frags(wT, ah, al);
-    wg::fence();
-    bc_rs<1, kC / 16>(tw, ah, sT, false);
-    bc_rs<1, kC / 16>(tw, al, sT, true);
-    bc_rs<1, kC / 16>(tw, ah, sT + kDlPanel, true);
+    if constexpr (kF16) {
+      acc_frags16(wT, ah, 1.f);  // still scaled
+      sync_rows();               // T's fp16 plane complete
+      wg::fence();
+      bc_rs<1, kC / 16, true>(tw, ah, sT, false);
+    } else {
+      acc_frags(wT, ah, al);
+      wg::fence();
+      bc_rs<1, kC / 16>(tw, ah, sT, false);
+      bc_rs<1, kC / 16>(tw, al, sT, true);
+      bc_rs<1, kC / 16>(tw, ah, sT + kDlPanel, true);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(tw);
+    if constexpr (kF16)
+#pragma unroll
+      for (int q = 0; q < kC / 2; ++q) tw[q] *= inv_w / sb[5];
     acc_col_sums<kC>(red8 + kBcRedS2, tw, 0, [&](float v, int q) { return pair_at(kx, q) * v; });
     acc_each<kC>(tw, [&](float& v, int, int i) { v *= bs[i] * eg[i]; });
 #pragma unroll
@@ -4101,6 +4403,7 @@ struct Workspace {
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
   bf16 *Th, *Tl;    // T = (I + A)^-1 per (chunk, head), planes [chunk, Hv, C x C] (prep -> wgmma scans, bwd_chunk)
+  float* scl;       // the fp16 backward's tile scales [chunk][Hv][h, D, dh, dD] (the scans -> bwd_chunk)
   int nc_max;
 };
 
@@ -4217,6 +4520,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dDh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dDl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dh = reinterpret_cast<float*>(take(states));
+  ws.scl = reinterpret_cast<float*>(take(wg ? static_cast<size_t>(nc) * Hv * 4 * sizeof(float) : 0));
   // dq^, dk^ per value head for qk_grad: fp32 from the mma.sync bwd_chunk, bf16 from the wgmma one,
   // none where that applies the L2-norm backward itself (one value head per key head).
   const size_t dqk_bytes = !wgmma_bwd_chunk(a.k_head_dim, a.v_head_dim) ? T * Hv * K * sizeof(float)
@@ -4379,7 +4683,7 @@ void reset_split_walks(const Workspace& w, int Hv, bool forward_too, cudaStream_
 // with the maps' M, which a kept state keeps).
 void forward_common(const Workspace& w, const bf16* qkv, const float* g, const float* beta, const GdnArgs& a,
                     bool for_backward, bf16* out, cudaStream_t stream, int* done = nullptr, bool split = false,
-                    PrepPart part = PrepPart::kMake) {
+                    PrepPart part = PrepPart::kMake, bool f16 = false) {
   const int Hk = a.num_k_heads, Hv = a.num_v_heads, K = a.k_head_dim, V = a.v_head_dim;
   const int conv_dim = 2 * Hk * K + Hv * V;
   // The wgmma scans form W S and U from T themselves: prep stores G and T only (no W, U).
@@ -4425,6 +4729,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     // tickets where the plan may split a long sample (their output items store h, D when given).
     auto kernel = tickets ? (fuse ? gdn_scan_fwd_wgmma_kernel<true, false, true> : gdn_scan_fwd_wgmma_kernel<false, false, true>)
                   : fuse  ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true, false>)
+                  : f16   ? gdn_scan_fwd_wgmma_kernel<false, false, false, true>
                           : gdn_scan_fwd_wgmma_kernel<false, false>;
     // By tickets at most one CTA per SM runs (its smem allows one), and there are at most
     // max_segs + 2 slots items per value head; else one CTA per (sample, value head).
@@ -4434,7 +4739,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     launch_smem_beside(prep_beside, kernel, "gdn_scan_fwd_wgmma_kernel", dim3(grid), 256, bytes, stream,
                        keep ? w.h : nullptr, keep ? w.Dh : nullptr, keep ? w.Dl : nullptr, out, w.Th, w.Tl, qkv, w.rs,
                        w.Gc, beta, w.vcu, w.seq_off, w.seq_order, w.seginfo, w.items, w.counts, w.split, Hk, Hv,
-                       conv_dim, done, prep_done);
+                       conv_dim, done, prep_done, f16 ? w.scl : nullptr);
     stage_end("gdn_scan_fwd_wgmma_kernel", stream);
     return;
   }
@@ -4552,9 +4857,14 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
   if ((kept || prep_kept) && split) reset_split_walks(w, Hv, prep_kept, stream);
+  // The fp16 form (h, D, dh, dD as scaled fp16 tiles, bwd_chunk's products f16 x f16) where the plain
+  // recompute, the plain fused reverse scan and the warp-specialized bwd_chunk run; QT_GDN_HILO=1
+  // keeps the hi / lo form there (A/B).
+  static const bool hilo = env_knob("QT_GDN_HILO", {1}) != 0;
+  const bool f16 = wg_scan && wg_bc && !kept && !split && !separate && bwd_chunk_ws() && !hilo;
   if (!kept)
     forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split,
-                   prep_kept ? PrepPart::kHave : PrepPart::kMake);
+                   prep_kept ? PrepPart::kHave : PrepPart::kMake, f16);
 
   // A separate dlocal kernel (QT_GDN_DLOCAL_SEPARATE=1, or where no reverse scan forms dD_local) is the
   // wgmma one at dk = dv = 128; QT_GDN_DLOCAL_MMA_SYNC=1 keeps the mma.sync one (A/B).
@@ -4583,6 +4893,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
     auto kernel = split      ? gdn_scan_bwd_wgmma_kernel<true, true>
                   : separate ? gdn_scan_bwd_wgmma_kernel<false>
+                  : f16      ? gdn_scan_bwd_wgmma_kernel<true, false, true>
                              : gdn_scan_bwd_wgmma_kernel<true>;
     // By tickets at most one CTA per SM runs, and there are at most max_segs items per value head.
     const unsigned grid = split ? static_cast<unsigned>(std::min<int64_t>(static_cast<int64_t>(w.max_segs) * Hv,
@@ -4591,7 +4902,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     stage_begin(stream);
     launch_smem_beside(rev_beside, kernel, "gdn_scan_bwd_wgmma_kernel", dim3(grid), 256, bytes, stream, w.dh, w.dDh,
                        w.dDl, w.dD, w.Th, w.Tl, x, rs, w.Gc, beta, dO, w.vcu, w.seq_off, w.seq_order, w.seginfo,
-                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev);
+                       w.items_rev, w.counts, w.split, Hk, Hv, conv_dim, done_rev, w.scl);
     stage_end("gdn_scan_bwd_wgmma_kernel", stream);
   } else {
     const size_t sb_bytes =
@@ -4619,12 +4930,14 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
     // while the current one finishes
     const int grid = std::min(w.nc_max * Hv, sm_count());
     const bool ws = bwd_chunk_ws();
-    auto kernel = ws ? (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, true> : gdn_bwd_chunk_wgmma_kernel<false, true>)
-                     : (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, false> : gdn_bwd_chunk_wgmma_kernel<false, false>);
+    auto kernel = f16  ? (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, true, true>
+                                          : gdn_bwd_chunk_wgmma_kernel<false, true, true>)
+                  : ws ? (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, true> : gdn_bwd_chunk_wgmma_kernel<false, true>)
+                       : (l2_in_bwd_chunk ? gdn_bwd_chunk_wgmma_kernel<true, false> : gdn_bwd_chunk_wgmma_kernel<false, false>);
     launch_smem_beside(beside, kernel, "gdn_bwd_chunk_wgmma_kernel", dim3(grid), ws ? kBcWsThreads : 256, kBcSmem,
                        stream, dqh, dkh,
                        static_cast<bf16*>(dqkv), dg, dbeta, w.rtable, w.nchunks, rs, x, g, beta, w.Dh, w.Dl, w.dDh,
-                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work, w.counts);
+                       w.dDl, w.h, w.dh, dO, w.Th, w.Tl, Hk, Hv, conv_dim, done_fwd, done_rev, work, w.counts, w.scl);
   } else {
     const size_t bc_bytes = static_cast<size_t>(bwd_chunk_smem_floats(K, V)) * sizeof(float);
     launch_smem(gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", dim3(w.nc_max, Hv), kThreads, bc_bytes, stream, dqf,

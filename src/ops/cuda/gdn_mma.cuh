@@ -8,6 +8,7 @@
 // product, i.e. ~fp32 products: 3 mma per k step; an exact operand needs no lo: 2; two exact: 1).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -27,6 +28,14 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
 }
 // hi = bf16(x0, x1); lo = bf16(x - hi) (the differences are exact in fp32).
+// (x0, x1) as an fp16 pair (x0 in the low half).
+__device__ __forceinline__ uint32_t pack_f16(float x0, float x1) {
+  const __half2 v = __floats2half2_rn(x0, x1);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_f16(uint32_t w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(x0, x1);
   lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));

@@ -118,24 +118,37 @@ __device__ __forceinline__ void fence_operands(float (&a)[N]) {
 #define QT_WG_D128_OUT(d) QT_WG_O0_31(d), QT_WG_O32_63(d), QT_WG_O64_127(d)
 
 // d = A B + (scale_d != 0 ? d : 0). kTransB 0: B K-major, 1: N-major; kTransA 0: A K-major, 1:
-// M-major (A given as [K, M]: the N-major layout with M for N, the same descriptor fields).
-template <int kTransB, int kTransA = 0>
+// M-major (A given as [K, M]: the N-major layout with M for N, the same descriptor fields). kF16:
+// both operands fp16 instead of bf16 (the same layouts; the fp16 GDN backward's products).
+#define QT_WG_MMA_N32(TY)                                                                       \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {" QT_WG_R0_15         \
+               "}, %16, %17, p, 1, 1, %20, %19;\n}\n"                                           \
+               : QT_WG_O0_15(d)                                                                 \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA))
+#define QT_WG_MMA_N64(TY)                                                                       \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " QT_WG_D32_REGS        \
+               ", %32, %33, p, 1, 1, %36, %35;\n}\n"                                             \
+               : QT_WG_D32_OUT(d)                                                               \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA))
+template <int kTransB, int kTransA = 0, bool kF16 = false>
 __device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" QT_WG_R0_15
-               "}, %16, %17, p, 1, 1, %20, %19;\n}\n"
-               : QT_WG_O0_15(d)
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
+  if constexpr (kF16)
+    QT_WG_MMA_N32("f16");
+  else
+    QT_WG_MMA_N32("bf16");
 }
 
-template <int kTransB, int kTransA = 0>
+template <int kTransB, int kTransA = 0, bool kF16 = false>
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QT_WG_D32_REGS
-               ", %32, %33, p, 1, 1, %36, %35;\n}\n"
-               : QT_WG_D32_OUT(d)
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
+  if constexpr (kF16)
+    QT_WG_MMA_N64("f16");
+  else
+    QT_WG_MMA_N64("bf16");
 }
+#undef QT_WG_MMA_N32
+#undef QT_WG_MMA_N64
 
 template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -158,15 +171,21 @@ __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a,
 // The same with A from registers (the m64nNk16 A fragment: warp w of the warpgroup holds rows
 // 16 w .. 16 w + 15 in the mma.sync m16n8k16 A layout: a[0] = (row l / 4, columns 2 (l % 4) + 0, 1),
 // a[1] = row + 8, a[2] = columns + 8, a[3] = both; bf16 pairs, low half the lower column).
-template <int kTransB>
+#define QT_WG_MMA_N64_RS(TY)                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " QT_WG_D32_REGS        \
+               ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                 \
+               : QT_WG_D32_OUT(d)                                                               \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+template <int kTransB, bool kF16 = false>
 __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
                                                  int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QT_WG_D32_REGS
-               ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-               : QT_WG_D32_OUT(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+  if constexpr (kF16)
+    QT_WG_MMA_N64_RS("f16");
+  else
+    QT_WG_MMA_N64_RS("bf16");
 }
+#undef QT_WG_MMA_N64_RS
 
 template <int kTransB>
 __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
