@@ -94,6 +94,7 @@ constexpr float kL2Eps = 1e-6f;
 using dev::to_f;
 using dev::ex2_ftz;
 using dev::kLog2e;
+using dev::warp_max;
 using dev::warp_sum;
 
 // Bump allocator over dynamic shared memory (floats); the host mirrors each kernel's sequence.
@@ -349,11 +350,6 @@ __device__ __forceinline__ float scale_of(float m) {
   int e;
   frexpf(m, &e);
   return ldexpf(1.f, -max(-100, min(100, e)));
-}
-__device__ __forceinline__ float warp_max(float m) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
 }
 // scale_of the largest m over a wgmma scan's 256 threads (all call it; named barrier 6). red: 8
 // floats of this call's, written again only after every thread has passed a later CTA barrier.

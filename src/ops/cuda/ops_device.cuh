@@ -136,6 +136,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The largest v over the warp, every lane getting it; all 32 lanes must take part.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // In-place inclusive prefix sum of s[0, blockDim.x) by the whole block (blockDim.x a multiple of 32,
 // at most 1024: the one-block work-list kernels). Every thread must call it; it starts and ends with
 // a barrier. Shuffle scans within the warps, then over the warps' totals: 4 barriers, where the
