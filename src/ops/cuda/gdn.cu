@@ -342,8 +342,8 @@ __device__ float g_zero_state[kZeroStateFloats];  // zero-initialized at module 
 // scans (dk = dv = 128, which fits the zero block) leave those states unstored; the mma.sync ones
 // store them at every size.
 // The fp16 backward (gdn_backward's plain form at dk = dv = 128): h, D, dh, dD stored as fp16, each
-// (chunk, head) tile times a power of two (scale_of its largest magnitude, kept in [chunk][head][4]:
-// h, D, dh, dD), and bwd_chunk's products f16 x f16, each result times the inverse scales.
+// (chunk, head) tile times a power of two (scale_of its largest magnitude, kept in [chunk][head]
+// [kSclFloats]), and bwd_chunk's products f16 x f16, each result times the inverse scales.
 // The power of two s with m s in [0.5, 1); 1 for 0 or a value that is not finite (NaN propagates).
 __device__ __forceinline__ float scale_of(float m) {
   if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
@@ -351,16 +351,26 @@ __device__ __forceinline__ float scale_of(float m) {
   frexpf(m, &e);
   return ldexpf(1.f, -max(-100, min(100, e)));
 }
-// scale_of the largest m over a wgmma scan's 256 threads (all call it; named barrier 6). red: 8
-// floats of this call's, written again only after every thread has passed a later CTA barrier.
-__device__ __forceinline__ float cta_scale256(float m, float* red) {
+// The wgmma scans' tile maxima ride on the step-top __syncthreads instead of a barrier of their own
+// (a mid-step CTA barrier broke the two warpgroups' offset: 27B recompute 0.213 -> 0.263 ms with two):
+// each warp's largest m goes to slot[warp] before it, and every thread reads the 8 slots after it.
+// A quantity's slots are written again only after a later CTA barrier.
+__device__ __forceinline__ void publish_max(float m, float* slot) {
   m = warp_max(m);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  wg::named_sync(6, 256);
-  float mx = red[0];
+  if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = m;
+}
+__device__ __forceinline__ float published_scale(const float* slot) {
+  float mx = slot[0];
 #pragma unroll
-  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, red[i]);
+  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, slot[i]);
   return scale_of(mx);
+}
+// The fp16 form's tile scales [chunk][head][kSclFloats]: h, D (the recompute's), dh, dD, dO (the reverse
+// scan's), v (the recompute's); bwd_chunk's copy adds dT's (its own). T is converted unscaled (its
+// entries are O(1): the diagonal is 1, the rest products of gates <= 1 and beta < 1).
+enum : int { kSclH = 0, kSclD, kSclDh, kSclDd, kSclDo, kSclV, kSclDt = 7, kSclFloats = 8 };
+__device__ __forceinline__ float absmax_bf16x2(uint32_t x) {
+  return fmaxf(fabsf(__uint_as_float(x << 16)), fabsf(__uint_as_float(x & 0xffff0000u)));
 }
 __device__ __forceinline__ const float* chunk_state(const float* base, int4 ch, int zero_flag, int Hv, int head,
                                                     int K, int V) {
@@ -1267,6 +1277,20 @@ __device__ __forceinline__ void async_panels(char* dst, const bf16* src, size_t 
   }
 }
 
+// The largest magnitude of the pieces this thread's async_panels<kThr, kCols> call loaded into dst: its
+// own cp.async writes are visible to it once their group has been waited for, before any barrier.
+template <int kThr, int kCols = kDlD>
+__device__ __forceinline__ float own_panels_absmax(const char* dst, int tid = threadIdx.x) {
+  float m = 0.f;
+#pragma unroll
+  for (int u = 0; u < kC * (kCols / 8) / kThr; ++u) {
+    const int c = tid + u * kThr, row = c / (kCols / 8), ch = c % (kCols / 8);
+    const uint4 x = *reinterpret_cast<const uint4*>(dst + (ch / 8) * kDlPanel + row * 128 + (((ch % 8) ^ (row & 7)) << 4));
+    m = fmaxf(fmaxf(m, fmaxf(absmax_bf16x2(x.x), absmax_bf16x2(x.y))), fmaxf(absmax_bf16x2(x.z), absmax_bf16x2(x.w)));
+  }
+  return m;
+}
+
 __global__ void __launch_bounds__(128) gdn_dlocal_wgmma_kernel(float* dD, const int4* table, const int* nchunks,
                                                                const float* rs, const bf16* qkv, const float* Gc,
                                                                const bf16* d_o, int Hk, int Hv, int conv_dim) {
@@ -1661,7 +1685,7 @@ constexpr uint32_t scan_fwd_wg_buf() {  // T hi, T lo (one panel each), raw k (,
 }
 template <bool kOut>
 constexpr size_t scan_fwd_wg_smem() {
-  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * kDlPanel : 0) + (2 * kWgRows + 32) * sizeof(float) + 1024;
+  return 2 * scan_fwd_wg_buf<kOut>() + (kOut ? 2 * kDlPanel : 0) + (2 * kWgRows + 48) * sizeof(float) + 1024;
 }
 static_assert(scan_fwd_wg_buf<true>() % 1024 == 0 && scan_fwd_wg_buf<false>() % 1024 == 0, "panels 1024-aligned");
 
@@ -1831,6 +1855,18 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
           sT[4 * j + 2 * hh + e] = cta.kind == kItemM && 8 * j + 2 * t + e == ncol + 8 * hh ? 1.f : 0.f;
   }
   const float vb_on = kMap && cta.kind == kItemM ? 0.f : 1.f;
+  // kF16: D of the last chunk, stored at this chunk's top once the top barrier has published its scale,
+  // with the largest |D|, |v| of this thread's part of that chunk (the chunk's tile maxima).
+  const size_t dcol = static_cast<size_t>(head) * D;
+  auto store_d = [&](const float (&x)[kC / 2], int c0, int L, float s) {
+#pragma unroll
+    for (int j = 0; j < kC / 8; ++j)
+      store_planes_pair_t<kF16>(Dgh + static_cast<size_t>(c0) * w_ld + dcol, Dgl + static_cast<size_t>(c0) * w_ld + dcol,
+                                w_ld, L, 8 * j, 64 * wgi + 16 * w, {x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]},
+                                g, t, s);
+  };
+  float dprev[kF16 ? kC / 2 : 1], m_d = 0.f, m_v = 0.f;
+  float* red = rows + 2 * kWgRows;  // kF16: [parity][h, D, v][8]
   for (int ci = 0; ci < n; ++ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
@@ -1840,6 +1876,14 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     if (ci + 1 < n) nx.load(Gc, rs, beta, c0 + kC, min(kC, len - (ci + 1) * kC), Hk, Hv, head, kh);
     cp_async_wait<0>();  // this chunk's tiles
     wg::fence_proxy_async();
+    if constexpr (kF16) {  // h's maximum, and the last chunk's D's and v's
+      float m = 0.f;
+#pragma unroll
+      for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
+      publish_max(m, red + 24 * buf);
+      publish_max(m_d, red + 24 * buf + 8);
+      publish_max(m_v, red + 24 * buf + 16);
+    }
     __syncthreads();  // tiles and rows visible; both warpgroups are done with the other buffer
     // The next chunk's tiles into the other buffer: issued under the first product batch (below),
     // unless kLoadsFirst (the instance that forms the output and keeps the state: there that cost
@@ -1852,6 +1896,18 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
 
     // h[chunk] = the state entering the chunk (fragment-native K x V), here or under D's batch.
     float s_h = 1.f;  // kF16: h's tile scale
+    if constexpr (kF16) {
+      s_h = published_scale(red + 24 * buf);
+      if (tid == 0) scl[(chunk * Hv + head) * kSclFloats + kSclH] = s_h;
+      if (ci > 0) {
+        const float s_d = published_scale(red + 24 * buf + 8);
+        if (tid == 0) {
+          scl[((chunk - 1) * Hv + head) * kSclFloats + kSclD] = s_d;
+          scl[((chunk - 1) * Hv + head) * kSclFloats + kSclV] = published_scale(red + 24 * buf + 16);
+        }
+        if (Dgh != nullptr) store_d(dprev, c0 - kC, kC, s_d);  // every chunk but a sample's last is full
+      }
+    }
     auto store_h = [&] {
       if constexpr (kF16)
         store_state_t<true>(reinterpret_cast<__half*>(h) + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t, s_h);
@@ -1898,6 +1954,11 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       uint32_t yh[kC / 16][4], yl[kC / 16][4];
       float vT[kC / 2];
       v_tile_t<kOut && !kLoadsFirst>(vT, reinterpret_cast<const bf16*>(cur + kTv), 64 * wgi + 16 * w);
+      if constexpr (kF16) {  // the CTA's vT together hold the whole v tile
+        m_v = 0.f;
+#pragma unroll
+        for (int r = 0; r < kC / 2; ++r) m_v = fmaxf(m_v, fabsf(vT[r]));
+      }
 #pragma unroll
       for (int j = 0; j < kC / 8; ++j) {
         const float2 bv = ld_f2(rw + 5 * kC + 8 * j + 2 * t), kv = ld_f2(rw + 6 * kC + 8 * j + 2 * t);
@@ -1922,26 +1983,17 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
       // h[chunk] under this batch (the recompute's, the 2B kept forward's instance): the warps' wait for
       // the 16 stores to drain overlaps the tensor work (recompute scan 27B -3.5 %; under the first
       // batch it lost 2 %; the kept output instance lost 6-12 % under either and stores at the top).
-      if constexpr (kF16) {
-        if (h_stored) {
-          float m = 0.f;
-#pragma unroll
-          for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
-          s_h = cta_scale256(m, rows + 2 * kWgRows + 16 * buf);
-        }
-        if (tid == 0) scl[(chunk * Hv + head) * 4] = s_h;
-      }
       if (kHUnderBatch && h_stored) store_h();
       wg::wait<0>();
     }
     wg::fence_operands(dT);
-    float s_d = 1.f;  // kF16: D's tile scale
     if constexpr (kF16) {
-      float m = 0.f;
+      m_d = 0.f;
 #pragma unroll
-      for (int r = 0; r < kC / 2; ++r) m = fmaxf(m, fabsf(dT[r]));
-      s_d = cta_scale256(m, rows + 2 * kWgRows + 16 * buf + 8);
-      if (tid == 0) scl[(chunk * Hv + head) * 4 + 1] = s_d;
+      for (int r = 0; r < kC / 2; ++r) {
+        m_d = fmaxf(m_d, fabsf(dT[r]));
+        dprev[r] = dT[r];
+      }
     }
 
     // D out as planes (each 8 x 8 block of D^T transposed by movmatrix, so a lane stores a pair
@@ -1953,9 +2005,9 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     for (int j = 0; j < kC / 8; ++j) {
       const float2 kv = ld_f2(rw + 8 * j + 2 * t);
       const float2 ev = ld_f2(rw + kC + 8 * j + 2 * t);
-      if (kPairStores && Dgh != nullptr)
-        store_planes_pair_t<kF16>(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w,
-                                  {dT[4 * j], dT[4 * j + 1], dT[4 * j + 2], dT[4 * j + 3]}, g, t, s_d);
+      if (kPairStores && !kF16 && Dgh != nullptr)
+        store_planes_pair_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w,
+                            {dT[4 * j], dT[4 * j + 1], dT[4 * j + 2], dT[4 * j + 3]}, g, t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float x0 = dT[4 * j + 2 * hh], x1 = dT[4 * j + 2 * hh + 1];
@@ -2022,6 +2074,20 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
     }
   }
   cp_async_wait<0>();
+  if constexpr (kF16) {  // the last chunk's D
+    if (n > 0) {
+      publish_max(m_d, red + 24 * (n & 1) + 8);
+      publish_max(m_v, red + 24 * (n & 1) + 16);
+      __syncthreads();
+      const float s_d = published_scale(red + 24 * (n & 1) + 8);
+      const size_t last = static_cast<size_t>(first + n - 1);
+      if (tid == 0) {
+        scl[(last * Hv + head) * kSclFloats + kSclD] = s_d;
+        scl[(last * Hv + head) * kSclFloats + kSclV] = published_scale(red + 24 * (n & 1) + 16);
+      }
+      if (Dgh != nullptr) store_d(dprev, bos + (n - 1) * kC, len - (n - 1) * kC, s_d);
+    }
+  }
   if constexpr (kMode == kPlain) {
     if constexpr (!kOut) signal_done_counted(done, cta.p, Hv, head);
     return;
@@ -2315,7 +2381,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 constexpr uint32_t kScanBwdBuf = 4 * kDlTile;  // raw k, raw q, T hi + lo, dO
 template <bool kFused>
 constexpr size_t scan_bwd_wg_smem() {
-  return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + (2 * kWgRows + 32) * sizeof(float) + 1024;
+  return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + (2 * kWgRows + 48) * sizeof(float) + 1024;
 }
 
 // The reverse scan's split (the forward's transposed, notes/gdn_kernels.md step 22): the gradient
@@ -2408,6 +2474,27 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
     for (int r = 0; r < 2 * D / 4; ++r) sT[r] = 0.f;
   }
+  // kF16: dD of the last step's chunk (the next one), stored at this step's top once the top barrier
+  // has published its scale, from the update's -dD^T fragments (hi + lo: 16 bits, rounded once more
+  // to fp16's 11), and this thread's largest |dD| of it.
+  const size_t dcol = static_cast<size_t>(head) * D;
+  uint32_t ph[kC / 16][4], pl[kC / 16][4];  // the update's -dD^T fragments (every instance's)
+  auto store_dd = [&](int c0, int L, float s) {
+#pragma unroll
+    for (int j = 0; j < kC / 8; ++j) {
+      float x[4];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t hi = ph[j >> 1][hh + 2 * (j & 1)], lo = pl[j >> 1][hh + 2 * (j & 1)];
+        x[2 * hh] = -(__uint_as_float(hi << 16) + __uint_as_float(lo << 16));
+        x[2 * hh + 1] = -(__uint_as_float(hi & 0xffff0000u) + __uint_as_float(lo & 0xffff0000u));
+      }
+      store_planes_pair_t<true>(dDgh + static_cast<size_t>(c0) * w_ld + dcol, nullptr, w_ld, L, 8 * j, 64 * wgi + 16 * w,
+                                x, g, t, s);
+    }
+  };
+  float m_dd = 0.f;
+  float* red = rows + 2 * kWgRows;  // kF16: [parity][dh, dD, dO][8]
   for (int ci = n - 1; ci >= 0; --ci) {
     const int c0 = bos + ci * kC, L = min(kC, len - ci * kC), buf = ci & 1;
     const size_t chunk = static_cast<size_t>(first + ci);
@@ -2418,6 +2505,14 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     if (ci > 0) next_gates(ci - 1);
     cp_async_wait<0>();  // k, q, T, dO of this chunk
     wg::fence_proxy_async();
+    if constexpr (kF16) {  // dh's maximum, this chunk's dO's, the last step's dD's
+      float m = 0.f;
+#pragma unroll
+      for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
+      publish_max(m, red + 24 * buf);
+      publish_max(m_dd, red + 24 * buf + 8);
+      publish_max(own_panels_absmax<256>(tiles + buf * kScanBwdBuf + kTo), red + 24 * buf + 16);
+    }
     __syncthreads();  // tiles and row scales visible; both warpgroups are done with the other buffer
     if (ci > 0) load_chunk(ci - 1, buf ^ 1);
     cp_async_commit();
@@ -2431,6 +2526,18 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // plain fused instance stores it under the first batch (below); unfused, ptxas made the batch wait
     // for the stores' registers there, and the ticket instance lost 2-4 % on split rows.
     float s_dh = 1.f;  // kF16: dh's tile scale
+    if constexpr (kF16) {
+      s_dh = published_scale(red + 24 * buf);
+      if (tid == 0) {
+        scl[(chunk * Hv + head) * kSclFloats + kSclDh] = s_dh;
+        scl[(chunk * Hv + head) * kSclFloats + kSclDo] = published_scale(red + 24 * buf + 16);
+      }
+      if (ci + 1 < n) {
+        const float s_dd = published_scale(red + 24 * buf + 8);
+        if (tid == 0) scl[((chunk + 1) * Hv + head) * kSclFloats + kSclDd] = s_dd;
+        store_dd(c0 + kC, min(kC, len - (ci + 1) * kC), s_dd);
+      }
+    }
     auto store_dh = [&] {
       if constexpr (kF16)
         store_state_t<true>(reinterpret_cast<__half*>(dh) + (chunk * Hv + head) * static_cast<size_t>(D) * D, sT, ncol, t,
@@ -2464,15 +2571,6 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       // dh[chunk] under the batch: the warps' wait for the 16 stores to drain (their address and
       // source registers), a quarter of the scan's stall samples at the chunk's top, overlaps the
       // tensor work here (reverse scan 27B -3 %; the forward scans' h stores lost there).
-      if constexpr (kF16) {
-        if (dh_stored) {
-          float m = 0.f;
-#pragma unroll
-          for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
-          s_dh = cta_scale256(m, rows + 2 * kWgRows + 16 * buf);
-        }
-        if (tid == 0) scl[(chunk * Hv + head) * 4 + 2] = s_dh;
-      }
       if (dh_stored && kDhUnderBatch) store_dh();
       wg::wait<0>();
     }
@@ -2506,15 +2604,11 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // dD = dD_local + diag(ks) k dS out as planes (8 x 8 blocks of dD^T transposed by movmatrix, as in
     // the forward scan), and -dD^T as the update's A fragments.
     const size_t dbase = static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
-    float s_dd = 1.f;  // kF16: dD's tile scale (fused: dD is acc)
-    if constexpr (kF16) {
-      float m = 0.f;
+    if constexpr (kF16) {  // fused: dD is acc
+      m_dd = 0.f;
 #pragma unroll
-      for (int r = 0; r < kC / 2; ++r) m = fmaxf(m, fabsf(acc[r]));
-      s_dd = cta_scale256(m, rows + 2 * kWgRows + 16 * buf + 8);
-      if (tid == 0) scl[(chunk * Hv + head) * 4 + 3] = s_dd;
+      for (int r = 0; r < kC / 2; ++r) m_dd = fmaxf(m_dd, fabsf(acc[r]));
     }
-    uint32_t ph[kC / 16][4], pl[kC / 16][4];
 #pragma unroll
     for (int j = 0; j < kC / 8; ++j) {
       const float2 kv = ld_f2(ksc + 8 * j + 2 * t);
@@ -2522,7 +2616,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         x[q] = kFused ? acc[4 * j + q] : dT[4 * j + q] + ((q & 1) ? kv.y : kv.x) * acc[4 * j + q];
-      if (stores) store_planes_pair_t<kF16>(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t, s_dd);
+      if (stores && !kF16) store_planes_pair_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         gdn_mma::split_bf16(-x[2 * hh], -x[2 * hh + 1], ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
@@ -2602,6 +2696,15 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     }
   }
   cp_async_wait<0>();
+  if constexpr (kF16) {  // the sample's first chunk's dD
+    if (n > 0) {
+      publish_max(m_dd, red + 24 + 8);  // parity 1: read last before step 0's top barrier
+      __syncthreads();
+      const float s_dd = published_scale(red + 24 + 8);
+      if (tid == 0) scl[(static_cast<size_t>(first) * Hv + head) * kSclFloats + kSclDd] = s_dd;
+      store_dd(bos, min(kC, len), s_dd);
+    }
+  }
   if constexpr (kMode == kPlain) {
     signal_done_counted(done, cta.p, Hv, head);
     return;
@@ -3092,10 +3195,9 @@ constexpr int kBcGs = 0, kBcBs = kC, kBcEg = 2 * kC, kBcEkl = 3 * kC, kBcRq = 4 
               kBcDiag = 55 * kC, kBcQdot = 56 * kC, kBcKdot = 57 * kC /* L2-norm backward */,
               kBcSdot = 58 * kC /* [2][8]: by the row-data block */, kBcNext = 58 * kC + 16 /* int: the next item */,
               kBcCur = 58 * kC + 17 /* int: the item (-1: none), for the C x C warpgroup */,
-              kBcScl = 58 * kC + 20 /* [2][8], 16-byte aligned: by the row-data block, the fp16 form's scales:
-                                       h, D, dh, dD (the scans'), dO, T (the rows'), v, dT (the chain's) */,
-              kBcRedR = 58 * kC + 36 /* [8]: the rows' max reductions */, kBcRedC = 58 * kC + 44 /* [4]: the chain's */,
-              kBcFloats = 58 * kC + 48;
+              kBcScl = 58 * kC + 20 /* [2][kSclFloats], 16-byte aligned: by the row-data block, the fp16
+                                       form's scales (the scans', the chain's dT) */,
+              kBcRedC = 58 * kC + 36 /* [4]: the chain's max reduction */, kBcFloats = 58 * kC + 40;
 static_assert(kBcScl % 4 == 0, "the scales are stored as a float4");
 constexpr size_t kBcSmem = kBcTiles + kBcFloats * sizeof(float) + 1024;
 // Warp-specialized form (kWs): warpgroups 0, 1 run rows d as before, warpgroup 2 runs the C x C chain
@@ -3174,36 +3276,9 @@ __device__ __forceinline__ void tile_bf16_to_f16(char* tile, int bytes, float sc
     *reinterpret_cast<uint4*>(tile + 16 * c) = w;
   }
 }
-// The largest magnitude of this thread's chunks (as tile_bf16_to_f16 takes them) of a bf16 tile.
+// In place: the hi / lo bf16 panels (hi at hi, lo at lo, same layout) -> one fp16 panel at hi.
 template <int kThr>
-__device__ __forceinline__ float tile_absmax_bf16(const char* tile, int bytes, int tid) {
-  float m = 0.f;
-  for (int c = tid; c < bytes / 16; c += kThr) {
-    const uint4 w = *reinterpret_cast<const uint4*>(tile + 16 * c);
-    const uint32_t* x = reinterpret_cast<const uint32_t*>(&w);
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(x[e] << 16)), fabsf(__uint_as_float(x[e] & 0xffff0000u))));
-  }
-  return m;
-}
-// The same for the values hi + lo of two bf16 planes (as planes_to_f16 takes them).
-template <int kThr>
-__device__ __forceinline__ float planes_absmax(const char* hi, const char* lo, int bytes, int tid) {
-  float m = 0.f;
-  for (int c = tid; c < bytes / 16; c += kThr) {
-    const uint4 a = *reinterpret_cast<const uint4*>(hi + 16 * c), b = *reinterpret_cast<const uint4*>(lo + 16 * c);
-    const uint32_t *x = reinterpret_cast<const uint32_t*>(&a), *y = reinterpret_cast<const uint32_t*>(&b);
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(x[e] << 16) + __uint_as_float(y[e] << 16)),
-                         fabsf(__uint_as_float(x[e] & 0xffff0000u) + __uint_as_float(y[e] & 0xffff0000u))));
-  }
-  return m;
-}
-// In place: the hi / lo bf16 panels (hi at hi, lo at lo, same layout) -> one fp16 panel at hi, times sc.
-template <int kThr>
-__device__ __forceinline__ void planes_to_f16(char* hi, const char* lo, int bytes, int tid, float sc) {
+__device__ __forceinline__ void planes_to_f16(char* hi, const char* lo, int bytes, int tid) {
   for (int c = tid; c < bytes / 16; c += kThr) {
     uint4 w = *reinterpret_cast<const uint4*>(hi + 16 * c);
     const uint4 l = *reinterpret_cast<const uint4*>(lo + 16 * c);
@@ -3211,8 +3286,8 @@ __device__ __forceinline__ void planes_to_f16(char* hi, const char* lo, int byte
     const uint32_t* y = reinterpret_cast<const uint32_t*>(&l);
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      x[e] = gdn_mma::pack_f16(sc * (__uint_as_float(x[e] << 16) + __uint_as_float(y[e] << 16)),
-                               sc * (__uint_as_float(x[e] & 0xffff0000u) + __uint_as_float(y[e] & 0xffff0000u)));
+      x[e] = gdn_mma::pack_f16(__uint_as_float(x[e] << 16) + __uint_as_float(y[e] << 16),
+                               __uint_as_float(x[e] & 0xffff0000u) + __uint_as_float(y[e] & 0xffff0000u));
     *reinterpret_cast<uint4*>(hi + 16 * c) = w;
   }
 }
@@ -3515,7 +3590,8 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     int4 ch;
     float g0, g1, b0, b1;
     float2 r;
-    float4 sc;  // kF16: the scans' scales of (chunk, head): h, D, dh, dD
+    float4 sc;   // kF16: the scans' scales of (chunk, head): h, D, dh, dD
+    float2 sc2;  // dO, v
   };
   auto item_gates = [&](int item, int4 chn) {
     ItemGates x;
@@ -3536,10 +3612,14 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     }
     if (t >= 0 && t < x.ch.y) x.r = reinterpret_cast<const float2*>(rs)[(row0 + t) * Hk + hd / (Hv / Hk)];
     if constexpr (kF16)
-      if (t == 0) x.sc = reinterpret_cast<const float4*>(scl)[static_cast<size_t>(x.ch.w) * Hv + hd];
+      if (t == 0) {
+        const float* sp = scl + (static_cast<size_t>(x.ch.w) * Hv + hd) * kSclFloats;
+        x.sc = *reinterpret_cast<const float4*>(sp);
+        x.sc2 = *reinterpret_cast<const float2*>(sp + kSclDo);
+      }
     return x;
   };
-  // The fp16 form's scales of the item whose row data is block rb (kBcScl: [h, D, dh, dD, dO, T, v, dT]).
+  // The fp16 form's scales of the item whose row data is block rb (kBcScl: kScl*).
   auto scales_of = [&](const float* rb) { return fl + kBcScl + (rb == fl ? 0 : 8); };
   // scale_of the largest m over the chain warpgroup's 128 threads (kWs; all call it).
   auto chain_scale = [&](float m) {
@@ -3562,7 +3642,10 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     rb[kBcRq + t] = x.r.x;
     rb[kBcRk + t] = x.r.y;
     if constexpr (kF16)
-      if (t == 0) *reinterpret_cast<float4*>(scales_of(rb)) = x.sc;
+      if (t == 0) {
+        *reinterpret_cast<float4*>(scales_of(rb)) = x.sc;
+        *reinterpret_cast<float2*>(scales_of(rb) + kSclDo) = x.sc2;
+      }
     wg::named_sync(1, 64);
     const float gt = rb[kBcGs + t], gl = rb[kBcGs + kC - 1];
     rb[kBcEg + t] = expf(gt);
@@ -3591,7 +3674,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   auto cc_p1_epilogue = [&](const float* rb, int half, float(&dp)[16], const float(&qk)[16]) {
     const int lane = tid_x() & 31, wq = (tid_x() >> 5) & 3;
     const float* sb = scales_of(rb);
-    const float inv = kF16 ? 1.f / (sb[4] * sb[1]) : 1.f;  // dP = (dO s_dO)(D s_D)^T
+    const float inv = kF16 ? 1.f / (sb[kSclDo] * sb[kSclD]) : 1.f;  // dP = (dO s_dO)(D s_D)^T
     const float *rq = rb + kBcRq, *rk = rb + kBcRk, *g2 = rb + kBcG2;
     // Y_ij = dP_ij e^{G_i - G_j} (j <= i); the dP . P sums leave the diagonal out (it cancels in
     // rowsum - colsum exactly; see gdn_bwd_chunk_kernel's P1). The row and column scalars of this
@@ -3640,7 +3723,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   auto cc_dt_epilogue = [&](const float* rb, int len, auto& a1, const auto& a2, int l0) {
     constexpr int N = 2 * static_cast<int>(sizeof(a1) / sizeof(float));
     float* sb = scales_of(rb);
-    const float inv = kF16 ? 1.f / (sb[3] * sb[6]) : 1.f;  // a1 = (dD s_dD)(v s_v)^T
+    const float inv = kF16 ? 1.f / (sb[kSclDd] * sb[kSclV]) : 1.f;  // a1 = (dD s_dD)(v s_v)^T
     const float *bs = rb + kBcBs, *eg = rb + kBcEg, *rk = rb + kBcRk;
     const int lane = tid_x() & 31, m0 = 16 * ((tid_x() >> 5) & 3) + (lane >> 2), t = lane & 3;
 #pragma unroll
@@ -3659,7 +3742,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
 #pragma unroll
       for (int q = 0; q < N / 2; ++q) m = fmaxf(m, fabsf(a1[q]));
       s_dt = chain_scale(m);
-      if (tid_x() == 256) sb[7] = s_dt;
+      if (tid_x() == 256) sb[kSclDt] = s_dt;
     }
     acc_planes<N, true, kF16>(sO, sO + kDlPanel, a1, 0, l0, [&](float v, int, int) { return s_dt * v; });
   };
@@ -3693,7 +3776,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   auto cc_mx_epilogue = [&](const float* rb, int half, float(&mx)[16], const float(&kq)[16]) {
     const int lane = tid_x() & 31, wq = (tid_x() >> 5) & 3;
     const float* sb = scales_of(rb);
-    const float inv = kF16 ? 1.f / (sb[5] * sb[5] * sb[7]) : 1.f;  // Mx = (T s_T)^T (T s_T)(dT s_dT)^T
+    const float inv = kF16 ? 1.f / sb[kSclDt] : 1.f;  // Mx = T^T T (dT s_dT)^T
     const float *bs = rb + kBcBs, *rk = rb + kBcRk, *g2 = rb + kBcG2;
     const int j0 = 32 * half;
     const CcThread ct(g2, rk, j0, wq, lane);
@@ -3760,14 +3843,14 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     wg::fence_operands(r);
     const float* sb = scales_of(rb);
     if constexpr (kF16) {
-      const float inv = 1.f / (sb[5] * sb[3]);  // (T s_T)^T (dD s_dD)
+      const float inv = 1.f / sb[kSclDd];  // T^T (dD s_dD)
 #pragma unroll
       for (int q = 0; q < kC / 2; ++q) r[q] *= inv;
     }
     {
       uint32_t vx[kC / 4];
       panel_frag<false>(vx, sV, 64 * half);
-      const float vinv = kF16 ? 1.f / sb[6] : 1.f;
+      const float vinv = kF16 ? 1.f / sb[kSclV] : 1.f;
       acc_row_sums<kC>(fl + kBcRowV + half * kC, r,
                        [&](float v, int q) { return (kF16 ? vinv * pair_at16(vx, q) : pair_at(vx, q)) * v; });
     }
@@ -3846,9 +3929,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
         const float* rbc = fl + pc * kBcRowData;
         const int4 ch = rtable[it / Hv];
         if constexpr (kF16) {  // v to fp16 times s_v (dT's a1; the rows' dv row dots after kBarDt)
-          const float s_v = chain_scale(tile_absmax_bf16<128>(sV, kDlTile, tid_x() - 256));
-          if (tid_x() == 256) scales_of(rbc)[6] = s_v;
-          tile_bf16_to_f16<128>(sV, kDlTile, s_v, tid_x() - 256);
+          tile_bf16_to_f16<128>(sV, kDlTile, scales_of(rbc)[kSclV], tid_x() - 256);
           wg::fence_proxy_async();
           wg::named_sync(kBarChain, 128);
         }
@@ -3907,16 +3988,6 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
       wg::named_sync(kBarRows, 256);
     else
       __syncthreads();
-  };
-  // scale_of the largest m over the 256 rows threads (all call it).
-  auto rows_scale = [&](float m) {
-    m = warp_max(m);
-    if ((tid_x() & 31) == 0) fl[kBcRedR + (tid_x() >> 5)] = m;
-    sync_rows();
-    float mx = fl[kBcRedR];
-#pragma unroll
-    for (int i = 1; i < 8; ++i) mx = fmaxf(mx, fl[kBcRedR + i]);
-    return scale_of(mx);
   };
   ItemGates ig{};
   if (item < total) {
@@ -3988,7 +4059,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     // Reduced and stored here, before the barrier: left to the compiler, the sum sinks to its use
     // at the end and keeps its 128 inputs alive (spilled) through the whole kernel.
     sdot = warp_sum(sdot);
-    if constexpr (kF16) sdot *= 1.f / (sb[0] * sb[2]);
+    if constexpr (kF16) sdot *= 1.f / (sb[kSclH] * sb[kSclDh]);
     if (lane == 0) fl[kBcSdot + 8 * par + warp] = sdot;
     sync_rows();  // dS read by both warpgroups: q, k, v, T into its regions
     {
@@ -4017,9 +4088,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     wg::fence_proxy_async();
     sync_rows();  // dO landed
     if constexpr (kF16) {  // dO to fp16, scaled (its products' operands)
-      const float s_do = rows_scale(tile_absmax_bf16<256>(sO, kDlTile, tid_x()));
-      if (tid_x() == 0) sb[4] = s_do;
-      tile_bf16_to_f16<256>(sO, kDlTile, s_do, tid_x());
+      tile_bf16_to_f16<256>(sO, kDlTile, sb[kSclDo], tid_x());
       wg::fence_proxy_async();
       sync_rows();
     }
@@ -4062,10 +4131,8 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
       wg::named_sync(kBarQkvt, kBcWsThreads);
     else
       __syncthreads();
-    if constexpr (kF16) {  // T's planes to one fp16 plane times s_T (tw, dv; the chain's X1, Mx after kBarDw)
-      const float s_t = rows_scale(planes_absmax<256>(sT, sT + kDlPanel, kDlPanel, tid_x()));
-      if (tid_x() == 0) sb[5] = s_t;
-      planes_to_f16<256>(sT, sT + kDlPanel, kDlPanel, tid_x(), s_t);
+    if constexpr (kF16) {  // T's planes to one fp16 plane (tw, dv; the chain's X1, Mx after kBarDw)
+      planes_to_f16<256>(sT, sT + kDlPanel, kDlPanel, tid_x());
       wg::fence_proxy_async();
     }
     wg::wait<0>();
@@ -4081,19 +4148,19 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   {
     uint32_t qx[kC / 4];
     panel_frag<true>(qx, sQ, d0);
-    const float inv_e = kF16 ? 1.f / (sb[0] * sb[4]) : 1.f;  // (S0 s_h)(dO s_dO)^T
+    const float inv_e = kF16 ? 1.f / (sb[kSclH] * sb[kSclDo]) : 1.f;  // (S0 s_h)(dO s_dO)^T
     acc_each<kC>(eT, [&](float& v, int, int i) { v *= inv_e * eg[i]; });
     acc_col_sums<kC>(red8 + kBcRedE, eT, 0, [&](float v, int q) { return pair_at(qx, q) * v; });
   }
   panel_frag<true>(kx, sK, d0);
-  const float inv_f = kF16 ? 1.f / (sb[2] * sb[1]) : 1.f;  // (dS s_dh)(D s_D)^T
+  const float inv_f = kF16 ? 1.f / (sb[kSclDh] * sb[kSclD]) : 1.f;  // (dS s_dh)(D s_D)^T
   acc_each<kC>(fT, [&](float& v, int, int i) { v *= inv_f * ekl[i]; });
   acc_col_sums<kC>(red8 + kBcRedXi, fT, 0, [&](float v, int q) { return pair_at(kx, q) * v; });
   // dW^T = -S0 dD^T: planes [d][m] for dT, and the A fragments of (T^T dW)^T = dW^T T; dk^ gets
   // b_i e^{G_i} (T^T dW)_i, s2_i = rk_i k_i . (T^T dW)_i.
   {
     acc_each<kC>(wT, [](float& v, int, int) { v = -v; });
-    const float inv_w = kF16 ? 1.f / (sb[0] * sb[3]) : 1.f;  // (S0 s_h)(dD s_dD)^T
+    const float inv_w = kF16 ? 1.f / (sb[kSclH] * sb[kSclDd]) : 1.f;  // (S0 s_h)(dD s_dD)^T
     acc_planes<kC>(sW, sW + kDlTile, wT, d0, 0, [&](float v, int, int) { return inv_w * v; });
     float tw[kC / 2];
     uint32_t ah[kC / 16][4], al[kC / 16][4];
@@ -4114,7 +4181,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     wg::fence_operands(tw);
     if constexpr (kF16)
 #pragma unroll
-      for (int q = 0; q < kC / 2; ++q) tw[q] *= inv_w / sb[5];
+      for (int q = 0; q < kC / 2; ++q) tw[q] *= inv_w;
     acc_col_sums<kC>(red8 + kBcRedS2, tw, 0, [&](float v, int q) { return pair_at(kx, q) * v; });
     acc_each<kC>(tw, [&](float& v, int, int i) { v *= bs[i] * eg[i]; });
 #pragma unroll
@@ -4399,7 +4466,7 @@ struct Workspace {
   bf16 *Dh, *Dl;    // D = U - W S, planes [T, Hv, V]
   bf16 *dDh, *dDl;  // full dD, planes [T, Hv, V]
   bf16 *Th, *Tl;    // T = (I + A)^-1 per (chunk, head), planes [chunk, Hv, C x C] (prep -> wgmma scans, bwd_chunk)
-  float* scl;       // the fp16 backward's tile scales [chunk][Hv][h, D, dh, dD] (the scans -> bwd_chunk)
+  float* scl;       // the fp16 backward's tile scales [chunk][Hv][kSclFloats] (the scans -> bwd_chunk)
   int nc_max;
 };
 
@@ -4516,7 +4583,7 @@ std::pair<size_t, size_t> layout(const GdnArgs& a, char* state, char* scratch, W
   ws.dDh = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dDl = reinterpret_cast<bf16*>(take(T * Hv * V * sizeof(bf16)));
   ws.dh = reinterpret_cast<float*>(take(states));
-  ws.scl = reinterpret_cast<float*>(take(wg ? static_cast<size_t>(nc) * Hv * 4 * sizeof(float) : 0));
+  ws.scl = reinterpret_cast<float*>(take(wg ? static_cast<size_t>(nc) * Hv * kSclFloats * sizeof(float) : 0));
   // dq^, dk^ per value head for qk_grad: fp32 from the mma.sync bwd_chunk, bf16 from the wgmma one,
   // none where that applies the L2-norm backward itself (one value head per key head).
   const size_t dqk_bytes = !wgmma_bwd_chunk(a.k_head_dim, a.v_head_dim) ? T * Hv * K * sizeof(float)
