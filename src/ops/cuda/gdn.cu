@@ -1785,7 +1785,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
                                               const float* rs, const float* Gc, const float* beta,
                                               const SplitStates& st, int Hk, int Hv, int conv_dim, int* done,
                                               const int* prep_done = nullptr, float* scl = nullptr) {
-  static_assert(!kF16 || (!kOut && kMode == kPlain), "fp16 stores: the backward's recompute only");
+  static_assert(!kF16 || (!kOut && kMode != kSplitMap), "fp16 stores: the backward's recompute only");
   constexpr int D = kDlD;
   constexpr uint32_t kBuf = scan_fwd_wg_buf<kOut>(), kTk = 2 * kDlPanel, kTq = kTk + kDlTile;
   constexpr uint32_t kTv = kTk + (kOut ? 2 : 1) * kDlTile;
@@ -2011,7 +2011,7 @@ __device__ __forceinline__ void scan_fwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float x0 = dT[4 * j + 2 * hh], x1 = dT[4 * j + 2 * hh + 1];
-        if (kStores && !kPairStores && Dgh != nullptr)
+        if (kStores && !kPairStores && !kF16 && Dgh != nullptr)
           store_planes_t(Dgh + dbase, Dgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w + 8 * hh, x0, x1, g, t);
         const int kk = j >> 1, q = hh + 2 * (j & 1);
         gdn_mma::split_bf16(kv.x * x0, kv.y * x1, ph[kk][q], pl[kk][q]);
@@ -2151,8 +2151,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
       } else {
         if (item.kind == kItemOutFromState) split_entering_state(st, item.idx, item.slot, Hv, item.head);
         // (The output items with their loads first: the other order spills here.)
-        scan_fwd_item<kOut, true, kSplitOut>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc, beta, st, Hk, Hv,
-                                                conv_dim, done);
+        scan_fwd_item<kOut, true, kSplitOut, false, kF16>(WgScanItem(item), smem_raw, h, Dgh, Dgl, o, Th, Tl, qkv, rs, Gc,
+                                                           beta, st, Hk, Hv, conv_dim, done, nullptr, scl);
       }
     }
   }
@@ -2429,7 +2429,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
                                               const bf16* qkv, const float* rs, const float* Gc, const float* beta,
                                               const bf16* d_o, const SplitStates& st, int Hk, int Hv, int conv_dim,
                                               int* done, float* scl = nullptr) {
-  static_assert(!kF16 || (kFused && kMode == kPlain), "fp16 stores: the plain fused reverse scan only");
+  static_assert(!kF16 || kFused, "fp16 stores: the fused reverse scan only");
   constexpr uint32_t kTq = kDlTile, kTt = 2 * kDlTile, kTo = 3 * kDlTile;
   constexpr int D = kDlD;
   const bool stores = kMode == kPlain || cta.kind != kRevF;  // a split F item stores only its result
@@ -2477,6 +2477,9 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
   // kF16: dD of the last step's chunk (the next one), stored at this step's top once the top barrier
   // has published its scale, from the update's -dD^T fragments (hi + lo: 16 bits, rounded once more
   // to fp16's 11), and this thread's largest |dD| of it.
+  // kDdNow (the ticket instance, where holding them spilled 60 bytes): dD stored as it is formed, its
+  // scale from a mid-step CTA max reduction (named barrier 6).
+  constexpr bool kDdNow = kF16 && kMode != kPlain;
   const size_t dcol = static_cast<size_t>(head) * D;
   uint32_t ph[kC / 16][4], pl[kC / 16][4];  // the update's -dD^T fragments (every instance's)
   auto store_dd = [&](int c0, int L, float s) {
@@ -2510,7 +2513,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
 #pragma unroll
       for (int r = 0; r < 2 * D / 4; ++r) m = fmaxf(m, fabsf(sT[r]));
       publish_max(m, red + 24 * buf);
-      publish_max(m_dd, red + 24 * buf + 8);
+      if (!kDdNow) publish_max(m_dd, red + 24 * buf + 8);
       publish_max(own_panels_absmax<256>(tiles + buf * kScanBwdBuf + kTo), red + 24 * buf + 16);
     }
     __syncthreads();  // tiles and row scales visible; both warpgroups are done with the other buffer
@@ -2526,16 +2529,18 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // plain fused instance stores it under the first batch (below); unfused, ptxas made the batch wait
     // for the stores' registers there, and the ticket instance lost 2-4 % on split rows.
     float s_dh = 1.f;  // kF16: dh's tile scale
-    if constexpr (kF16) {
+    if constexpr (kF16) {  // (a split F item stores nothing: the same chunks' Out item does)
       s_dh = published_scale(red + 24 * buf);
-      if (tid == 0) {
+      if (tid == 0 && stores) {
         scl[(chunk * Hv + head) * kSclFloats + kSclDh] = s_dh;
         scl[(chunk * Hv + head) * kSclFloats + kSclDo] = published_scale(red + 24 * buf + 16);
       }
-      if (ci + 1 < n) {
+      if (!kDdNow && ci + 1 < n) {
         const float s_dd = published_scale(red + 24 * buf + 8);
-        if (tid == 0) scl[((chunk + 1) * Hv + head) * kSclFloats + kSclDd] = s_dd;
-        store_dd(c0 + kC, min(kC, len - (ci + 1) * kC), s_dd);
+        if (stores) {
+          if (tid == 0) scl[((chunk + 1) * Hv + head) * kSclFloats + kSclDd] = s_dd;
+          store_dd(c0 + kC, min(kC, len - (ci + 1) * kC), s_dd);
+        }
       }
     }
     auto store_dh = [&] {
@@ -2604,10 +2609,19 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     // dD = dD_local + diag(ks) k dS out as planes (8 x 8 blocks of dD^T transposed by movmatrix, as in
     // the forward scan), and -dD^T as the update's A fragments.
     const size_t dbase = static_cast<size_t>(c0) * w_ld + static_cast<size_t>(head) * D;
+    float s_dd_now = 1.f;  // kDdNow: this chunk's dD scale
     if constexpr (kF16) {  // fused: dD is acc
       m_dd = 0.f;
 #pragma unroll
       for (int r = 0; r < kC / 2; ++r) m_dd = fmaxf(m_dd, fabsf(acc[r]));
+      if constexpr (kDdNow) {
+        if (stores) {  // CTA-uniform
+          publish_max(m_dd, red + 24 * buf + 8);  // the slot the top leaves free in this form
+          wg::named_sync(6, 256);
+          s_dd_now = published_scale(red + 24 * buf + 8);
+          if (tid == 0) scl[(chunk * Hv + head) * kSclFloats + kSclDd] = s_dd_now;
+        }
+      }
     }
 #pragma unroll
     for (int j = 0; j < kC / 8; ++j) {
@@ -2617,6 +2631,7 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
       for (int q = 0; q < 4; ++q)
         x[q] = kFused ? acc[4 * j + q] : dT[4 * j + q] + ((q & 1) ? kv.y : kv.x) * acc[4 * j + q];
       if (stores && !kF16) store_planes_pair_t(dDgh + dbase, dDgl + dbase, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t);
+      if (stores && kDdNow) store_planes_pair_t<true>(dDgh + dbase, nullptr, w_ld, L, 8 * j, 64 * wgi + 16 * w, x, g, t, s_dd_now);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         gdn_mma::split_bf16(-x[2 * hh], -x[2 * hh + 1], ph[j >> 1][hh + 2 * (j & 1)], pl[j >> 1][hh + 2 * (j & 1)]);
@@ -2696,8 +2711,8 @@ __device__ __forceinline__ void scan_bwd_item(const WgScanItem& cta, unsigned ch
     }
   }
   cp_async_wait<0>();
-  if constexpr (kF16) {  // the sample's first chunk's dD
-    if (n > 0) {
+  if constexpr (kF16) {  // the segment's first chunk's dD
+    if (!kDdNow && n > 0 && stores) {
       publish_max(m_dd, red + 24 + 8);  // parity 1: read last before step 0's top barrier
       __syncthreads();
       const float s_dd = published_scale(red + 24 + 8);
@@ -2746,8 +2761,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_bwd_wgmma_kernel(float* dh, b
       if (item.kind == kRevOutFromGrad) split_leaving_gradient(st, item.idx, item.nseg, item.slot, Hv, item.head);
       // F items run the same code with their dh, dD stores off (one copy of the chunk loop: with a
       // second, output-free copy for them the kernel spilled).
-      scan_bwd_item<kFused, kSplitOut>(WgScanItem(item), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta, d_o,
-                                       st, Hk, Hv, conv_dim, done);
+      scan_bwd_item<kFused, kSplitOut, kF16>(WgScanItem(item), smem_raw, dh, dDgh, dDgl, dD, Th, Tl, qkv, rs, Gc, beta,
+                                             d_o, st, Hk, Hv, conv_dim, done, scl);
     }
   }
 }
@@ -4790,7 +4805,9 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
     const size_t bytes = fuse ? scan_fwd_wg_smem<true>() : scan_fwd_wg_smem<false>();
     // The instance: output formed here (fuse), its loads first where the state is kept too; by
     // tickets where the plan may split a long sample (their output items store h, D when given).
-    auto kernel = tickets ? (fuse ? gdn_scan_fwd_wgmma_kernel<true, false, true> : gdn_scan_fwd_wgmma_kernel<false, false, true>)
+    auto kernel = tickets ? (fuse  ? gdn_scan_fwd_wgmma_kernel<true, false, true>
+                             : f16 ? gdn_scan_fwd_wgmma_kernel<false, false, true, true>
+                                   : gdn_scan_fwd_wgmma_kernel<false, false, true>)
                   : fuse  ? (keep ? gdn_scan_fwd_wgmma_kernel<true, true> : gdn_scan_fwd_wgmma_kernel<true, false>)
                   : f16   ? gdn_scan_fwd_wgmma_kernel<false, false, false, true>
                           : gdn_scan_fwd_wgmma_kernel<false, false>;
@@ -4920,11 +4937,11 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
   if ((kept || prep_kept) && split) reset_split_walks(w, Hv, prep_kept, stream);
-  // The fp16 form (h, D, dh, dD as scaled fp16 tiles, bwd_chunk's products f16 x f16) where the plain
-  // recompute, the plain fused reverse scan and the warp-specialized bwd_chunk run; QT_GDN_HILO=1
-  // keeps the hi / lo form there (A/B).
+  // The fp16 form (h, D, dh, dD as scaled fp16 tiles, bwd_chunk's products f16 x f16) where the
+  // recompute (plain or by tickets), the fused reverse scan and the warp-specialized bwd_chunk run;
+  // QT_GDN_HILO=1 keeps the hi / lo form there (A/B).
   static const bool hilo = env_knob("QT_GDN_HILO", {1}) != 0;
-  const bool f16 = wg_scan && wg_bc && !kept && !split && !separate && bwd_chunk_ws() && !hilo;
+  const bool f16 = wg_scan && wg_bc && !kept && !separate && bwd_chunk_ws() && !hilo;
   if (!kept)
     forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split,
                    prep_kept ? PrepPart::kHave : PrepPart::kMake, f16);
@@ -4954,7 +4971,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   const float* rs = w.rs;
   if (wg_scan) {
     const size_t bytes = separate ? scan_bwd_wg_smem<false>() : scan_bwd_wg_smem<true>();
-    auto kernel = split      ? gdn_scan_bwd_wgmma_kernel<true, true>
+    auto kernel = split      ? (f16 ? gdn_scan_bwd_wgmma_kernel<true, true, true> : gdn_scan_bwd_wgmma_kernel<true, true>)
                   : separate ? gdn_scan_bwd_wgmma_kernel<false>
                   : f16      ? gdn_scan_bwd_wgmma_kernel<true, false, true>
                              : gdn_scan_bwd_wgmma_kernel<true>;
