@@ -7,11 +7,11 @@
 // and the triangular solve stay fp32; W, D, dD and the scans' smem states are kept as hi / lo planes
 // (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32 in the
 // mma fragment order (gdn_mma::frag_index), so their writers and readers move whole 512-byte runs.
-// The backward's plain form at dk = dv = 128 (gdn_backward's f16; QT_GDN_HILO=1 keeps the above) is
-// fp16 instead: h, D, dh, dD stored as fp16 tiles, each (chunk, head) tile times a power of two from
+// The backward at dk = dv = 128 from a recompute (gdn_backward's f16: not from kept chunk states;
+// QT_GDN_HILO=1 keeps the above) is fp16 instead: h, D, dh, dD stored as fp16 tiles, each (chunk, head) tile times a power of two from
 // its largest magnitude (so gradients far from 1 keep 11 bits), and bwd_chunk's products f16 x f16,
 // one per operand pair where hi / lo took two or three (dq, dk, dv as before; dg, dbeta ~3e-4 rel
-// RMS against ~5e-5; notes/gdn_kernels.md step 32).
+// RMS against ~5e-5; notes/gdn_kernels.md steps 32-33).
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -341,7 +341,7 @@ __device__ float g_zero_state[kZeroStateFloats];  // zero-initialized at module 
 // (h, dh): g_zero_state where ch carries `zero_flag` (kRtFirst for h, kRtLast for dh). Only the wgmma
 // scans (dk = dv = 128, which fits the zero block) leave those states unstored; the mma.sync ones
 // store them at every size.
-// The fp16 backward (gdn_backward's plain form at dk = dv = 128): h, D, dh, dD stored as fp16, each
+// The fp16 backward (gdn_backward's f16 at dk = dv = 128): h, D, dh, dD stored as fp16, each
 // (chunk, head) tile times a power of two (scale_of its largest magnitude, kept in [chunk][head]
 // [kSclFloats]), and bwd_chunk's products f16 x f16, each result times the inverse scales.
 // The power of two s with m s in [0.5, 1); 1 for 0 or a value that is not finite (NaN propagates).
