@@ -8,10 +8,10 @@
 // (the values the split makes) so they are read by ldmatrix; the chunk states h, dh are fp32 in the
 // mma fragment order (gdn_mma::frag_index), so their writers and readers move whole 512-byte runs.
 // The backward at dk = dv = 128 from a recompute (gdn_backward's f16: not from kept chunk states;
-// QT_GDN_HILO=1 keeps the above) is fp16 instead: h, D, dh, dD stored as fp16 tiles, each (chunk, head) tile times a power of two from
-// its largest magnitude (so gradients far from 1 keep 11 bits), and bwd_chunk's products f16 x f16,
-// one per operand pair where hi / lo took two or three (dq, dk, dv as before; dg, dbeta ~3e-4 rel
-// RMS against ~5e-5; notes/gdn_kernels.md steps 32-33).
+// QT_GDN_HILO=1 keeps the above) is fp16 instead: h, D, dh, dD stored as fp16 tiles, each (chunk,
+// head) tile times a power of two from its largest magnitude (so gradients far from 1 keep 11 bits),
+// and bwd_chunk's products f16 x f16, one per operand pair where hi / lo took two or three (dq, dk,
+// dv as before; dg, dbeta ~3e-4 rel RMS against ~5e-5; notes/gdn_kernels.md steps 32-33).
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -372,16 +372,13 @@ enum : int { kSclH = 0, kSclD, kSclDh, kSclDd, kSclDo, kSclV, kSclDt = 7, kSclFl
 __device__ __forceinline__ float absmax_bf16x2(uint32_t x) {
   return fmaxf(fabsf(__uint_as_float(x << 16)), fabsf(__uint_as_float(x & 0xffff0000u)));
 }
-__device__ __forceinline__ const float* chunk_state(const float* base, int4 ch, int zero_flag, int Hv, int head,
-                                                    int K, int V) {
-  return (ch.z & zero_flag) && K * V <= kZeroStateFloats ? g_zero_state
-                                                         : base + (static_cast<size_t>(ch.w) * Hv + head) * K * V;
-}
-__device__ __forceinline__ const __half* chunk_state16(const float* base, int4 ch, int zero_flag, int Hv, int head,
-                                                       int K, int V) {
+// E: the stored element (float, or __half in the fp16 backward).
+template <class E = float>
+__device__ __forceinline__ const E* chunk_state(const float* base, int4 ch, int zero_flag, int Hv, int head, int K,
+                                                int V) {
   return (ch.z & zero_flag) && K * V <= kZeroStateFloats
-             ? reinterpret_cast<const __half*>(g_zero_state)
-             : reinterpret_cast<const __half*>(base) + (static_cast<size_t>(ch.w) * Hv + head) * K * V;
+             ? reinterpret_cast<const E*>(g_zero_state)
+             : reinterpret_cast<const E*>(base) + (static_cast<size_t>(ch.w) * Hv + head) * K * V;
 }
 // Programmatic dependent launch (launch_smem_beside): the kernel beside this grid may start once
 // every CTA of it has run launch_dependents (or exited). wait_previous_grid: the previous kernel in
@@ -3269,14 +3266,14 @@ __device__ __forceinline__ void bc_rs(float (&acc)[kC / 2], const uint32_t (&a)[
   for (int kk = 0; kk < kSteps; ++kk)
     wg::mma_m64n64k16_rs<kTB, kF16>(acc, a[kk], wg::desc_advance(db, k_step<kTB>(kk)), (accumulate || kk > 0) ? 1 : 0);
 }
-// The fp16 A fragments of an m64n64 accumulator (times sc) as the A operand over its columns.
-__device__ __forceinline__ void acc_frags16(const float (&x)[kC / 2], uint32_t (&a)[kC / 16][4], float sc) {
+// The fp16 A fragments of an m64n64 accumulator as the A operand over its columns.
+__device__ __forceinline__ void acc_frags16(const float (&x)[kC / 2], uint32_t (&a)[kC / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < kC / 16; ++kk)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int nb = 2 * kk + (q >> 1), hh = q & 1;
-      a[kk][q] = gdn_mma::pack_f16(sc * x[4 * nb + 2 * hh], sc * x[4 * nb + 2 * hh + 1]);
+      a[kk][q] = gdn_mma::pack_f16(x[4 * nb + 2 * hh], x[4 * nb + 2 * hh + 1]);
     }
 }
 // In place, each 16-byte chunk c = tid + kThr u < bytes / 16 of a smem tile: bf16 -> fp16 times sc.
@@ -3531,22 +3528,15 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   // cp.async of the fp32 state rows 64 half .. + 63 of item's (chunk chn.w, head) (32 KB,
   // fragment-native; the states are stored chunk-major).
   // zero_flag: rtable's flag under which the state is 0 and unstored (chunk_state).
+  // kF16: 16 KB of halves.
   auto async_state_half = [&](char* dst, const float* src, int item, int4 chn, int half, int zero_flag) {
-    if constexpr (kF16) {  // 16 KB of halves
-      const __half* p = chunk_state16(src, chn, zero_flag, Hv, item % Hv, D, D) + half * (D * D / 2);
+    using E = std::conditional_t<kF16, __half, float>;
+    constexpr int kPer16 = 16 / static_cast<int>(sizeof(E));  // elements per 16-byte piece
+    const E* p = chunk_state<E>(src, chn, zero_flag, Hv, item % Hv, D, D) + half * (D * D / 2);
 #pragma unroll 4
-      for (int u = 0; u < D * D / 16 / 256; ++u) {
-        const int e8 = tid_x() + 256 * u;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst + 16 * e8)), "l"(p + 8 * e8)
-                     : "memory");
-      }
-      return;
-    }
-    const float* p = chunk_state(src, chn, zero_flag, Hv, item % Hv, D, D) + half * (D * D / 2);
-#pragma unroll 4
-    for (int u = 0; u < D * D / 8 / 256; ++u) {
-      const int e4 = tid_x() + 256 * u;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst + 16 * e4)), "l"(p + 4 * e4)
+    for (int u = 0; u < D * D / 2 / kPer16 / 256; ++u) {
+      const int e = tid_x() + 256 * u;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wg::smem_addr(dst + 16 * e)), "l"(p + kPer16 * e)
                    : "memory");
     }
   };
@@ -3635,7 +3625,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     return x;
   };
   // The fp16 form's scales of the item whose row data is block rb (kBcScl: kScl*).
-  auto scales_of = [&](const float* rb) { return fl + kBcScl + (rb == fl ? 0 : 8); };
+  auto scales_of = [&](const float* rb) { return fl + kBcScl + (rb == fl ? 0 : kSclFloats); };
   // scale_of the largest m over the chain warpgroup's 128 threads (kWs; all call it).
   auto chain_scale = [&](float m) {
     m = warp_max(m);
@@ -4033,7 +4023,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
   // regions once its fragments are read, and land while the state products run. The row data was
   // formed during the previous item (or before the first), in block par.
   float* rb = fl + par * kBcRowData;
-  float* sb = scales_of(rb);  // kF16: h, D, dh, dD (the scans'), dO, T (written below), v, dT (the chain's)
+  float* sb = scales_of(rb);  // kF16: the scans' scales and the chain's dT (kScl*)
   const float *gs = rb + kBcGs, *bs = rb + kBcBs, *eg = rb + kBcEg, *ekl = rb + kBcEkl, *rq = rb + kBcRq,
               *rk = rb + kBcRk;
   cp_async_wait<1>();
@@ -4180,7 +4170,7 @@ __global__ void __launch_bounds__(kWs ? kBcWsThreads : 256, 1) gdn_bwd_chunk_wgm
     float tw[kC / 2];
     uint32_t ah[kC / 16][4], al[kC / 16][4];
     if constexpr (kF16) {
-      acc_frags16(wT, ah, 1.f);  // still scaled
+      acc_frags16(wT, ah);  // still scaled
       sync_rows();               // T's fp16 plane complete
       wg::fence();
       bc_rs<1, kC / 16, true>(tw, ah, sT, false);

@@ -27,8 +27,7 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
 }
-// hi = bf16(x0, x1); lo = bf16(x - hi) (the differences are exact in fp32).
-// (x0, x1) as an fp16 pair (x0 in the low half).
+// (x0, x1) as an fp16 pair (x0 in the low half), and back.
 __device__ __forceinline__ uint32_t pack_f16(float x0, float x1) {
   const __half2 v = __floats2half2_rn(x0, x1);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -36,6 +35,7 @@ __device__ __forceinline__ uint32_t pack_f16(float x0, float x1) {
 __device__ __forceinline__ float2 unpack_f16(uint32_t w) {
   return __half22float2(*reinterpret_cast<const __half2*>(&w));
 }
+// hi = bf16(x0, x1); lo = bf16(x - hi) (the differences are exact in fp32).
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(x0, x1);
   lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
