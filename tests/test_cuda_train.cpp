@@ -213,6 +213,7 @@ TEST(CudaTrainStep, CheckpointingKeepsPrepResultsAtRealHeadDims) {
                    cfg.linear_value_head_dim};
   const int64_t prep = none.be.gdn_state_bytes(gd, T, 16, GdnKeep::Prep);
   ASSERT_GT(prep, 0);
+  ASSERT_TRUE(none.be.gdn_prefers_prep(gd));
   ASSERT_LT(prep, none.be.gdn_state_bytes(gd, T, 16, GdnKeep::States));
   EXPECT_EQ(none.model.memory_plan().mixer_state, n_gdn * prep);
   EXPECT_EQ(sel.model.memory_plan().mixer_state, n_gdn * prep);
@@ -262,6 +263,7 @@ TEST(CudaTrainStep, KeptGdnStateBackwardIsBitEqualToRecompute) {
   SeqInfo seqs{cu_dev, 5, 171, static_cast<int>(T)};
   const Tensor state = be.alloc(DType::U8, {be.gdn_state_bytes(d, T, 5, GdnKeep::States)});
   EXPECT_EQ(be.gdn_state_bytes(d, T, 5, GdnKeep::Prep), 0);
+  EXPECT_FALSE(be.gdn_prefers_prep(d));  // the mma.sync kernels: none keeps the chunk states here
   const Tensor o = be.alloc(DType::BF16, {T, Hv, d.v_head_dim});
   Tensor dq[3], dg[3], db[3];
   for (int k = 0; k < 3; ++k) {

@@ -280,19 +280,18 @@ TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
   EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, full + 2 * mib), Checkpointing::Full);
   EXPECT_ERROR_CONTAINS([&] { choose_checkpointing_within(cfg, DType::BF16, T, state, full - 2 * mib); },
                         "does not fit on this device", "full needs", "MiB free");
-  // What each policy keeps of the GDN forward: none prep's part at dk = dv = 128 (the fp16 backward's
-  // shapes) and the chunk states elsewhere, per layer (its plan); selective prep's part per layer, full
-  // one shared; those two only where the 4 GiB reserve stays free.
+  // What each policy keeps of the GDN forward: none prep's part where the backend prefers it and the
+  // chunk states elsewhere, per layer (its plan); selective prep's part per layer, full one shared;
+  // those two only where the 4 GiB reserve stays free. The CPU reference keeps neither.
   const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
   ASSERT_GT(n_gdn, 1);
-  const GdnDims qwen{16, 32, 128, 128}, other{2, 4, 32, 48};
-  EXPECT_EQ(gdn_keep_for(Checkpointing::None, qwen), GdnKeep::Prep);
-  EXPECT_EQ(gdn_keep_for(Checkpointing::None, other), GdnKeep::States);
-  EXPECT_EQ(gdn_keep_for(Checkpointing::None, {16, 32, 128, 64}), GdnKeep::States);
-  for (const GdnDims& gd : {qwen, other}) {
-    EXPECT_EQ(gdn_keep_for(Checkpointing::Selective, gd), GdnKeep::Prep);
-    EXPECT_EQ(gdn_keep_for(Checkpointing::Full, gd), GdnKeep::Prep);
+  EXPECT_EQ(gdn_keep_for(Checkpointing::None, true), GdnKeep::Prep);
+  EXPECT_EQ(gdn_keep_for(Checkpointing::None, false), GdnKeep::States);
+  for (const bool prefers : {true, false}) {
+    EXPECT_EQ(gdn_keep_for(Checkpointing::Selective, prefers), GdnKeep::Prep);
+    EXPECT_EQ(gdn_keep_for(Checkpointing::Full, prefers), GdnKeep::Prep);
   }
+  EXPECT_FALSE(CpuBackend().gdn_prefers_prep({16, 32, 128, 128}));
   EXPECT_EQ(gdn_kept_bytes(Checkpointing::None, n_gdn, state), n_gdn * state);
   EXPECT_EQ(gdn_kept_bytes(Checkpointing::Selective, n_gdn, 9 * mib), n_gdn * 9 * mib);
   EXPECT_EQ(gdn_kept_bytes(Checkpointing::Full, n_gdn, 9 * mib), 9 * mib);

@@ -1,7 +1,6 @@
 #include "model/qwen35.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -199,23 +198,13 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   }
   const GdnDims gd = gdn_dims(cfg);
   const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
-  const int64_t kept = backend.gdn_state_bytes(gd, max_tokens, max_seqs, gdn_keep_for(Checkpointing::None, gd));
+  const int64_t kept = backend.gdn_state_bytes(gd, max_tokens, max_seqs, gdn_keep_for(Checkpointing::None, backend.gdn_prefers_prep(gd)));
   return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens,
                                      gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why);
 }
 
-GdnKeep gdn_keep_for(Checkpointing ckpt, const GdnDims& gd) {
-  if (ckpt != Checkpointing::None) return GdnKeep::Prep;
-  // At dk = dv = 128 (every Qwen3.5 size) the backward from prep's results, which recomputes the chunk
-  // states and runs in fp16, beats the one from kept states, which runs hi / lo (bench_gdn: 0.613
-  // against 0.664 ms a layer at 2B, 1.640 against 1.740 at 27B; qwentune bench even at 2B, +0.6 % at
-  // 4B) and keeps a seventh of the bytes (4B: 1.8 instead of 12.1 GiB). QT_GDN_KEEP_STATES=1: the
-  // states, for A/B runs.
-  static const bool states = [] {
-    const char* v = std::getenv("QT_GDN_KEEP_STATES");
-    return v != nullptr && v[0] == '1';
-  }();
-  return gd.k_head_dim == 128 && gd.v_head_dim == 128 && !states ? GdnKeep::Prep : GdnKeep::States;
+GdnKeep gdn_keep_for(Checkpointing ckpt, bool prefers_prep) {
+  return ckpt != Checkpointing::None || prefers_prep ? GdnKeep::Prep : GdnKeep::States;
 }
 
 int64_t gdn_kept_bytes(Checkpointing ckpt, int64_t n_gdn, int64_t layer_bytes) {
@@ -445,7 +434,7 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
   const int64_t n_gdn = std::count(cfg_.layer_types.begin(), cfg_.layer_types.end(), LayerKind::GatedDeltaNet);
   static_split_seqlen_ = n_gdn > 0 ? be_.gdn_split_seqlen(gd, max_tokens_, max_seqs) : std::numeric_limits<int>::max();
   staged_longest_.assign(static_cast<size_t>(slots), static_cast<int>(max_tokens_));
-  gdn_keep_ = gdn_keep_for(ckpt_, gd);
+  gdn_keep_ = gdn_keep_for(ckpt_, be_.gdn_prefers_prep(gd));
   int64_t bytes = be_.gdn_state_bytes(gd, max_tokens_, max_seqs, gdn_keep_);
   // None's states are part of its plan (choose_checkpointing); the others' part is kept only where
   // it leaves the reserve, so it never costs a policy (it saves the chunk table and prep: 6-10 % of

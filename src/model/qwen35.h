@@ -58,13 +58,14 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
                                           int64_t free_bytes, std::string* why = nullptr);
 // What each policy keeps of a GDN layer's forward for its backward (Backend::gdn_forward's `keep`):
-// none prep's results at dk = dv = 128 (the backward runs the forward scan again: with its fp16 form
-// that is faster than reading kept states) and the chunk states at other head dims (no forward stage
-// runs again), part of none's memory either way; selective prep's results per layer; full
+// none prep's results where the backend prefers them (Backend::gdn_prefers_prep: the backward runs
+// the forward scan again, as fast as reading kept states; CUDA at dk = dv = 128) and the chunk states
+// elsewhere (no forward stage runs again), part of none's memory either way; selective prep's
+// results per layer; full
 // the same in one buffer every layer shares (each layer's forward runs again just before its
 // backward and refills it). The last two are optional: kept only where memory is left after the
 // plan (gdn_keep_fits), never a reason to pick a slower policy.
-GdnKeep gdn_keep_for(Checkpointing ckpt, const GdnDims& gd);
+GdnKeep gdn_keep_for(Checkpointing ckpt, bool prefers_prep);
 // Bytes of that over n_gdn GDN layers, from one layer's Backend::gdn_state_bytes for that keep.
 int64_t gdn_kept_bytes(Checkpointing ckpt, int64_t n_gdn, int64_t layer_bytes);
 // Whether selective's / full's optional GDN part (kept_bytes) is kept with free_bytes free after the

@@ -136,6 +136,10 @@ class Backend {
   // `tokens` tokens and at most `num_seqs` samples: a call whose SeqInfo::max_seqlen is below it
   // runs the unsplit kernels (the split's ticket walk costs a row of short samples a few %), so a
   // caller with static shapes can pass that smaller bound for rows of short samples. INT_MAX: never.
+  // Whether the backward from prep's results alone (GdnKeep::Prep: it recomputes the chunk states) is
+  // as fast here as the one from kept chunk states (GdnKeep::States), so that a policy able to keep
+  // either keeps the seventh (gdn_keep_for). false: keep the states where that pays.
+  virtual bool gdn_prefers_prep(const GdnDims& /*dims*/) const { return false; }
   virtual int gdn_split_seqlen(const GdnDims& /*dims*/, int64_t /*tokens*/, int /*num_seqs*/) const {
     return std::numeric_limits<int>::max();
   }

@@ -39,6 +39,7 @@ class ProfiledBackend final : public Backend {
   int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs, GdnKeep keep) const override {
     return inner_.gdn_state_bytes(dims, tokens, num_seqs, keep);
   }
+  bool gdn_prefers_prep(const GdnDims& dims) const override { return inner_.gdn_prefers_prep(dims); }
   int gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const override {
     return inner_.gdn_split_seqlen(dims, tokens, num_seqs);
   }

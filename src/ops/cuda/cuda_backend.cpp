@@ -561,6 +561,18 @@ int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int nu
   return static_cast<int64_t>(cuda::gdn_state_bytes(gdn_bound_args(dims, tokens, num_seqs), keep));
 }
 
+// The fp16 backward recomputing the chunk states matches the hi / lo one reading them (bench_gdn, a
+// layer's forward + backward: 0.613 against 0.664 ms at 2B, 1.640 against 1.740 at 27B; qwentune
+// bench even at 2b, +0.6 % at 4b, ~1 % slower on whole 8192-token rows; notes/gdn_kernels.md step 33).
+// QT_GDN_KEEP_STATES=1: the states, for A/B runs.
+bool CudaBackend::gdn_prefers_prep(const GdnDims& dims) const {
+  static const bool states = [] {
+    const char* v = std::getenv("QT_GDN_KEEP_STATES");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return !states && cuda::gdn_backward_fp16(static_cast<int>(dims.k_head_dim), static_cast<int>(dims.v_head_dim));
+}
+
 int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const {
   return cuda::gdn_split_min_seqlen(gdn_bound_args(dims, tokens, num_seqs));
 }

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
                     const Tensor& state, GdnKeep keep) override;
   int64_t gdn_state_bytes(const GdnDims& dims, int64_t tokens, int num_seqs, GdnKeep keep) const override;
   int gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const override;
+  bool gdn_prefers_prep(const GdnDims& dims) const override;
   void gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
                              double eps) override;
   void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,

@@ -4843,6 +4843,15 @@ void gdn_stage_report(const char* label, int calls) {
   s.ms.clear();
 }
 
+// The fp16 form (h, D, dh, dD as scaled fp16 tiles, bwd_chunk's products f16 x f16) where the
+// recompute (plain or by tickets), the fused reverse scan and the warp-specialized bwd_chunk run;
+// QT_GDN_HILO=1 keeps the hi / lo form there (A/B). gdn_backward also needs no kept states and the
+// reverse scan forming dD_local (not QT_GDN_DLOCAL_SEPARATE=1).
+bool gdn_backward_fp16(int K, int V) {
+  static const bool hilo = env_knob("QT_GDN_HILO", {1}) != 0;
+  return wgmma_scans(K, V) && wgmma_bwd_chunk(K, V) && bwd_chunk_ws() && !hilo;
+}
+
 int gdn_split_min_seqlen(const GdnArgs& a) {
   const int slots = split_slots(a), chunks = max_chunks(a);
   const gdn_plan::SplitShape shape{slots, a.num_v_heads, sm_count()};
@@ -4927,11 +4936,7 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
   // Both decide by split_possible on the same args, so a kept state's plan is the one read here.
   const bool split = wg_scan && !separate && split_possible(a, w);
   if ((kept || prep_kept) && split) reset_split_walks(w, Hv, prep_kept, stream);
-  // The fp16 form (h, D, dh, dD as scaled fp16 tiles, bwd_chunk's products f16 x f16) where the
-  // recompute (plain or by tickets), the fused reverse scan and the warp-specialized bwd_chunk run;
-  // QT_GDN_HILO=1 keeps the hi / lo form there (A/B).
-  static const bool hilo = env_knob("QT_GDN_HILO", {1}) != 0;
-  const bool f16 = wg_scan && wg_bc && !kept && !separate && bwd_chunk_ws() && !hilo;
+  const bool f16 = !kept && !separate && gdn_backward_fp16(K, V);
   if (!kept)
     forward_common(w, x, g, beta, a, true, nullptr, stream, done_fwd, split,
                    prep_kept ? PrepPart::kHave : PrepPart::kMake, f16);

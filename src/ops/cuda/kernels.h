@@ -44,6 +44,10 @@ void gdn_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const vo
 // The shortest max_seqlen with which gdn_forward / gdn_backward may split a sample (the plan on the
 // device then decides): below it they run the unsplit kernels. INT_MAX where they never split.
 int gdn_split_min_seqlen(const GdnArgs& a);
+// Whether gdn_backward, where it recomputes the chunk states (no kept States), runs its fp16 form at
+// these head dims (dk = dv = 128, unless an A/B knob such as QT_GDN_HILO=1 picks other kernels): that
+// backward from prep's results is then as fast as the one reading kept chunk states.
+bool gdn_backward_fp16(int k_head_dim, int v_head_dim);
 // The segments the last gdn_forward (or recomputing gdn_backward) planned in `workspace`, or in
 // `state` where it kept one: num_seqs, or more where it split long samples across scan CTAs (the
 // intra-sample split, gdn.cu). Synchronizes; for tests and benchmarks.
