@@ -1,11 +1,16 @@
 // qwentune data-stats --tokenizer PATH --data FILE|DIR [...]   one JSON object of dataset statistics
 // qwentune prepare --config FILE.yaml                           tokenize + cache, packing statistics
 //
+// Both print rows/s and the peak host RSS (VmHWM) of the run; tokenizing streams (token_cache.h)
+// and shows a progress line on stderr.
+//
 // prepare's YAML: `model`/`tokenizer` and the `data:` section of data/data_job.h (other top-level
 // sections belong to the trainer).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -40,11 +45,23 @@ nlohmann::ordered_json length_histogram(const TokenizedDataset& d) {
   return h;
 }
 
+// Peak resident set size of this process (VmHWM of /proc/self/status) in bytes; -1 when unknown.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.compare(0, 6, "VmHWM:") == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  123 kB"
+  return -1;
+}
+
 nlohmann::ordered_json run_job(const DataJob& job) {
   const std::string tok_path = resolve_tokenizer(job.tokenizer);
   QT_CHECK(fs::is_regular_file(tok_path), tok_path, ": tokenizer.json does not exist");
   const Tokenizer tok = Tokenizer::load(tok_path);
-  TokenizeResult r = tokenize_dataset(job.data, tok, job.opts, job.cache_dir, job.threads);
+  const auto start = std::chrono::steady_clock::now();
+  TokenizeResult r = tokenize_data_job(job, tok);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const TokenizedDataset eval = tokenize_eval_set(job, tok);
   const TokenizedDataset& d = r.data;
 
   PackOptions pack = job.pack;
@@ -88,6 +105,10 @@ nlohmann::ordered_json run_job(const DataJob& job) {
   if (!r.cache_path.empty()) {
     j["cache"] = {{"path", r.cache_path}, {"key", r.key}, {"hit", r.cache_hit}};
   }
+  if (!job.eval_data.empty()) j["eval"] = {{"conversations", eval.num_samples()}, {"tokens", eval.num_tokens()}};
+  j["seconds"] = seconds;  // read + tokenize (+ cache write), or the cache load on a hit
+  j["rows_per_s"] = seconds > 0 ? static_cast<double>(r.read_stats.rows) / seconds : 0.0;
+  j["peak_rss_gib"] = static_cast<double>(peak_rss_bytes()) / static_cast<double>(int64_t{1} << 30);
   if (r.read_stats.bad_rows > 0)
     log_warn(r.read_stats.bad_rows, " bad rows skipped (first: ", r.read_stats.bad_examples.front(), ")");
   return j;
@@ -107,7 +128,8 @@ void add_data_commands(CLI::App& app) {
     auto overflow = std::make_shared<std::string>("truncate");
     job->pack.tokens_per_batch = 8192;
     cmd->add_option("--tokenizer", job->tokenizer, "tokenizer.json or a model directory holding one")->required();
-    cmd->add_option("--data", job->data, "data file or directory (*.jsonl, *.json, *.parquet); repeatable")->required();
+    cmd->add_option("--data", job->data, "data file, directory, glob or hub data set id (*.jsonl, *.json, *.parquet); repeatable")->required();
+    cmd->add_option("--split", job->split, "the split to read (e.g. train_sft) when the data holds several");
     cmd->add_option("--tokens-per-batch", job->pack.tokens_per_batch, "tokens per packed batch")->capture_default_str();
     cmd->add_option("--schema", *schema, "auto|ultrachat|sharegpt|alpaca|tokenized")->capture_default_str();
     cmd->add_option("--train-on", *train_on, "assistant|last_assistant|all")->capture_default_str();
@@ -124,6 +146,7 @@ void add_data_commands(CLI::App& app) {
       job->opts.chat.train_on = train_on_from_name(*train_on);
       job->opts.chat.thinking = thinking_mode_from_name(*thinking);
       job->pack.overflow = overflow_from_name(*overflow);
+      job->cache = !job->cache_dir.empty();
       std::printf("%s\n", run_job(*job).dump(2).c_str());
     });
   }

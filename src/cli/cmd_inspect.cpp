@@ -77,7 +77,7 @@ void run_inspect(const std::string& dir, bool as_json) {
   }
   std::string kinds;
   for (auto k : c.layer_types) kinds += k == LayerKind::FullAttention ? 'F' : 'L';
-  const auto tok = tokenizer_summary(dir);
+  const auto tok = tokenizer_summary(m.dir);
   int64_t total_bytes = 0, stored_params = 0;
   for (const auto& [g, s] : groups) {
     total_bytes += s.bytes;
@@ -86,7 +86,7 @@ void run_inspect(const std::string& dir, bool as_json) {
 
   if (as_json) {
     nlohmann::ordered_json j;
-    j["dir"] = dir;
+    j["dir"] = m.dir;
     j["architecture"] = c.architecture;
     j["layout"] = c.nested ? "qwen3_5 (text_config)" : "qwen3_5_text (flat)";
     j["param_prefix"] = c.param_prefix;
@@ -111,7 +111,7 @@ void run_inspect(const std::string& dir, bool as_json) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("model        %s\n", dir.c_str());
+  std::printf("model        %s\n", m.dir.c_str());
   std::printf("architecture %s, layout %s, names %s*\n", c.architecture.c_str(),
               c.nested ? "qwen3_5 (text_config)" : "qwen3_5_text (flat)", c.param_prefix.c_str());
   std::printf("shape        vocab %lld, hidden %lld, intermediate %lld, layers %lld (%lld GDN + %lld full attention)\n",
@@ -152,7 +152,7 @@ void add_inspect_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("inspect", "Print a model directory's config, layers, parameters and dtypes");
   auto dir = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
-  cmd->add_option("model_dir", *dir, "Hugging Face model directory")->required();
+  cmd->add_option("model_dir", *dir, "Hugging Face model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
   cmd->add_flag("--json", *as_json, "machine-readable output");
   cmd->callback([=] { run_inspect(*dir, *as_json); });
 }

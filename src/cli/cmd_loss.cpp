@@ -118,7 +118,7 @@ void run_loss(const std::string& model_dir, const std::string& data, const std::
 // (tools/check_hf_load.py --logits).
 void run_logits(const std::string& model_dir, const std::string& text, const std::string& out) {
   HfModelDir dir = hf_load(model_dir);
-  const Tokenizer tok = Tokenizer::load((std::filesystem::path(model_dir) / "tokenizer.json").string());
+  const Tokenizer tok = Tokenizer::load((std::filesystem::path(dir.dir) / "tokenizer.json").string());
   const std::vector<int32_t> ids = tok.encode(text);
   QT_CHECK(!ids.empty(), "--text encodes to no tokens");
   PackedRow row;
@@ -143,7 +143,7 @@ void add_loss_command(CLI::App& app) {
     auto model = std::make_shared<std::string>();
     auto text = std::make_shared<std::string>();
     auto out = std::make_shared<std::string>();
-    cmd->add_option("--model", *model, "HF model directory")->required();
+    cmd->add_option("--model", *model, "HF model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
     cmd->add_option("--text", *text, "raw text")->required();
     cmd->add_option("--out", *out, "output JSON")->required();
     cmd->callback([=] { run_logits(*model, *text, *out); });
@@ -156,7 +156,7 @@ void add_loss_command(CLI::App& app) {
   auto tpb = std::make_shared<int64_t>(8192);
   auto thinking = std::make_shared<std::string>("on");
   auto train_on = std::make_shared<std::string>("assistant");
-  cmd->add_option("--model", *model, "HF model directory")->required();
+  cmd->add_option("--model", *model, "HF model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
   cmd->add_option("--data", *data, "JSONL file, one sample per line")->required();
   cmd->add_option("--backend", *backend, "cpu, cuda or auto")->capture_default_str();
   cmd->add_option("--grads", *grads, "write fp32 gradients to this .safetensors file");

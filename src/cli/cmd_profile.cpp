@@ -96,7 +96,7 @@ void run_profile(const ProfileJob& job) {
 void add_profile_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("profile", "Profile training steps: per-op and per-layer CPU/device time, Chrome trace");
   auto job = std::make_shared<ProfileJob>();
-  cmd->add_option("--model", job->model, "HF model directory")->required();
+  cmd->add_option("--model", job->model, "HF model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
   cmd->add_option("--backend", job->backend, "cpu|cuda|auto")->capture_default_str();
   cmd->add_option("--steps", job->steps, "profiled training steps")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", job->warmup, "unprofiled steps first")->capture_default_str()->check(CLI::NonNegativeNumber);

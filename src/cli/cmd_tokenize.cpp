@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "data/data_job.h"
 #include "text/tokenizer.h"
 
 namespace qt::cli {
@@ -115,10 +116,10 @@ void add_tokenize_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto threads = std::make_shared<int>(0);
   auto fix = std::make_shared<bool>(false);
-  cmd->add_option("--tokenizer", *path, "tokenizer.json")->required();
+  cmd->add_option("--tokenizer", *path, "tokenizer.json, a model directory or a hub id")->required();
   cmd->add_option("--threads", *threads, "worker threads (default: QWENTUNE_THREADS or all cores)");
   cmd->add_flag("--fix-utf8", *fix, "replace invalid UTF-8 with U+FFFD instead of failing");
-  cmd->callback([=] { run_tokenize(*path, *threads, *fix); });
+  cmd->callback([=] { run_tokenize(resolve_tokenizer(*path), *threads, *fix); });
 }
 
 }  // namespace qt::cli

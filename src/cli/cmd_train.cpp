@@ -120,7 +120,7 @@ void add_train_commands(CLI::App& app) {
     auto* prompt = cmd->add_option("--prompt", job->prompt, "user message (or raw text with --raw)");
     auto* eval = cmd->add_option("--eval", job->eval, "JSONL of {prompt, answer}: prints exact-match accuracy");
     prompt->excludes(eval);
-    cmd->add_option("--model", job->model, "HF model directory")->required();
+    cmd->add_option("--model", job->model, "HF model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
     cmd->add_flag("--raw", *raw, "use the prompt as raw text, without the chat template");
     cmd->add_option("--thinking", job->thinking, "on|off: the assistant generation prompt")->capture_default_str();
     cmd->add_option("--max-new-tokens", job->opts.max_new_tokens, "")->capture_default_str()->check(CLI::PositiveNumber);

@@ -10,6 +10,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include <nlohmann/json.hpp>
+
+#include "data/data_files.h"
 #include "data/parquet.h"
 
 namespace qt {
@@ -25,17 +28,6 @@ struct Row {
   std::string_view text;
   int64_t line;
 };
-
-// Whole file plus SIMDJSON_PADDING readable bytes after the end, so rows parse in place.
-std::string read_padded(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QT_CHECK(f.good(), path, ": cannot open data file");
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t n = buf.size();
-  buf.resize(n + simdjson::SIMDJSON_PADDING, '\0');
-  buf.resize(n);  // capacity keeps the zeroed padding readable
-  return buf;
-}
 
 bool blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
@@ -59,10 +51,11 @@ std::string snippet(std::string_view s) {
   return out;
 }
 
-std::vector<Row> split_lines(std::string_view buf) {
+// The non-blank lines of buf; the first one is line `first_line` of the file.
+std::vector<Row> split_lines(std::string_view buf, int64_t first_line = 1) {
   std::vector<Row> rows;
   size_t pos = 0;
-  int64_t line = 1;
+  int64_t line = first_line;
   while (pos < buf.size()) {
     size_t nl = buf.find('\n', pos);
     if (nl == std::string_view::npos) nl = buf.size();
@@ -274,17 +267,16 @@ Sample parse_row(dom::parser& parser, std::string_view text, const RowCtx& ctx, 
   QT_FAIL("unreachable schema");
 }
 
-std::vector<Sample> read_json_rows(const std::string& path, const std::vector<Row>& rows, const ReadOptions& opts,
-                                   ReadStats* stats) {
+// Parses rows into `out`; *schema carries the detected schema from chunk to chunk of a file.
+void read_json_rows(const std::string& path, const std::vector<Row>& rows, const ReadOptions& opts, DataSchema* schema,
+                    ReadStats* stats, std::vector<Sample>* out) {
   dom::parser parser;
-  DataSchema schema = opts.schema;
-  std::vector<Sample> out;
-  out.reserve(rows.size());
+  out->reserve(out->size() + rows.size());
   for (const Row& row : rows) {
     stats->rows++;
     bool fixed = false;
     try {
-      out.push_back(parse_row(parser, row.text, RowCtx{path, row.line}, &schema, opts, &fixed));
+      out->push_back(parse_row(parser, row.text, RowCtx{path, row.line}, schema, opts, &fixed));
       stats->samples++;
       if (fixed) stats->utf8_fixed++;
     } catch (const RowError& e) {
@@ -294,8 +286,147 @@ std::vector<Sample> read_json_rows(const std::string& path, const std::vector<Ro
       if (stats->bad_examples.size() < kMaxBadExamples) stats->bad_examples.push_back(e.what());
     }
   }
-  stats->schema_by_file[path] = data_schema_name(schema);
-  return out;
+}
+
+// Keeps SIMDJSON_PADDING readable bytes after buf's end (rows are parsed in place).
+void pad_for_simdjson(std::string* buf) {
+  const size_t n = buf->size();
+  if (buf->capacity() >= n + simdjson::SIMDJSON_PADDING) return;
+  buf->resize(n + simdjson::SIMDJSON_PADDING, '\0');
+  buf->resize(n);
+}
+
+constexpr char kUtf8Bom[] = "\xef\xbb\xbf";
+
+// Hands parsed samples to fn whenever chunk_rows have gathered (and once at the end).
+class ChunkSink {
+ public:
+  ChunkSink(const std::string& path, const ReadOptions& opts, ReadStats* stats, int64_t chunk_rows,
+            const SampleChunkFn& fn)
+      : path_(path), opts_(opts), stats_(stats), chunk_rows_(std::max<int64_t>(1, chunk_rows)), fn_(fn),
+        schema_(opts.schema) {}
+  void add(const std::vector<Row>& rows, double fraction) {
+    read_json_rows(path_, rows, opts_, &schema_, stats_, &chunk_);
+    fraction_ = fraction;
+    if (static_cast<int64_t>(chunk_.size()) >= chunk_rows_) flush();
+  }
+  void finish(double fraction) {
+    fraction_ = fraction;
+    flush();
+    stats_->schema_by_file[path_] = data_schema_name(schema_);
+  }
+  DataSchema schema() const { return schema_; }
+
+ private:
+  void flush() {
+    if (chunk_.empty()) return;
+    fn_(chunk_, fraction_);
+    chunk_.clear();
+  }
+  const std::string& path_;
+  const ReadOptions& opts_;
+  ReadStats* stats_;
+  int64_t chunk_rows_;
+  const SampleChunkFn& fn_;
+  DataSchema schema_;
+  std::vector<Sample> chunk_;
+  double fraction_ = 0;
+};
+
+// The parquet columns a schema reads (only those the file has), so the rest is never decoded;
+// empty = all columns (auto-detection then sees every key, as for JSON).
+std::vector<std::string> parquet_columns_for(const std::string& path, DataSchema schema) {
+  const std::vector<std::string> have = parquet_file_info(path).columns;
+  auto has = [&](const char* c) { return std::find(have.begin(), have.end(), c) != have.end(); };
+  if (schema == DataSchema::Auto) {
+    if (has("messages")) schema = DataSchema::Ultrachat;
+    else if (has("conversations")) schema = DataSchema::ShareGpt;
+    else if (has("input_ids")) schema = DataSchema::Tokenized;
+    else if (has("instruction")) schema = DataSchema::Alpaca;
+    else return {};
+  }
+  std::vector<const char*> want;
+  switch (schema) {
+    case DataSchema::Ultrachat: want = {"messages"}; break;
+    case DataSchema::ShareGpt: want = {"conversations"}; break;
+    case DataSchema::Tokenized: want = {"input_ids", "labels"}; break;
+    case DataSchema::Alpaca: want = {"instruction", "input", "output", "system"}; break;
+    case DataSchema::Auto: break;
+  }
+  std::vector<std::string> cols;
+  for (const char* c : want)
+    if (has(c)) cols.push_back(c);
+  return cols.empty() ? std::vector<std::string>{} : cols;
+}
+
+void read_parquet_chunked(const std::string& path, ChunkSink& sink, int64_t chunk_rows) {
+  ParquetReadOptions po;
+  po.columns = parquet_columns_for(path, sink.schema());
+  const int64_t total = std::max<int64_t>(1, parquet_file_info(path).num_rows);
+  std::string text;
+  int64_t first_row = 0, pending = 0;
+  auto flush = [&](int64_t rows_done) {
+    pad_for_simdjson(&text);
+    sink.add(split_lines(text, first_row + 1), static_cast<double>(rows_done) / static_cast<double>(total));
+    text.clear();
+    first_row = rows_done;
+    pending = 0;
+  };
+  // Rows become JSON Lines (row i on line i + 1) and go through the same row parser as JSONL.
+  parquet_read_rows(path, [&](const nlohmann::json& row, int64_t index) {
+    parquet_append_json_text(row, &text);
+    text.push_back('\n');
+    if (++pending >= chunk_rows) flush(index + 1);
+  }, po);
+  if (pending > 0) flush(first_row + pending);
+}
+
+// JSON Lines a block at a time; a JSON array file (first non-blank byte '[') is read whole.
+void read_json_chunked(const std::string& path, ChunkSink& sink) {
+  std::ifstream f(path, std::ios::binary);
+  QT_CHECK(f.good(), path, ": cannot open data file");
+  const double size = std::max<double>(1.0, static_cast<double>(fs::file_size(path)));
+  constexpr size_t kBlock = size_t{16} << 20;
+  std::string buf;
+  int64_t line = 1;
+  double consumed = 0;
+  bool first = true;
+  for (;;) {
+    const size_t old = buf.size();
+    buf.resize(old + kBlock + simdjson::SIMDJSON_PADDING);
+    f.read(&buf[old], static_cast<std::streamsize>(kBlock));
+    const size_t got = static_cast<size_t>(f.gcount());
+    buf.resize(old + got);
+    const bool eof = got < kBlock;
+    if (first) {
+      first = false;
+      if (buf.compare(0, 3, kUtf8Bom) == 0) {
+        buf.erase(0, 3);  // a UTF-8 byte order mark is not part of the first row
+        consumed += 3;
+      }
+      size_t b = 0;
+      while (b < buf.size() && std::isspace(static_cast<unsigned char>(buf[b]))) ++b;
+      if (b < buf.size() && buf[b] == '[') {
+        buf.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+        pad_for_simdjson(&buf);
+        sink.add(split_json_array(buf, path), 1.0);
+        sink.finish(1.0);
+        return;
+      }
+    }
+    size_t end = buf.size();
+    if (!eof) {
+      const size_t nl = buf.rfind('\n');
+      end = nl == std::string::npos ? 0 : nl + 1;
+    }
+    const std::string_view view(buf.data(), end);
+    consumed += static_cast<double>(end);
+    sink.add(split_lines(view, line), std::min(1.0, consumed / size));
+    line += std::count(view.begin(), view.end(), '\n');
+    buf.erase(0, end);
+    if (eof) break;
+  }
+  sink.finish(1.0);
 }
 
 std::string lower_extension(const std::string& path) {
@@ -399,34 +530,48 @@ Sample make_tokenized_sample(std::string file, int64_t line, std::vector<int32_t
   return s;
 }
 
-std::vector<Sample> read_samples(const std::string& path, const ReadOptions& opts, ReadStats* stats) {
+void read_samples_chunked(const std::string& path, const ReadOptions& opts, ReadStats* stats, int64_t chunk_rows,
+                          const SampleChunkFn& fn) {
   ReadStats local;
   ReadStats* st = stats ? stats : &local;
-  QT_CHECK(fs::is_regular_file(path), path, ": data file does not exist");
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  QT_CHECK(fs::exists(status), path, ": data file does not exist");
+  QT_CHECK(fs::is_regular_file(status), path, ": data file is not a regular file or directory",
+           status.type() == fs::file_type::fifo ? " (it is a FIFO)" : status.type() == fs::file_type::socket ? " (it is a socket)" : "");
   const std::string ext = lower_extension(path);
   {
-    std::lock_guard<std::mutex> lock(registry_mutex());
+    std::unique_lock<std::mutex> lock(registry_mutex());
     auto it = registry().find(ext);
     if (it != registry().end()) {
-      SampleReaderFn fn = it->second;
-      return fn(path, opts, st);
+      SampleReaderFn reader = it->second;
+      lock.unlock();
+      std::vector<Sample> all = reader(path, opts, st);
+      if (!all.empty()) fn(all, 1.0);
+      return;
     }
   }
   QT_CHECK(ext == ".jsonl" || ext == ".json" || ext == ".parquet", path, ": unknown data file extension '", ext,
            "' (expected .jsonl, .json or .parquet", registry().empty() ? "" : " or a registered one", ")");
-  // Parquet rows become JSON Lines (row i on line i + 1) and go through the same row parser.
-  std::string buf = ext == ".parquet" ? parquet_to_jsonl(path) : read_padded(path);
+  ChunkSink sink(path, opts, st, chunk_rows, fn);
   if (ext == ".parquet") {
-    const size_t n = buf.size();
-    buf.resize(n + simdjson::SIMDJSON_PADDING, '\0');
-    buf.resize(n);
+    read_parquet_chunked(path, sink, std::max<int64_t>(1, chunk_rows));
+    sink.finish(1.0);
+  } else {
+    read_json_chunked(path, sink);
   }
-  std::string_view view(buf);
-  size_t first = 0;
-  while (first < view.size() && std::isspace(static_cast<unsigned char>(view[first]))) ++first;
-  const bool array = first < view.size() && view[first] == '[';
-  const std::vector<Row> rows = array ? split_json_array(view, path) : split_lines(view);
-  return read_json_rows(path, rows, opts, st);
+}
+
+std::vector<Sample> read_samples(const std::string& path, const ReadOptions& opts, ReadStats* stats) {
+  std::vector<Sample> all;
+  read_samples_chunked(path, opts, stats, int64_t{1} << 40, [&](std::vector<Sample>& chunk, double) {
+    if (all.empty()) {
+      all = std::move(chunk);
+    } else {
+      all.insert(all.end(), std::make_move_iterator(chunk.begin()), std::make_move_iterator(chunk.end()));
+    }
+  });
+  return all;
 }
 
 void register_sample_reader(const std::string& extension, SampleReaderFn fn) {
@@ -441,28 +586,13 @@ std::vector<std::string> data_file_extensions() {
   return exts;
 }
 
-std::vector<std::string> list_data_files(const std::string& path) {
-  QT_CHECK(fs::exists(path), path, ": data path does not exist");
-  if (!fs::is_directory(path)) return {path};
-  const auto exts = data_file_extensions();
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(path)) {
-    if (!e.is_regular_file()) continue;
-    const std::string ext = lower_extension(e.path().string());
-    if (std::find(exts.begin(), exts.end(), ext) != exts.end()) files.push_back(e.path().string());
-  }
-  std::sort(files.begin(), files.end());
-  QT_CHECK(!files.empty(), path, ": no data files (*.jsonl, *.json, *.parquet) in the directory");
-  return files;
-}
+std::vector<std::string> list_data_files(const std::string& path) { return resolve_data_files({path}); }
 
 std::vector<Sample> read_dataset(const std::vector<std::string>& paths, const ReadOptions& opts, ReadStats* stats) {
   std::vector<Sample> all;
-  for (const auto& p : paths) {
-    for (const auto& f : list_data_files(p)) {
-      auto part = read_samples(f, opts, stats);
-      all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
-    }
+  for (const auto& f : resolve_data_files(paths)) {
+    auto part = read_samples(f, opts, stats);
+    all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   return all;
 }

@@ -84,10 +84,21 @@ Sample make_tokenized_sample(std::string file, int64_t line, std::vector<int32_t
 std::optional<ChatRole> chat_role_from_any(std::string_view name);
 
 // Reads one file. Throws qt::Error (FILE:LINE: ...) on the first bad row unless skip_bad_rows.
+// A UTF-8 byte order mark at the start of a JSON / JSONL file is skipped.
 std::vector<Sample> read_samples(const std::string& path, const ReadOptions& opts, ReadStats* stats = nullptr);
-// A file path gives itself; a directory gives its data files (known extensions), sorted by name.
+// fn(chunk, fraction): the next samples of the file in order (fn may move them away) and the share
+// of the file read so far.
+using SampleChunkFn = std::function<void(std::vector<Sample>& chunk, double fraction)>;
+// read_samples in chunks of about chunk_rows samples, for sets larger than memory wants to hold as
+// text: JSONL is read 16 MiB at a time and parquet row by row (only the schema's columns are
+// decoded), so at most one chunk's text is held; a .json array file and registered readers are
+// read whole and delivered as one chunk.
+void read_samples_chunked(const std::string& path, const ReadOptions& opts, ReadStats* stats, int64_t chunk_rows,
+                          const SampleChunkFn& fn);
+// resolve_data_files({path}) (data/data_files.h): a file gives itself, a directory its data files
+// (recursively, sorted), a glob its matches, a hub id its snapshot's files.
 std::vector<std::string> list_data_files(const std::string& path);
-// Reads each path (file or directory) in order.
+// Reads each path (file, directory, glob or hub id) in order.
 std::vector<Sample> read_dataset(const std::vector<std::string>& paths, const ReadOptions& opts, ReadStats* stats = nullptr);
 
 using SampleReaderFn = std::function<std::vector<Sample>(const std::string& path, const ReadOptions&, ReadStats*)>;

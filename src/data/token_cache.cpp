@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "data/data_files.h"
 #include "text/tokenizer.h"
 
 namespace qt {
@@ -161,12 +163,63 @@ bool read_cache(const std::string& path, TokenizedDataset* d, ReadStats* rs) {
   return true;
 }
 
-std::vector<std::string> all_files(const std::vector<std::string>& paths) {
-  std::vector<std::string> files;
-  for (const auto& p : paths)
-    for (const auto& f : list_data_files(p)) files.push_back(f);
-  QT_CHECK(!files.empty(), "no data files given");
-  return files;
+// Rows a chunk of reading + tokenizing holds (its text, then its token ids).
+constexpr int64_t kChunkRows = 8192;
+
+// A progress line on stderr while a large set is tokenized: redrawn in place (at most 4 times a
+// second) when stderr is a terminal, else one log line every 10 s, so short runs and test logs
+// stay quiet.
+class ProgressLine {
+ public:
+  ProgressLine() : tty_(::isatty(2) == 1), start_(clock::now()), last_(start_) {}
+  void update(int64_t rows, int64_t tokens, double fraction) {
+    const auto now = clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (log_level() > LogLevel::Info || since < (tty_ ? 0.25 : 10.0)) return;
+    last_ = now;
+    print(rows, tokens, fraction, false);
+  }
+  void finish(int64_t rows, int64_t tokens) {
+    if (printed_) print(rows, tokens, 1.0, true);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  void print(int64_t rows, int64_t tokens, double fraction, bool done) {
+    const double secs = std::max(1e-9, std::chrono::duration<double>(clock::now() - start_).count());
+    const double rate = static_cast<double>(rows) / secs;
+    const std::string line = str("tokenizing: ", rows, " rows, ", tokens, " tokens, ", static_cast<int>(fraction * 100.0),
+                                 "% in ", static_cast<int64_t>(secs), " s (", static_cast<int64_t>(rate), " rows/s)");
+    if (tty_) {
+      std::fprintf(stderr, "\r%s\x1b[K%s", line.c_str(), done ? "\n" : "");
+      std::fflush(stderr);
+    } else {
+      log_info(line);
+    }
+    printed_ = true;
+  }
+  bool tty_;
+  clock::time_point start_, last_;
+  bool printed_ = false;
+};
+
+// Appends part to d. Capacity grows to the size the whole set is expected to reach (from the
+// share read so far), so the token arrays are copied a few times at most, not log2(n) times.
+void append_tokens(TokenizedDataset& d, const TokenizedDataset& part, double fraction) {
+  auto grow = [&](auto& v, size_t add) {
+    const size_t need = v.size() + add;
+    if (need <= v.capacity()) return;
+    size_t want = need + need / 2;
+    if (fraction > 0.05) want = std::max(want, static_cast<size_t>(static_cast<double>(need) / fraction * 1.02));
+    v.reserve(want);
+  };
+  grow(d.input_ids, part.input_ids.size());
+  grow(d.labels, part.labels.size());
+  grow(d.offsets, static_cast<size_t>(part.num_samples()));
+  const int64_t base = d.num_tokens();
+  d.input_ids.insert(d.input_ids.end(), part.input_ids.begin(), part.input_ids.end());
+  d.labels.insert(d.labels.end(), part.labels.begin(), part.labels.end());
+  for (size_t i = 1; i < part.offsets.size(); ++i) d.offsets.push_back(base + part.offsets[i]);
 }
 
 }  // namespace
@@ -224,10 +277,10 @@ TokenizedDataset tokenize_samples(const std::vector<Sample>& samples, const Chat
   return d;
 }
 
-TokenizeResult tokenize_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
-                                const DataOptions& opts, const std::string& cache_dir, int threads) {
+TokenizeResult tokenize_files(const std::vector<std::string>& files, const Tokenizer& tokenizer, const DataOptions& opts,
+                              const std::string& cache_dir, int threads) {
+  QT_CHECK(!files.empty(), "no data files given");
   TokenizeResult r;
-  const std::vector<std::string> files = all_files(paths);
   if (!cache_dir.empty()) {
     r.key = token_cache_key(files, tokenizer.path(), opts);
     fs::create_directories(cache_dir);
@@ -240,19 +293,33 @@ TokenizeResult tokenize_dataset(const std::vector<std::string>& paths, const Tok
   }
   ReadOptions ro = opts.read;
   ro.vocab_size = tokenizer.vocab_size();
-  std::vector<Sample> samples;
-  for (const auto& f : files) {
-    auto part = read_samples(f, ro, &r.read_stats);
-    samples.insert(samples.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
-  }
   const bool fix = opts.read.fix_utf8;
-  r.data = tokenize_samples(
-      samples, opts.chat, [&](std::string_view s) { return tokenizer.encode(s, fix); }, threads);
+  const EncodeFn encode = [&](std::string_view s) { return tokenizer.encode(s, fix); };
+  double total_bytes = 0, done_bytes = 0;
+  for (const auto& f : files) total_bytes += static_cast<double>(fs::file_size(f));
+  ProgressLine progress;
+  for (const auto& f : files) {
+    const double size = static_cast<double>(fs::file_size(f));
+    read_samples_chunked(f, ro, &r.read_stats, kChunkRows, [&](std::vector<Sample>& chunk, double file_fraction) {
+      const TokenizedDataset part = tokenize_samples(chunk, opts.chat, encode, threads);
+      chunk.clear();
+      const double fraction = total_bytes > 0 ? (done_bytes + file_fraction * size) / total_bytes : 1.0;
+      append_tokens(r.data, part, fraction);
+      progress.update(r.read_stats.rows, r.data.num_tokens(), fraction);
+    });
+    done_bytes += size;
+  }
+  progress.finish(r.read_stats.rows, r.data.num_tokens());
   if (!r.cache_path.empty()) {
     write_cache(r.cache_path, r.data, r.read_stats);
     log_info("token cache written: ", r.cache_path);
   }
   return r;
+}
+
+TokenizeResult tokenize_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
+                                const DataOptions& opts, const std::string& cache_dir, int threads) {
+  return tokenize_files(resolve_data_files(paths), tokenizer, opts, cache_dir, threads);
 }
 
 }  // namespace qt

@@ -33,9 +33,14 @@ struct TokenizeResult {
   std::string key;         // 32 hex digits
 };
 
-// Reads every data file of `paths` (files or directories), renders and tokenizes all samples on
-// `threads` threads (0 = qt::num_threads()). Pre-tokenized samples are checked against the
-// tokenizer's vocabulary. cache_dir empty = no cache.
+// Reads `files` in order, renders and tokenizes all samples on `threads` threads (0 =
+// qt::num_threads()). Pre-tokenized samples are checked against the tokenizer's vocabulary.
+// cache_dir empty = no cache. Streams: rows are read, rendered and tokenized a chunk (8192 rows)
+// at a time and only token ids are kept, so the set's text is never in memory at once; a progress
+// line with rows/s goes to stderr (redrawn on a terminal, else every 10 s).
+TokenizeResult tokenize_files(const std::vector<std::string>& files, const Tokenizer& tokenizer, const DataOptions& opts,
+                              const std::string& cache_dir, int threads = 0);
+// tokenize_files over resolve_data_files(paths) (files, directories, globs, hub ids; no split).
 TokenizeResult tokenize_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
                                 const DataOptions& opts, const std::string& cache_dir, int threads = 0);
 

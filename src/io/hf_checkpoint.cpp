@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/hub_cache.h"
 #include "io/mapped_file.h"
 
 namespace qt {
@@ -27,7 +28,8 @@ std::vector<const SafetensorsEntry*> HfModelDir::passthrough_tensors() const {
   return out;
 }
 
-HfModelDir hf_load(const std::string& dir) {
+HfModelDir hf_load(const std::string& path_or_id) {
+  const std::string dir = resolve_model_dir(path_or_id);
   HfModelDir m;
   m.dir = dir;
   const fs::path cfg_path = fs::path(dir) / "config.json";

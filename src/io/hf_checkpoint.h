@@ -28,8 +28,9 @@ struct HfModelDir {
 };
 
 // Loads and validates: a missing tensor, a shape that disagrees with config.json, or a
-// non-floating dtype is an error naming the directory and the tensor.
-HfModelDir hf_load(const std::string& dir);
+// non-floating dtype is an error naming the directory and the tensor. A hub id (Qwen/Qwen3.5-2B,
+// io/hub_cache.h) loads its snapshot from the local hub cache; HfModelDir::dir is then that snapshot.
+HfModelDir hf_load(const std::string& path_or_id);
 
 struct HfSaveOptions {
   size_t max_shard_bytes = size_t{5} << 30;

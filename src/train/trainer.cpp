@@ -147,7 +147,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   const fs::path base = fs::path(path).parent_path();
   auto rel = [&](const std::string& p) { return fs::path(p).is_absolute() || base.empty() ? p : (base / p).string(); };
   QT_CHECK(root["model"], path, ": needs `model: DIR`");
-  c.model = rel(root["model"].as<std::string>());
+  c.model = config_relative_path(path, root["model"].as<std::string>());
   c.output_dir = rel(root["output_dir"] ? root["output_dir"].as<std::string>() : std::string("out/run"));
   c.data = data_job_from_yaml(root, path);
   const YAML::Node t = root["train"];
@@ -192,6 +192,8 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
   QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
   QT_CHECK(c.eval_fraction >= 0 && c.eval_fraction < 1, path, ": train.eval_fraction must be in [0, 1)");
+  QT_CHECK(c.eval_fraction == 0 || c.data.eval_data.empty(), path,
+           ": train.eval_fraction and data.eval_path / data.eval_split both choose an eval set; use one");
   QT_CHECK(c.schedule.min_lr_ratio >= 0 && c.schedule.min_lr_ratio <= 1, path, ": train.min_lr_ratio must be in [0, 1]");
   QT_CHECK(c.save_dtype == "auto" || dtype_from_user_name(c.save_dtype), path, ": train.save_dtype '", c.save_dtype,
            "' is not auto, bf16, f16 or f32");
@@ -205,13 +207,19 @@ TrainSummary train_run(const TrainConfig& cfg) {
   using clock = std::chrono::steady_clock;
   Run run(cfg);
   const ModelConfig& mc = run.src.config;
-  const Tokenizer tok = Tokenizer::load(cfg.data.tokenizer);
+  const Tokenizer tok = Tokenizer::load(resolve_tokenizer(cfg.data.tokenizer));
   QT_CHECK(tok.vocab_size() <= mc.vocab_size, cfg.data.tokenizer, ": tokenizer has ", tok.vocab_size(),
            " tokens but the model's vocab_size is ", mc.vocab_size);
-  TokenizeResult tr = tokenize_dataset(cfg.data.data, tok, cfg.data.opts, cfg.data.cache_dir, cfg.data.threads);
+  TokenizeResult tr = tokenize_data_job(cfg.data, tok);
   TokenizedDataset train, eval;
-  split_dataset(tr.data, cfg.eval_fraction, cfg.seed, train, eval);
-  QT_CHECK(train.num_samples() > 0, "no training samples left (", tr.data.num_samples(), " read, eval_fraction ",
+  const int64_t samples_read = tr.data.num_samples();
+  if (cfg.data.eval_data.empty()) {
+    split_dataset(tr.data, cfg.eval_fraction, cfg.seed, train, eval);
+  } else {  // data.eval_path / eval_split: a held-out set, never trained on
+    train = std::move(tr.data);
+    eval = tokenize_eval_set(cfg.data, tok);
+  }
+  QT_CHECK(train.num_samples() > 0, "no training samples left (", samples_read, " read, eval_fraction ",
            cfg.eval_fraction, ")");
   PackOptions pack = cfg.data.pack;
   pack.mode = PackMode::Packed;

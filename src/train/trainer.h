@@ -4,7 +4,7 @@
 // held-out split, HF checkpoints (untouched tensors carried through).
 //
 // YAML (every key can be overridden with --set section.key=value):
-//   model: DIR                # HF model directory to start from
+//   model: DIR                # HF model directory to start from, or a hub id (Qwen/Qwen3.5-2B[@rev])
 //   output_dir: DIR           # checkpoints (DIR/checkpoint-N, DIR/final) and metrics.jsonl
 //   data: {...}               # see data/data_job.h
 //   train:
@@ -21,7 +21,7 @@
 //     global_batch_tokens: 0  # tokens per optimizer step; 0 = one packed row
 //     epochs: 1
 //     max_steps: 0            # > 0 stops earlier
-//     eval_fraction: 0.0      # held-out share of samples (seeded)
+//     eval_fraction: 0.0      # held-out share of samples (seeded); not with data.eval_path
 //     eval_every: 0           # steps; 0 = only at the end when there is an eval split
 //     save_every: 0           # steps; 0 = only the final checkpoint
 //     log_every: 1
