@@ -335,8 +335,7 @@ class ChunkSink {
 
 // The parquet columns a schema reads (only those the file has), so the rest is never decoded;
 // empty = all columns (auto-detection then sees every key, as for JSON).
-std::vector<std::string> parquet_columns_for(const std::string& path, DataSchema schema) {
-  const std::vector<std::string> have = parquet_file_info(path).columns;
+std::vector<std::string> parquet_columns_for(const std::vector<std::string>& have, DataSchema schema) {
   auto has = [&](const char* c) { return std::find(have.begin(), have.end(), c) != have.end(); };
   if (schema == DataSchema::Auto) {
     if (has("messages")) schema = DataSchema::Ultrachat;
@@ -356,13 +355,14 @@ std::vector<std::string> parquet_columns_for(const std::string& path, DataSchema
   std::vector<std::string> cols;
   for (const char* c : want)
     if (has(c)) cols.push_back(c);
-  return cols.empty() ? std::vector<std::string>{} : cols;
+  return cols;
 }
 
 void read_parquet_chunked(const std::string& path, ChunkSink& sink, int64_t chunk_rows) {
+  const ParquetFileInfo info = parquet_file_info(path);
   ParquetReadOptions po;
-  po.columns = parquet_columns_for(path, sink.schema());
-  const int64_t total = std::max<int64_t>(1, parquet_file_info(path).num_rows);
+  po.columns = parquet_columns_for(info.columns, sink.schema());
+  const int64_t total = std::max<int64_t>(1, info.num_rows);
   std::string text;
   int64_t first_row = 0, pending = 0;
   auto flush = [&](int64_t rows_done) {

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -116,7 +118,13 @@ std::string hub_resolve(const std::string& id, HubRepoType type) {
   const fs::path snap = snapshots / hash;
   QT_CHECK(fs::is_directory(snap), id, ": revision '", revision, "' points at snapshot ", hash, " but ", snap.string(),
            " does not exist (an interrupted download?); ", fetch_hint(repo, type));
-  log_info(id, ": hub cache snapshot ", snap.string());
+  {
+    // Once per id and snapshot: a command resolves its model for the weights and the tokenizer.
+    static std::mutex mu;
+    static std::set<std::string> logged;
+    std::lock_guard<std::mutex> lock(mu);
+    if (logged.insert(id + "\n" + snap.string()).second) log_info(id, ": hub cache snapshot ", snap.string());
+  }
   return snap.string();
 }
 
