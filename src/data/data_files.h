@@ -10,7 +10,7 @@
 //   owner/name[@rev]      a data set in the Hugging Face hub cache (io/hub_cache.h), searched as DIR
 // Splits follow Hugging Face's file naming. Inside a DIR / GLOB, a file belongs to split NAME when
 // its name is NAME-00000-of-00003*.ext (a shard), NAME.ext, or it lies in a NAME/ folder.
-// `split` selects those files; without it, a DIR holding more than one split is an error that
+// `split` selects those files (explicit FILE specs are read whatever split is chosen); without it, a DIR holding more than one split is an error that
 // lists them (only shard names and the usual names train, test, validation, valid, val, dev, eval
 // count as splits when nothing is selected, so a folder of unrelated files still reads as one
 // set). A split that is not there is an error that lists the splits that are.

@@ -305,10 +305,17 @@ class ChunkSink {
             const SampleChunkFn& fn)
       : path_(path), opts_(opts), stats_(stats), chunk_rows_(std::max<int64_t>(1, chunk_rows)), fn_(fn),
         schema_(opts.schema) {}
+  // rows: the next rows of the file; fraction: the share of the file read once they are done.
   void add(const std::vector<Row>& rows, double fraction) {
-    read_json_rows(path_, rows, opts_, &schema_, stats_, &chunk_);
+    const double from = fraction_;
+    for (size_t b = 0; b < rows.size(); b += static_cast<size_t>(chunk_rows_)) {
+      const size_t e = std::min(rows.size(), b + static_cast<size_t>(chunk_rows_));
+      read_json_rows(path_, std::vector<Row>(rows.begin() + static_cast<std::ptrdiff_t>(b), rows.begin() + static_cast<std::ptrdiff_t>(e)),
+                     opts_, &schema_, stats_, &chunk_);
+      fraction_ = from + (fraction - from) * static_cast<double>(e) / static_cast<double>(rows.size());
+      flush();
+    }
     fraction_ = fraction;
-    if (static_cast<int64_t>(chunk_.size()) >= chunk_rows_) flush();
   }
   void finish(double fraction) {
     fraction_ = fraction;

@@ -89,10 +89,11 @@ std::vector<Sample> read_samples(const std::string& path, const ReadOptions& opt
 // fn(chunk, fraction): the next samples of the file in order (fn may move them away) and the share
 // of the file read so far.
 using SampleChunkFn = std::function<void(std::vector<Sample>& chunk, double fraction)>;
-// read_samples in chunks of about chunk_rows samples, for sets larger than memory wants to hold as
-// text: JSONL is read 16 MiB at a time and parquet row by row (only the schema's columns are
-// decoded), so at most one chunk's text is held; a .json array file and registered readers are
-// read whole and delivered as one chunk.
+// read_samples in chunks of chunk_rows samples (the last one shorter; skipped bad rows make one
+// shorter too), for sets larger than memory wants to hold as text: JSONL is read 16 MiB at a time
+// and parquet row by row (only the schema's columns are decoded), so at most one block's or one
+// chunk's text is held. A .json array file is read whole (its samples still come in chunks);
+// registered readers deliver one chunk.
 void read_samples_chunked(const std::string& path, const ReadOptions& opts, ReadStats* stats, int64_t chunk_rows,
                           const SampleChunkFn& fn);
 // resolve_data_files({path}) (data/data_files.h): a file gives itself, a directory its data files
