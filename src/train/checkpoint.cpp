@@ -208,8 +208,8 @@ std::vector<std::string> checkpoint_prune(const std::string& output_dir, int64_t
     std::error_code ec;
     std::vector<std::string> written;
     try {
-      for (const auto& n : nlohmann::json::parse(read_text_file((fs::path(victim) / kCheckpointMarker).string()))["files"])
-        written.push_back(n.get<std::string>());
+      const nlohmann::json marker = nlohmann::json::parse(read_text_file((fs::path(victim) / kCheckpointMarker).string()));
+      for (const auto& n : marker.at("files")) written.push_back(n.get<std::string>());
     } catch (const std::exception&) {
       for (const auto& de : fs::directory_iterator(victim, ec))
         if (hf_is_saved_file_name(de.path().filename().string())) written.push_back(de.path().filename().string());

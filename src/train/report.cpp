@@ -104,14 +104,14 @@ void write_run_summary(const std::string& output_dir, const nlohmann::ordered_js
 }
 
 std::string report_html(const std::vector<nlohmann::json>& records, const nlohmann::ordered_json& summary) {
-  nlohmann::json slim = nlohmann::json::array();
+  nlohmann::ordered_json slim = nlohmann::ordered_json::array();
   for (const auto& r : records) {
-    nlohmann::json s;
+    nlohmann::ordered_json s;
     for (const char* k : {"step", "loss", "eval_loss", "lr", "grad_norm", "tok_s"})
       if (r.contains(k)) s[k] = r[k];
     slim.push_back(std::move(s));
   }
-  const nlohmann::json payload = {{"records", slim}, {"summary", summary}};
+  const nlohmann::ordered_json payload = {{"records", slim}, {"summary", summary}};
   std::string page = kPage;
   const std::string marker = "@DATA@";
   page.replace(page.find(marker), marker.size(), script_safe(payload.dump()));
