@@ -111,7 +111,7 @@ void run_bench(const BenchArgs& a) {
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2], total = [&] { double t = 0; for (double x : times) t += x; return t; }();
-  const double peak = 790e12;  // measured bf16 dense matmul rate of the H200 (KINDS.md)
+  const double peak = kPeakBf16FlopsPerSecond;
   nlohmann::ordered_json j;
   j["engine"] = "qwentune";
   j["preset"] = a.preset;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "config/config_schema.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/data_job.h"
@@ -58,6 +59,7 @@ nlohmann::ordered_json run_job(const DataJob& job) {
   const std::string tok_path = resolve_tokenizer(job.tokenizer);
   QT_CHECK(fs::is_regular_file(tok_path), tok_path, ": tokenizer.json does not exist");
   const Tokenizer tok = Tokenizer::load(tok_path);
+  if (job.opts.read.schema != DataSchema::Tokenized) check_chat_tokenizer(tok);
   const auto start = std::chrono::steady_clock::now();
   TokenizeResult r = tokenize_data_job(job, tok);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -114,7 +116,11 @@ nlohmann::ordered_json run_job(const DataJob& job) {
   return j;
 }
 
-DataJob job_from_yaml(const std::string& path) { return data_job_from_yaml(yaml_load_file(path), path); }
+DataJob job_from_yaml(const std::string& path) {
+  const YAML::Node root = yaml_load_file(path);
+  config_validate(root, ConfigSource{path, {}});
+  return data_job_from_yaml(root, path);
+}
 
 }  // namespace
 

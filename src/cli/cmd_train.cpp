@@ -1,5 +1,6 @@
 // qwentune train --config FILE.yaml [--set section.key=value ...]
 // qwentune generate --model DIR (--prompt TEXT | --eval FILE.jsonl) [...]
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -7,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "data/data_job.h"
 #include "model/generate.h"
 #include "ops/cpu/cpu_backend.h"
@@ -39,6 +41,11 @@ void run_generate(const GenerateJob& job) {
   GenerateOptions opts = job.opts;
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
     if (auto id = tok.token_to_id(stop)) opts.stop_ids.push_back(*id);
+  // Only ids the tokenizer can decode (Qwen checkpoints have ~270 embedding rows past the tokenizer).
+  opts.allowed_ids.assign(static_cast<size_t>(dir.config.vocab_size), false);
+  int64_t decodable = 0;
+  for (int64_t i = 0; i < dir.config.vocab_size; ++i) decodable += opts.allowed_ids[size_t(i)] = tok.has_id(static_cast<int32_t>(i));
+  QT_CHECK(decodable > 0, job.model, ": the tokenizer decodes none of the model's ", dir.config.vocab_size, " ids");
   const ThinkingMode thinking = thinking_mode_from_name(job.thinking);
   auto encode_prompt = [&](const std::string& text) {
     return tok.encode(job.chat ? chat_prompt(text, thinking) : text);
@@ -51,9 +58,16 @@ void run_generate(const GenerateJob& job) {
   CpuBackend be;
   if (job.eval.empty()) {
     const std::vector<int32_t> prompt = encode_prompt(job.prompt);
+    if (static_cast<int64_t>(prompt.size()) + opts.max_new_tokens > dir.config.max_position_embeddings)
+      log_warn("generate: the prompt (", prompt.size(), " tokens) plus --max-new-tokens ", opts.max_new_tokens,
+               " passes the model's max_position_embeddings (", dir.config.max_position_embeddings,
+               "); generation stops there");
     Qwen35Model model(dir.config, be, 1);  // holds the weights; decoding is incremental (model/decoder.h)
     model.load(dir);
-    std::printf("%s\n", tok.decode(strip_stop(generate(model, prompt, opts))).c_str());
+    const GenerateResult r = generate(model, prompt, opts);
+    std::printf("%s\n", tok.decode(strip_stop(r.ids)).c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "generate: %zu tokens, stopped by %s\n", r.ids.size(), r.stop_reason.c_str());
     return;
   }
   // --eval: exact-match accuracy of the (trimmed) completion against "answer".
@@ -82,7 +96,7 @@ void run_generate(const GenerateJob& job) {
   int64_t correct = 0;
   nlohmann::ordered_json examples = nlohmann::ordered_json::array();
   for (const auto& [prompt, answer] : items) {
-    const std::string got(py_strip(tok.decode(strip_stop(generate(model, encode_prompt(prompt), opts)))));
+    const std::string got(py_strip(tok.decode(strip_stop(generate(model, encode_prompt(prompt), opts).ids))));
     const bool ok = got == py_strip(answer);
     correct += ok;
     if (examples.size() < 3) examples.push_back({{"prompt", prompt}, {"answer", answer}, {"output", got}, {"correct", ok}});
@@ -106,11 +120,21 @@ void add_train_commands(CLI::App& app) {
                     "A:B: profile steps A..B (op/layer tables, output_dir/profile_trace.json)");
     auto no_graph = std::make_shared<bool>(false);
     cmd->add_flag("--no-graph", *no_graph, "run the CUDA step eagerly, kernel by kernel (debugging); = --set train.cuda_graph=false");
+    auto print_config = std::make_shared<bool>(false);
+    cmd->add_flag("--print-config", *print_config, "print the resolved config (every key, its default and meaning) as YAML and exit");
+    auto overwrite = std::make_shared<bool>(false);
+    cmd->add_flag("--overwrite", *overwrite, "start fresh in an output_dir that holds an earlier run, replacing its outputs");
     cmd->callback([=] {
       TrainConfig c = train_config_load(*config, *sets);
+      if (*print_config) {
+        std::fputs(c.resolved_yaml.c_str(), stdout);
+        return;
+      }
       if (!profile_steps->empty()) profile::parse_step_range(*profile_steps, c.profile_first, c.profile_last);
       if (*no_graph) c.cuda_graph = false;
-      train_run(c);
+      c.overwrite = *overwrite;
+      const TrainSummary s = train_run(c);
+      if (s.stop_signal) exit_status() = 128 + s.stop_signal;
     });
   }
   {
@@ -129,6 +153,9 @@ void add_train_commands(CLI::App& app) {
     cmd->add_option("--seed", job->opts.seed, "sampling seed")->capture_default_str();
     cmd->callback([=] {
       QT_CHECK(!job->prompt.empty() || !job->eval.empty(), "generate needs --prompt or --eval");
+      QT_CHECK(std::isfinite(job->opts.temperature) && job->opts.temperature >= 0, "--temperature ", job->opts.temperature,
+               ": must be a finite number >= 0 (0 = greedy)");
+      QT_CHECK(job->opts.top_k >= 0, "--top-k ", job->opts.top_k, ": must be >= 0 (0 = every token)");
       GenerateJob j = *job;
       j.chat = !*raw;
       run_generate(j);

@@ -1,5 +1,5 @@
 // Each subcommand registers itself on the CLI11 app; main() dispatches and turns qt::Error into
-// a one-line message and exit status 1.
+// a one-line message and exit status 1 (the exit codes: README "Exit status").
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -13,5 +13,9 @@ void add_train_commands(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_data_commands(CLI::App& app);  // data-stats, prepare
 void add_profile_command(CLI::App& app);
+
+// The status main() returns after a command ran without an error (a command sets it, e.g. train
+// stopped by a signal: 128 + the signal).
+int& exit_status();
 
 }  // namespace qt::cli

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;  // usage errors: 2, as getopt-style tools do
   } catch (const qt::Error& e) {
     std::fprintf(stderr, "qwentune: error: %s\n", e.what());
     if (qt::log_level() <= qt::LogLevel::Debug) std::fprintf(stderr, "  (raised at %s)\n", e.where().c_str());
@@ -29,5 +30,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "qwentune: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return qt::cli::exit_status();
+}
+
+int& qt::cli::exit_status() {
+  static int status = 0;
+  return status;
 }

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <set>
 
+#include "config/config_schema.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/data_files.h"
@@ -72,52 +73,9 @@ TokenizedDataset tokenize_eval_set(const DataJob& job, const Tokenizer& tokenize
   return std::move(r.data);
 }
 
-YAML::Node yaml_load_file(const std::string& path) {
-  QT_CHECK(fs::is_regular_file(path), path, ": config file does not exist");
-  try {
-    return YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    QT_FAIL(path, ": malformed YAML: ", e.what());
-  }
-}
-
-void yaml_apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides) {
-  for (const std::string& o : overrides) {
-    const size_t eq = o.find('=');
-    QT_CHECK(eq != std::string::npos && eq > 0, "--set '", o, "': expected key=value (e.g. train.lr=1e-4)");
-    const std::string key = o.substr(0, eq), value = o.substr(eq + 1);
-    std::vector<std::string> parts;
-    for (size_t b = 0; b <= key.size();) {
-      size_t e = key.find('.', b);
-      if (e == std::string::npos) e = key.size();
-      QT_CHECK(e > b, "--set '", o, "': empty key part");
-      parts.push_back(key.substr(b, e - b));
-      b = e + 1;
-    }
-    YAML::Node parsed;
-    try {
-      parsed = YAML::Load(value);
-    } catch (const YAML::Exception& e) {
-      QT_FAIL("--set '", o, "': value is not valid YAML: ", e.what());
-    }
-    // yaml-cpp nodes are handles: walk by reassigning a handle to each child.
-    std::vector<YAML::Node> chain{root};
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      YAML::Node child = chain.back()[parts[i]];
-      if (!child.IsDefined() || child.IsNull()) {
-        chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
-        child = chain.back()[parts[i]];
-      }
-      QT_CHECK(child.IsMap(), "--set '", o, "': '", parts[i], "' is not a section");
-      chain.push_back(child);
-    }
-    chain.back()[parts.back()] = parsed;
-  }
-}
-
 DataJob data_job_from_yaml(const YAML::Node& root, const std::string& path) {
   DataJob job;
-  if (root["tokenizer"]) {
+  if (root["tokenizer"] && !root["tokenizer"].IsNull()) {
     job.tokenizer = root["tokenizer"].as<std::string>();
   } else {
     QT_CHECK(root["model"], path, ": needs `model: DIR` or `tokenizer: PATH`");
@@ -125,17 +83,10 @@ DataJob data_job_from_yaml(const YAML::Node& root, const std::string& path) {
   }
   const YAML::Node d = root["data"];
   QT_CHECK(d && d.IsMap(), path, ": needs a `data:` section");
-  static const std::set<std::string> known = {"path", "schema", "train_on", "thinking", "tokens_per_batch",
-                                              "shuffle_window", "seed", "overflow", "skip_bad_rows", "fix_utf8",
-                                              "cache_dir", "threads", "split", "eval_path", "eval_split"};
-  for (const auto& kv : d) {
-    const std::string k = kv.first.as<std::string>();
-    QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key data.", k);
-  }
   QT_CHECK(d["path"], path, ": needs data.path");
   job.data = string_or_list(d["path"], "path", path);
-  job.split = yaml_get<std::string>(d, "data", "split", "", path);
-  job.eval_split = yaml_get<std::string>(d, "data", "eval_split", "", path);
+  job.split = config_get<std::string>(d, "data", "split", path);
+  job.eval_split = config_get<std::string>(d, "data", "eval_split", path);
   if (d["eval_path"]) {
     job.eval_data = string_or_list(d["eval_path"], "eval_path", path);
   } else if (!job.eval_split.empty()) {
@@ -144,16 +95,16 @@ DataJob data_job_from_yaml(const YAML::Node& root, const std::string& path) {
   QT_CHECK(job.eval_data.empty() || job.eval_data != job.data || job.eval_split != job.split, path,
            ": the eval set (data.eval_path / data.eval_split) is the training set; name another split or path");
   job.tokenizer = config_relative_path(path, job.tokenizer);
-  job.opts.read.schema = data_schema_from_name(yaml_get<std::string>(d, "data", "schema", "auto", path));
-  job.opts.chat.train_on = train_on_from_name(yaml_get<std::string>(d, "data", "train_on", "assistant", path));
-  job.opts.chat.thinking = thinking_mode_from_name(yaml_get<std::string>(d, "data", "thinking", "on", path));
-  job.opts.read.skip_bad_rows = yaml_get<bool>(d, "data", "skip_bad_rows", false, path);
-  job.opts.read.fix_utf8 = yaml_get<bool>(d, "data", "fix_utf8", false, path);
-  job.pack.tokens_per_batch = yaml_get<int64_t>(d, "data", "tokens_per_batch", 8192, path);
-  job.pack.shuffle_window = yaml_get<int64_t>(d, "data", "shuffle_window", 10000, path);
-  job.pack.seed = yaml_get<uint64_t>(d, "data", "seed", 0, path);
-  job.pack.overflow = overflow_from_name(yaml_get<std::string>(d, "data", "overflow", "truncate", path));
-  job.threads = yaml_get<int>(d, "data", "threads", 0, path);
+  job.opts.read.schema = data_schema_from_name(config_get<std::string>(d, "data", "schema", path));
+  job.opts.chat.train_on = train_on_from_name(config_get<std::string>(d, "data", "train_on", path));
+  job.opts.chat.thinking = thinking_mode_from_name(config_get<std::string>(d, "data", "thinking", path));
+  job.opts.read.skip_bad_rows = config_get<bool>(d, "data", "skip_bad_rows", path);
+  job.opts.read.fix_utf8 = config_get<bool>(d, "data", "fix_utf8", path);
+  job.pack.tokens_per_batch = config_get<int64_t>(d, "data", "tokens_per_batch", path);
+  job.pack.shuffle_window = config_get<int64_t>(d, "data", "shuffle_window", path);
+  job.pack.seed = config_get<uint64_t>(d, "data", "seed", path);
+  job.pack.overflow = overflow_from_name(config_get<std::string>(d, "data", "overflow", path));
+  job.threads = config_get<int>(d, "data", "threads", path);
   QT_CHECK(job.pack.tokens_per_batch > 0, path, ": data.tokens_per_batch must be positive");
   if (d["cache_dir"]) job.cache_dir = config_relative_path(path, d["cache_dir"].as<std::string>());
   return job;

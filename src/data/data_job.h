@@ -28,6 +28,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "config/yaml_config.h"
 #include "core/error.h"
 
 #include "data/packer.h"
@@ -59,23 +60,8 @@ TokenizeResult tokenize_data_job(const DataJob& job, const Tokenizer& tokenizer)
 // The eval set (eval_data / eval_split) tokenized the same way, through the same cache; an empty
 // set when the job has none. A file in both the training and the eval set is an error.
 TokenizedDataset tokenize_eval_set(const DataJob& job, const Tokenizer& tokenizer);
-// Reads `model`/`tokenizer` and the `data:` section of a parsed config; `path` names the file in
-// errors and anchors relative paths.
+// Reads `model`/`tokenizer` and the `data:` section of a parsed config (checked by config_validate,
+// config/config_schema.h, which lists every key and its default); `path` names the file in errors
+// and anchors relative paths.
 DataJob data_job_from_yaml(const YAML::Node& root, const std::string& path);
-// section.key of a parsed config as T, or def when absent; a type error names file, key and line.
-template <typename T>
-T yaml_get(const YAML::Node& section, const char* section_name, const char* key, const T& def,
-           const std::string& file) {
-  if (!section || !section[key]) return def;
-  try {
-    return section[key].as<T>();
-  } catch (const YAML::Exception& e) {
-    QT_FAIL(file, ": ", section_name, ".", key, " (line ", section[key].Mark().line + 1, "): ", e.what());
-  }
-}
-// Loads a YAML file with a clear error on malformed input.
-YAML::Node yaml_load_file(const std::string& path);
-// Applies "a.b.c=value" overrides to a YAML tree (the value parsed as YAML: numbers, bools, lists).
-void yaml_apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides);
-
 }  // namespace qt

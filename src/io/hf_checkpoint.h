@@ -34,23 +34,38 @@ HfModelDir hf_load(const std::string& path_or_id);
 
 struct HfSaveOptions {
   size_t max_shard_bytes = size_t{5} << 30;
-  // Extra files copied from this directory when present (tokenizer, generation config, ...).
+  // The source model directory: its other files (tokenizer, chat template, README, LICENSE,
+  // added_tokens.json, ...) are carried into the new directory; its weights and config are not.
   std::string copy_files_from;
   // Small files written into the directory as part of the same atomic save (name -> content).
   std::map<std::string, std::string> extra_files;
   // Further safetensors files in the same atomic save (base name -> tensors), e.g. optimizer state.
   std::map<std::string, std::vector<TensorWriteSpec>> extra_tensor_files;
+  // An existing non-empty directory without config.json is refused unless `force`. Files in an
+  // existing directory that the save does not write (a user's notes, say) are kept either way.
+  bool force = false;
+  // A file written last, so that a directory holding it is known complete (checkpoints).
+  std::string completion_marker;
 };
 
-// Writes a complete model directory atomically (DIR.tmp-*, then renamed over DIR).
-// `tensors` are written as given; config_json is written as config.json.
+// Writes a complete model directory atomically: everything goes to DIR.tmp-PID, which is renamed
+// over DIR once complete (the previous DIR stays loadable until then, moved to DIR.old-PID for the
+// swap). Refuses "/", the current directory and its parents. `tensors` are written as given;
+// config_json is written as config.json. Saves never delete files they did not write.
 void hf_save(const std::string& dir, const nlohmann::json& config_json, const std::vector<TensorWriteSpec>& tensors,
              const HfSaveOptions& options = {});
 
+// Finishes or undoes saves into `parent` that a crash interrupted: a NAME.old-PID whose NAME is
+// missing is moved back (the previous complete directory), one whose NAME exists gives back the
+// user files it still holds and is removed, and every NAME.tmp-PID (never complete) is removed.
+// Returns what it did, one line each. Call only while no other save into `parent` runs.
+std::vector<std::string> hf_recover_interrupted_saves(const std::string& parent);
+
+// Names a save writes itself (weights, indexes, config, trainer files): these are replaced when a
+// directory is saved again; anything else in it is the user's and kept.
+bool hf_is_saved_file_name(const std::string& name);
+
 // A write spec that copies an existing tensor byte-for-byte.
 TensorWriteSpec passthrough_spec(const SafetensorsEntry& e);
-
-// Files besides weights and config that belong to a model directory.
-const std::vector<std::string>& hf_side_files();
 
 }  // namespace qt

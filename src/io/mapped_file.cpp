@@ -49,13 +49,17 @@ std::string read_text_file(const std::string& path) {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    QT_CHECK(out.good(), tmp, ": cannot create: ", std::strerror(errno));
-    out << text;
-    out.flush();
-    QT_CHECK(out.good(), tmp, ": write failed: ", std::strerror(errno));
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  QT_CHECK(f != nullptr, tmp, ": cannot create: ", std::strerror(errno));
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  int err = errno;
+  const bool flushed = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  if (wrote && !flushed) err = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (!wrote || !flushed || !closed) {
+    std::remove(tmp.c_str());
+    QT_FAIL(path, ": write failed (", text.size(), " bytes): ", std::strerror(err));
   }
   QT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": rename failed: ", std::strerror(errno));
 }

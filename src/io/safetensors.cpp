@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -172,10 +173,19 @@ void write_one_file(const std::string& path, const std::vector<const TensorWrite
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   QT_CHECK(fd >= 0, tmp, ": cannot create: ", std::strerror(errno));
-  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
-    int err = errno;
+  // Reserve every block before mapping: a store through a map into a hole that the disk cannot
+  // back raises SIGBUS, while posix_fallocate fails cleanly with ENOSPC.
+  if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); rc != 0) {
     ::close(fd);
-    QT_FAIL(tmp, ": cannot size to ", total, " bytes: ", std::strerror(err));
+    std::remove(tmp.c_str());
+    if (rc == ENOSPC || rc == EDQUOT) {
+      struct statvfs vfs {};
+      const uint64_t avail = ::statvfs(fs::path(path).parent_path().c_str(), &vfs) == 0
+                                 ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize
+                                 : 0;
+      QT_FAIL(path, ": no space left on device: the file needs ", total, " bytes, ", avail, " are free");
+    }
+    QT_FAIL(tmp, ": cannot reserve ", total, " bytes: ", std::strerror(rc));
   }
   void* map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
@@ -204,8 +214,10 @@ void write_one_file(const std::string& path, const std::vector<const TensorWrite
     throw;
   }
   int sync_rc = ::msync(map, total, MS_SYNC);
+  const int sync_err = errno;
   ::munmap(map, total);
-  QT_CHECK(sync_rc == 0, tmp, ": flushing to disk failed: ", std::strerror(errno));
+  if (sync_rc != 0) std::remove(tmp.c_str());
+  QT_CHECK(sync_rc == 0, tmp, ": flushing to disk failed: ", std::strerror(sync_err));
   QT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": rename failed: ", std::strerror(errno));
 }
 

@@ -16,6 +16,14 @@ struct StepFlops {
   double total() const { return dense + attention + gdn; }
 };
 
+// The bf16 dense matmul rate MFU is measured against: the H200's, as measured (cuBLASLt
+// 8192^3 on random data, ~790 TFLOP/s); the one place this number lives.
+inline constexpr double kPeakBf16FlopsPerSecond = 790e12;
+// Model FLOPs utilization of a dense 6 * params * tokens/s rate.
+inline double dense_mfu(int64_t params, double tokens_per_second) {
+  return 6.0 * double(params) * tokens_per_second / kPeakBf16FlopsPerSecond;
+}
+
 StepFlops step_flops(const ModelConfig& cfg, const std::vector<int64_t>& sample_lengths);
 
 }  // namespace qt

@@ -1,6 +1,7 @@
 #include "model/qwen35.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -348,7 +349,12 @@ void Qwen35Model::load(const HfModelDir& dir) {
     const SafetensorsEntry& e = dir.store.get(specs_[i].name);
     QT_CHECK(e.shape == specs_[i].shape, e.file, ": tensor '", e.name, "' has shape ", shape_str(e.shape), ", expected ",
              shape_str(specs_[i].shape));
-    set_param_f32(i, tensor_to_f32(e.view()));
+    std::vector<float> values = tensor_to_f32(e.view());
+    for (size_t k = 0; k < values.size(); ++k)
+      QT_CHECK(std::isfinite(values[k]), e.file, ": tensor '", e.name, "' holds ", std::isnan(values[k]) ? "NaN" : "inf",
+               " (first at element ", k, " of ", values.size(), "): the input model is corrupt; training from it "
+               "would fail at the first step");
+    set_param_f32(i, values);
   }
 }
 

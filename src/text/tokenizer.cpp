@@ -1111,6 +1111,21 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 int64_t Tokenizer::vocab_size() const { return impl_->size; }
+
+bool Tokenizer::is_added_token(std::string_view token) const {
+  return impl_->added_ids.count(std::string(token)) > 0;
+}
+
+bool Tokenizer::has_id(int32_t id) const {
+  return id >= 0 && id < impl_->size && impl_->id_known[static_cast<size_t>(id)];
+}
+
+void check_chat_tokenizer(const Tokenizer& tok) {
+  for (const char* marker : {"<|im_start|>", "<|im_end|>"})
+    QT_CHECK(tok.is_added_token(marker), tok.path(), ": the tokenizer has no added token '", marker,
+             "': the Qwen3.5 chat template (ChatML) needs <|im_start|> and <|im_end|> as added tokens, or its markers "
+             "would be split into bytes. Use the model's own tokenizer.json, or pre-tokenized data (data.schema: tokenized)");
+}
 const std::string& Tokenizer::path() const { return impl_->path; }
 
 std::string Tokenizer::fix_utf8(std::string_view text) { return utf8_lossy(text); }

@@ -32,6 +32,10 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // Highest id + 1 over the vocabulary and the added tokens.
   int64_t vocab_size() const;
+  // `token` is one of tokenizer.json's added tokens (matched before BPE, never split).
+  bool is_added_token(std::string_view token) const;
+  // decode() knows id (ids can have gaps, and a model's vocab_size is often larger).
+  bool has_id(int32_t id) const;
   const std::string& path() const;
 
  private:
@@ -39,5 +43,9 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Chat data is rendered with ChatML: an error naming the file when <|im_start|> or <|im_end|> is
+// not an added token of the tokenizer (its markers would be byte-split and trained as text).
+void check_chat_tokenizer(const Tokenizer& tok);
 
 }  // namespace qt

@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace qt {
 
 class TensorBoardWriter {
  public:
-  // Creates DIR (if needed) and DIR/events.out.tfevents.<unix time>.qwentune.
+  // Creates DIR (if needed) and DIR/events.out.tfevents.<unix time>.<host>.<pid>.<n>.qwentune, a
+  // name no other writer has (created exclusively).
   explicit TensorBoardWriter(const std::string& dir);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
@@ -25,6 +27,18 @@ class TensorBoardWriter {
   std::string path_;
   std::FILE* f_ = nullptr;
 };
+
+// Removes the event files qwentune wrote in DIR (a resumed run writes its history again, so that
+// TensorBoard shows each step once). Returns the paths removed.
+std::vector<std::string> tensorboard_remove_event_files(const std::string& dir);
+
+struct TensorBoardScalar {
+  std::string tag;
+  double value = 0;
+  int64_t step = 0;
+};
+// Every scalar of an event file, in file order (for tests and tools).
+std::vector<TensorBoardScalar> tensorboard_read_scalars(const std::string& path);
 
 // CRC32C (Castagnoli) and TFRecord's masking, exposed for the tests.
 uint32_t crc32c(const void* data, size_t n);

@@ -5,26 +5,29 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
-#include "core/bf16.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sysinfo.h"
 #include "data/loader.h"
 #include "io/hf_checkpoint.h"
+#include "io/hub_cache.h"
 #include "io/mapped_file.h"
+#include "model/flops.h"
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
 #include "profile/profile_run.h"
 #include "profile/profiled_backend.h"
 #include "text/tokenizer.h"
+#include "train/checkpoint.h"
 #include "train/model_optimizer.h"
+#include "train/report.h"
+#include "train/run_dir.h"
 #include "train/tensorboard.h"
 #include "train/train_step.h"
 
@@ -33,8 +36,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using clock_type = std::chrono::steady_clock;
+
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
 // Splits samples into train / eval by a seeded hash of the sample index (stable under reordering
 // of the config, independent of thread counts).
@@ -71,6 +78,34 @@ std::string format_duration(double s) {
   return buf;
 }
 
+int64_t untrained_samples(const TokenizedDataset& d) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < d.num_samples(); ++i) {
+    bool any = false;
+    for (int64_t t = d.offsets[size_t(i)]; t < d.offsets[size_t(i) + 1] && !any; ++t) any = d.labels[size_t(t)] != kIgnoreLabel;
+    n += !any;
+  }
+  return n;
+}
+
+// The counts data-stats reports, for the train log and the error when nothing is left to train.
+std::string data_report(const TokenizeResult& tr, const PackStats& st, int64_t untrained, const PackOptions& pack) {
+  return str(tr.read_stats.rows, " rows read, ", tr.read_stats.bad_rows, " bad rows skipped, ", tr.data.num_samples(),
+             " samples (", untrained, " with no trained token); packing at ", pack.tokens_per_batch,
+             " tokens per row: ", st.truncated, " truncated (", st.truncated_tokens, " tokens cut), ", st.split,
+             " split, ", st.dropped_untrained, " samples or pieces dropped with no trained token left, ",
+             st.trained_targets, " trained tokens");
+}
+
+// The scalars of a step record, in TensorBoard's tags (live and when a resume writes them again).
+void tb_record(TensorBoardWriter& tb, const nlohmann::json& r) {
+  const int64_t step = r.value("step", int64_t{0});
+  for (const auto& [key, tag] : {std::pair<const char*, const char*>{"loss", "train/loss"}, {"lr", "train/lr"},
+                                 {"grad_norm", "train/grad_norm"}, {"tok_s", "perf/tokens_per_s"}, {"mfu", "perf/mfu"},
+                                 {"eval_loss", "eval/loss"}})
+    if (r.contains(key) && r[key].is_number()) tb.scalar(tag, r[key].get<double>(), step);
+}
+
 struct Run {
   const TrainConfig& cfg;
   HfModelDir src;
@@ -78,6 +113,7 @@ struct Run {
   std::unique_ptr<ProfiledBackend> profiled;  // wraps backend when steps are profiled
   std::unique_ptr<Qwen35Model> model;
   std::unique_ptr<ModelOptimizer> optimizer;
+  TrainerState state;  // step, loader position, fingerprint, best eval: what the next save records
 
   explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)), backend(make_backend(c.backend)) {}
 
@@ -93,152 +129,112 @@ struct Run {
     return n > 0 ? sum / double(n) : 0.0;
   }
 
-  std::string save(const std::string& name, int64_t step, const LoaderPosition& pos) {
-    const std::string dir = (fs::path(cfg.output_dir) / name).string();
-    std::vector<TensorWriteSpec> specs;
-    const auto& table = model->specs();
-    // Host copies of the optimizer state: the weights are saved from the fp32 master.
-    std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
-    for (size_t i = 0; i < table.size(); ++i) optimizer->get_state(i, master[i], m[i], v[i]);
-    for (size_t i = 0; i < table.size(); ++i) {
-      DType t = src.store.get(table[i].name).dtype;
-      if (cfg.save_dtype != "auto") t = *dtype_from_user_name(cfg.save_dtype);
-      const std::vector<float>* w = &master[i];
-      specs.push_back({table[i].name, t, table[i].shape, [w, t](void* dst, size_t) {
-                         tensor_from_f32(Tensor(dst, t, {static_cast<int64_t>(w->size())}), w->data());
-                       }});
-      if (table[i].role == ParamRole::EmbedTokens && src.config.tie_word_embeddings && src.lm_head_stored) {
-        TensorWriteSpec head = specs.back();
-        head.name = lm_head_name();
-        specs.push_back(head);
-      }
-    }
-    for (const SafetensorsEntry* e : src.passthrough_tensors()) specs.push_back(passthrough_spec(*e));
-    HfSaveOptions opts;
-    opts.copy_files_from = src.dir;
-    nlohmann::ordered_json state = {{"step", step}, {"epoch", pos.epoch}, {"batch", pos.batch},
-                                    {"source_model", cfg.model}};
-    opts.extra_files["trainer_state.json"] = state.dump(2) + "\n";
-    std::vector<TensorWriteSpec>& opt = opts.extra_tensor_files["optimizer"];
-    for (size_t i = 0; i < table.size(); ++i) {
-      for (const auto& [prefix, vec] : {std::pair<const char*, const std::vector<float>*>{"master.", &master[i]},
-                                        {"m.", &m[i]}, {"v.", &v[i]}}) {
-        const std::vector<float>* src_vec = vec;
-        opt.push_back({prefix + table[i].name, DType::F32, table[i].shape,
-                       [src_vec](void* dst, size_t n) { std::memcpy(dst, src_vec->data(), n); }});
-      }
-    }
-    hf_save(dir, src.config.raw, specs, opts);  // runs the fills while master/m/v are alive
-    return dir;
+  std::string save(const std::string& name, bool with_optimizer = true) {
+    CheckpointWrite w;
+    w.dir = (fs::path(cfg.output_dir) / name).string();
+    w.source = &src;
+    w.table = &model->specs();
+    w.optimizer = optimizer.get();
+    w.save_dtype = cfg.save_dtype;
+    w.with_optimizer = with_optimizer;
+    w.state = state;
+    return checkpoint_save(w);
   }
 };
 
-}  // namespace
-
-TrainConfig train_config_load(const std::string& path, const std::vector<std::string>& overrides) {
-  YAML::Node root = yaml_load_file(path);
-  yaml_apply_overrides(root, overrides);
-  static const std::set<std::string> top = {"model", "tokenizer", "output_dir", "data", "train"};
-  for (const auto& kv : root) {
-    const std::string k = kv.first.as<std::string>();
-    QT_CHECK(top.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key '", k, "' (known: model, tokenizer, output_dir, data, train)");
-  }
-  TrainConfig c;
-  const fs::path base = fs::path(path).parent_path();
-  auto rel = [&](const std::string& p) { return fs::path(p).is_absolute() || base.empty() ? p : (base / p).string(); };
-  QT_CHECK(root["model"], path, ": needs `model: DIR`");
-  c.model = config_relative_path(path, root["model"].as<std::string>());
-  c.output_dir = rel(root["output_dir"] ? root["output_dir"].as<std::string>() : std::string("out/run"));
-  c.data = data_job_from_yaml(root, path);
-  const YAML::Node t = root["train"];
-  if (t) {
-    QT_CHECK(t.IsMap(), path, ": `train:` must be a section");
-    static const std::set<std::string> known = {
-        "backend", "lr", "min_lr_ratio", "schedule", "warmup_steps", "weight_decay", "beta1", "beta2", "eps",
-        "max_grad_norm", "global_batch_tokens", "epochs", "max_steps", "eval_fraction", "eval_every", "save_every",
-        "log_every", "seed", "save_dtype", "resume", "cuda_graph", "deterministic", "activation_checkpointing"};
-    for (const auto& kv : t) {
-      const std::string k = kv.first.as<std::string>();
-      QT_CHECK(known.count(k), path, ":", kv.first.Mark().line + 1, ": unknown key train.", k);
-    }
-  }
-  c.backend = yaml_get<std::string>(t, "train", "backend", c.backend, path);
-  c.adamw.lr = yaml_get<double>(t, "train", "lr", 1e-4, path);
-  c.schedule.min_lr_ratio = yaml_get<double>(t, "train", "min_lr_ratio", 0.0, path);
-  c.schedule_name = yaml_get<std::string>(t, "train", "schedule", "cosine", path);
-  c.schedule.kind = lr_schedule_from_name(c.schedule_name);
-  c.schedule.warmup_steps = yaml_get<int64_t>(t, "train", "warmup_steps", 0, path);
-  c.adamw.weight_decay = yaml_get<double>(t, "train", "weight_decay", 0.0, path);
-  c.adamw.beta1 = yaml_get<double>(t, "train", "beta1", 0.9, path);
-  c.adamw.beta2 = yaml_get<double>(t, "train", "beta2", 0.999, path);
-  c.adamw.eps = yaml_get<double>(t, "train", "eps", 1e-8, path);
-  c.max_grad_norm = yaml_get<double>(t, "train", "max_grad_norm", 1.0, path);
-  c.global_batch_tokens = yaml_get<int64_t>(t, "train", "global_batch_tokens", 0, path);
-  c.epochs = yaml_get<int64_t>(t, "train", "epochs", 1, path);
-  c.max_steps = yaml_get<int64_t>(t, "train", "max_steps", 0, path);
-  c.eval_fraction = yaml_get<double>(t, "train", "eval_fraction", 0.0, path);
-  c.eval_every = yaml_get<int64_t>(t, "train", "eval_every", 0, path);
-  c.save_every = yaml_get<int64_t>(t, "train", "save_every", 0, path);
-  c.log_every = yaml_get<int64_t>(t, "train", "log_every", 1, path);
-  c.seed = yaml_get<uint64_t>(t, "train", "seed", 0, path);
-  c.save_dtype = yaml_get<std::string>(t, "train", "save_dtype", "auto", path);
-  c.resume = yaml_get<std::string>(t, "train", "resume", "", path);
-  c.cuda_graph = yaml_get<bool>(t, "train", "cuda_graph", true, path);
-  c.deterministic = yaml_get<bool>(t, "train", "deterministic", true, path);
-  c.activation_checkpointing = yaml_get<std::string>(t, "train", "activation_checkpointing", "auto", path);
-  QT_CHECK(c.activation_checkpointing == "auto" || checkpointing_from_name(c.activation_checkpointing), path,
-           ": train.activation_checkpointing '", c.activation_checkpointing, "' is not auto, none, selective or full");
-  if (!c.resume.empty() && c.resume != "auto") c.resume = rel(c.resume);
-  QT_CHECK(c.adamw.lr > 0, path, ": train.lr must be positive");
-  QT_CHECK(c.epochs > 0, path, ": train.epochs must be positive");
-  QT_CHECK(c.eval_fraction >= 0 && c.eval_fraction < 1, path, ": train.eval_fraction must be in [0, 1)");
-  QT_CHECK(c.eval_fraction == 0 || c.data.eval_data.empty(), path,
-           ": train.eval_fraction and data.eval_path / data.eval_split both choose an eval set; use one");
-  QT_CHECK(c.schedule.min_lr_ratio >= 0 && c.schedule.min_lr_ratio <= 1, path, ": train.min_lr_ratio must be in [0, 1]");
-  QT_CHECK(c.save_dtype == "auto" || dtype_from_user_name(c.save_dtype), path, ": train.save_dtype '", c.save_dtype,
-           "' is not auto, bf16, f16 or f32");
-  if (c.backend == "auto") c.backend = default_backend_name();
-  QT_CHECK(c.backend == "cpu" || c.backend == "cuda", path, ": train.backend '", c.backend,
-           "' is not auto, cpu or cuda");
-  return c;
+RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, const ModelConfig& mc) {
+  RunFingerprint f;
+  f.tokens_per_batch = cfg.data.pack.tokens_per_batch;
+  f.global_batch_tokens = cfg.global_batch_tokens;
+  f.thinking = thinking_mode_name(cfg.data.opts.chat.thinking);
+  f.train_on = train_on_name(cfg.data.opts.chat.train_on);
+  f.overflow = overflow_name(cfg.data.pack.overflow);
+  f.schema = data_schema_name(cfg.data.opts.read.schema);
+  f.pack_seed = cfg.data.pack.seed;
+  f.shuffle_window = cfg.data.pack.shuffle_window;
+  for (const auto& p : cfg.data.data) f.data_files.push_back(hub_looks_like_id(p) ? p : fs::absolute(p).lexically_normal().string());
+  f.data_key = tr.key;
+  f.tokenizer_hash = file_hash_hex(resolve_tokenizer(cfg.data.tokenizer));
+  f.model_config = mc.raw;
+  return f;
 }
 
+}  // namespace
+
 TrainSummary train_run(const TrainConfig& cfg) {
-  using clock = std::chrono::steady_clock;
+  const auto t_start = clock_type::now();
+  // One run per output directory; what an interrupted save left is finished or undone first.
+  RunLock lock(cfg.output_dir);
+  for (const std::string& line : hf_recover_interrupted_saves(cfg.output_dir)) log_warn("output_dir: ", line);
+  std::string resume_dir = cfg.resume;
+  if (resume_dir == "auto") {
+    resume_dir = checkpoint_find_latest(cfg.output_dir);
+    if (resume_dir.empty()) log_info("resume: auto found no complete checkpoint in ", cfg.output_dir, "; starting fresh");
+  }
+  if (resume_dir.empty()) {
+    std::vector<std::string> earlier;
+    for (const std::string& n : run_dir_outputs(cfg.output_dir))
+      if (n != "config.yaml") earlier.push_back(n);
+    if (!earlier.empty() && cfg.overwrite) {
+      log_warn(cfg.output_dir, ": --overwrite: removing the earlier run's outputs");
+      run_dir_clear(cfg.output_dir);
+    } else if (!earlier.empty()) {
+      std::string list;
+      for (size_t i = 0; i < earlier.size() && i < 6; ++i) list += (i ? ", " : "") + earlier[i];
+      QT_FAIL(cfg.output_dir, ": holds an earlier run (", list, earlier.size() > 6 ? ", ..." : "",
+              ") and this run would start fresh; resume it (--set train.resume=auto), pass --overwrite to replace it, "
+              "or choose another output_dir");
+    }
+  } else {
+    QT_CHECK(fs::is_directory(resume_dir), resume_dir, ": checkpoint to resume from does not exist");
+  }
+  write_text_file((fs::path(cfg.output_dir) / "config.yaml").string(), cfg.resolved_yaml);
+
   Run run(cfg);
   const ModelConfig& mc = run.src.config;
   const Tokenizer tok = Tokenizer::load(resolve_tokenizer(cfg.data.tokenizer));
   QT_CHECK(tok.vocab_size() <= mc.vocab_size, cfg.data.tokenizer, ": tokenizer has ", tok.vocab_size(),
            " tokens but the model's vocab_size is ", mc.vocab_size);
+  if (cfg.data.opts.read.schema != DataSchema::Tokenized) check_chat_tokenizer(tok);
   TokenizeResult tr = tokenize_data_job(cfg.data, tok);
-  TokenizedDataset train, eval;
-  const int64_t samples_read = tr.data.num_samples();
-  if (cfg.data.eval_data.empty()) {
-    split_dataset(tr.data, cfg.eval_fraction, cfg.seed, train, eval);
-  } else {  // data.eval_path / eval_split: a held-out set, never trained on
-    train = std::move(tr.data);
-    eval = tokenize_eval_set(cfg.data, tok);
-  }
-  QT_CHECK(train.num_samples() > 0, "no training samples left (", samples_read, " read, eval_fraction ",
+  TokenizedDataset split_train, eval;
+  if (cfg.data.eval_data.empty()) split_dataset(tr.data, cfg.eval_fraction, cfg.seed, split_train, eval);
+  else eval = tokenize_eval_set(cfg.data, tok);  // data.eval_path / eval_split: held out, never trained on
+  const TokenizedDataset& train = cfg.data.eval_data.empty() ? split_train : tr.data;
+  QT_CHECK(train.num_samples() > 0, "no training samples left (", tr.data.num_samples(), " read, eval_fraction ",
            cfg.eval_fraction, ")");
   PackOptions pack = cfg.data.pack;
   pack.mode = PackMode::Packed;
   if (const auto pad = tok.token_to_id("<|endoftext|>")) pack.pad_id = *pad;
 
-  int64_t total_batches = 0;
-  int max_row_samples = 1;  // samples in the fullest row, for the static shape of the CUDA graph
-  for (int64_t e = 0; e < cfg.epochs; ++e) {
-    const PackPlan plan = pack_plan(train, pack, e);
-    total_batches += static_cast<int64_t>(plan.bins.size());
-    for (const PackedBin& bin : plan.bins) max_row_samples = std::max(max_row_samples, static_cast<int>(bin.items.size()));
-  }
   const int64_t accum = cfg.global_batch_tokens > 0
                             ? std::max<int64_t>(1, (cfg.global_batch_tokens + pack.tokens_per_batch - 1) / pack.tokens_per_batch)
                             : 1;
+  // Plan only the epochs the run reaches: with max_steps, planning stops once it has the batches.
+  const int64_t wanted_batches =
+      cfg.max_steps > 0 ? cfg.max_steps * accum : std::numeric_limits<int64_t>::max();
+  int64_t total_batches = 0, planned_epochs = 0;
+  int max_row_samples = 1;  // samples in the fullest row, for the static shape of the CUDA graph
+  PackStats first_epoch;
+  for (int64_t e = 0; e < cfg.epochs && total_batches < wanted_batches; ++e, ++planned_epochs) {
+    const PackPlan plan = pack_plan(train, pack, e);
+    if (e == 0) first_epoch = plan.stats;
+    total_batches += static_cast<int64_t>(plan.bins.size());
+    for (const PackedBin& bin : plan.bins) max_row_samples = std::max(max_row_samples, static_cast<int>(bin.items.size()));
+    if (plan.bins.empty()) break;
+  }
+  const int64_t untrained = untrained_samples(tr.data);
+  log_info("data: ", data_report(tr, first_epoch, untrained, pack));
+  QT_CHECK(first_epoch.trained_targets > 0, "nothing to train on: ", data_report(tr, first_epoch, untrained, pack),
+           ". Every trained token vanished: check the labels (all -100?), data.train_on, and whether the assistant turns "
+           "fit in data.tokens_per_batch (or use data.overflow: split)");
   int64_t total_steps = (total_batches + accum - 1) / accum;
   if (cfg.max_steps > 0) total_steps = std::min(total_steps, cfg.max_steps);
   LrScheduleConfig sched = cfg.schedule;
   sched.total_steps = total_steps;
+  if (cfg.eval_every > 0 && eval.num_samples() == 0)
+    log_warn("train.eval_every is ", cfg.eval_every, " but there is no eval split (train.eval_fraction is ",
+             cfg.eval_fraction, "): no eval will run");
 
   run.backend->set_deterministic(cfg.deterministic);
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
@@ -253,58 +249,45 @@ TrainSummary train_run(const TrainConfig& cfg) {
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
   log_info("step: ", stepper.mode(), ", ", accum, " row(s) per step");
-  const auto& table = run.model->specs();
-  // Resume: optimizer state, step and loader position from a checkpoint.
+
+  // Resume: the checkpoint must come from this same run (fingerprint), then its optimizer state,
+  // step and loader position; the step records after it are dropped (they are run again).
+  const nlohmann::json fingerprint = fingerprint_of(cfg, tr, mc).to_json();
   int64_t start_step = 1;
   LoaderPosition start_pos;
-  std::string resume_dir = cfg.resume;
-  if (resume_dir == "auto") {
-    resume_dir.clear();
-    int64_t best = -1;
-    if (fs::is_directory(cfg.output_dir))
-      for (const auto& de : fs::directory_iterator(cfg.output_dir)) {
-        const std::string n = de.path().filename().string();
-        if (n.rfind("checkpoint-", 0) == 0 && fs::exists(de.path() / "trainer_state.json")) {
-          const int64_t k = std::atoll(n.c_str() + 11);
-          if (k > best) { best = k; resume_dir = de.path().string(); }
-        }
-      }
-    if (resume_dir.empty()) log_info("resume: auto found no checkpoint in ", cfg.output_dir, "; starting fresh");
-  }
+  run.state.source_model = fs::absolute(run.src.dir).lexically_normal().string();  // a hub id's snapshot
+  run.state.fingerprint = fingerprint;
+  const std::string metrics_path = (fs::path(cfg.output_dir) / "metrics.jsonl").string();
+  std::vector<nlohmann::json> records;
   if (!resume_dir.empty()) {
-    const std::string state_path = (fs::path(resume_dir) / "trainer_state.json").string();
-    nlohmann::json st;
-    try {
-      st = nlohmann::json::parse(read_text_file(state_path));
-    } catch (const nlohmann::json::exception& e) {
-      QT_FAIL(state_path, ": malformed JSON: ", e.what());
+    const TrainerState st = checkpoint_read_state(resume_dir);
+    const std::vector<std::string> diffs = fingerprint_differences(st.fingerprint, fingerprint);
+    if (!diffs.empty()) {
+      std::string list;
+      for (const auto& d : diffs) list += "\n  " + d;
+      QT_FAIL(resume_dir, ": cannot resume: this run differs from the one that wrote the checkpoint:", list,
+              "\n(start a new run in another output_dir, or restore the old settings)");
     }
-    QT_CHECK(st.contains("step") && st.contains("epoch") && st.contains("batch"), state_path,
-             ": needs step, epoch and batch");
-    auto opt = SafetensorsFile::open((fs::path(resume_dir) / "optimizer.safetensors").string());
-    for (size_t i = 0; i < table.size(); ++i) {
-      std::vector<float> st_master(static_cast<size_t>(shape_numel(table[i].shape))), st_m(st_master.size()),
-          st_v(st_master.size());
-      for (auto& [prefix, vec] : {std::pair<const char*, std::vector<float>*>{"master.", &st_master},
-                                  {"m.", &st_m}, {"v.", &st_v}}) {
-        const SafetensorsEntry* e = opt->find(prefix + table[i].name);
-        QT_CHECK(e != nullptr, opt->path(), ": missing optimizer tensor '", prefix, table[i].name, "'");
-        QT_CHECK(e->dtype == DType::F32 && e->shape == table[i].shape, opt->path(), ": optimizer tensor '", prefix,
-                 table[i].name, "' is ", dtype_name(e->dtype), shape_str(e->shape), ", expected F32",
-                 shape_str(table[i].shape));
-        std::memcpy(vec->data(), e->data, e->nbytes);
-      }
-      run.optimizer->set_state(i, st_master, st_m, st_v);
-    }
-    start_step = st["step"].get<int64_t>() + 1;
-    start_pos = {st["epoch"].get<int64_t>(), st["batch"].get<int64_t>()};
+    checkpoint_load_optimizer(resume_dir, run.model->specs(), *run.optimizer);
+    start_step = st.step + 1;
+    start_pos = st.position;
+    run.state.best_eval_loss = st.best_eval_loss;
+    run.state.best_step = st.best_step;
+    records = metrics_truncate(metrics_path, start_step);
     log_info("resume: ", resume_dir, " at step ", start_step, " (epoch ", start_pos.epoch, ", batch ", start_pos.batch, ")");
+  } else {
+    std::error_code ec;
+    fs::remove(metrics_path, ec);
   }
-  fs::create_directories(cfg.output_dir);
-  std::ofstream metrics((fs::path(cfg.output_dir) / "metrics.jsonl").string(), std::ios::app);
-  QT_CHECK(metrics.good(), cfg.output_dir, "/metrics.jsonl: cannot open for writing");
+  const std::string tb_dir = (fs::path(cfg.output_dir) / "tb").string();
+  tensorboard_remove_event_files(tb_dir);  // a resume writes the kept history again, each step once
+  TensorBoardWriter tb(tb_dir);
+  for (const auto& r : records) tb_record(tb, r);
+  tb.flush();
+  std::ofstream metrics(metrics_path, std::ios::app);
+  QT_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
   log_info("train: ", train.num_samples(), " samples (", train.num_tokens(), " tokens), eval ", eval.num_samples(),
-           " samples; ", total_batches, " packed rows of ", pack.tokens_per_batch, " tokens over ", cfg.epochs,
+           " samples; ", total_batches, " packed rows of ", pack.tokens_per_batch, " tokens over ", planned_epochs,
            " epoch(s); ", accum, " row(s) per step; ", total_steps, " steps", tr.cache_hit ? " (token cache hit)" : "");
 
   auto prev_int = std::signal(SIGINT, on_stop_signal);
@@ -315,16 +298,63 @@ TrainSummary train_run(const TrainConfig& cfg) {
   } restore{prev_int, prev_term};
   g_stop_signal.store(0);
 
-  Loader loader(train, pack, start_pos, cfg.epochs, 4);
+  Loader loader(train, pack, start_pos, planned_epochs, 4);
   TrainSummary summary;
-  TensorBoardWriter tb((fs::path(cfg.output_dir) / "tb").string());
   const bool on_gpu = std::string(run.backend->name()) == "cuda";
   const int64_t nparams = param_count(mc);
-  const auto t0 = clock::now();
-  int64_t tokens_done = 0;
+  double train_s = 0, eval_s = 0, save_s = 0, mfu = 0;
+  int64_t tokens_done = 0, last_eval_step = -1;
+  auto summary_json = [&](const char* status) {
+    nlohmann::ordered_json j = {{"status", status},
+                                {"steps", summary.steps},
+                                {"total_steps", total_steps},
+                                {"first_loss", summary.first_loss},
+                                {"last_loss", summary.last_loss}};
+    if (summary.eval_loss >= 0) j["eval_loss"] = summary.eval_loss;
+    if (run.state.best_eval_loss >= 0) j["best_eval_loss"] = run.state.best_eval_loss;
+    j["tokens_per_s"] = summary.tokens_per_second;
+    if (on_gpu) j["mfu"] = mfu;
+    j["wall_time_s"] = seconds_since(t_start);
+    j["train_time_s"] = train_s;
+    j["eval_time_s"] = eval_s;
+    j["save_time_s"] = save_s;
+    if (on_gpu) j["peak_device_memory_gib"] = stepper.device_memory_gib();
+    j["peak_host_memory_gib"] = double(peak_rss_bytes()) / double(1 << 30);
+    j["final_dir"] = summary.final_dir;
+    j["source_model"] = run.state.source_model;
+    if (summary.stop_signal) j["stop_signal"] = summary.stop_signal;
+    return j;
+  };
+  auto save_checkpoint = [&](const std::string& name, const char* status) {
+    const auto t = clock_type::now();
+    const std::string dir = run.save(name);
+    for (const std::string& gone : checkpoint_prune(cfg.output_dir, cfg.save_total_limit, dir))
+      log_info("save_total_limit ", cfg.save_total_limit, ": removed ", gone);
+    write_run_summary(cfg.output_dir, summary_json(status));
+    write_run_report(cfg.output_dir, records, summary_json(status));
+    save_s += seconds_since(t);
+    return dir;
+  };
+  auto evaluate = [&](int64_t step) {
+    const auto t = clock_type::now();
+    summary.eval_loss = run.eval_loss(eval, pack);
+    last_eval_step = step;
+    if (cfg.save_best && (run.state.best_eval_loss < 0 || summary.eval_loss < run.state.best_eval_loss)) {
+      run.state.best_eval_loss = summary.eval_loss;
+      run.state.best_step = step;
+      eval_s += seconds_since(t);
+      const auto ts = clock_type::now();
+      log_info("best eval loss ", summary.eval_loss, " at step ", step, ": saved ", run.save("best", false));
+      save_s += seconds_since(ts);
+      return;
+    }
+    eval_s += seconds_since(t);
+  };
+
   profile::StepWindow profile_window(run.profiled.get(), cfg.profile_first, cfg.profile_last,
                                      (fs::path(cfg.output_dir) / "profile_trace.json").string());
   for (int64_t step = start_step; step <= total_steps; ++step) {
+    const auto t_step = clock_type::now();
     std::vector<Batch> batches;
     for (int64_t a = 0; a < accum; ++a) {
       auto b = loader.next();
@@ -351,32 +381,35 @@ TrainSummary train_run(const TrainConfig& cfg) {
     const double norm = sr.grad_norm;
     profile_window.end(step);
     tokens_done += tokens;
-    const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
-    const double tps = double(tokens_done) / std::max(elapsed, 1e-9);
-    const double eta = elapsed / double(step - start_step + 1) * double(total_steps - step);
+    train_s += seconds_since(t_step);
+    // Throughput and ETA count training time only; eval and save time are reported beside.
+    const double tps = double(tokens_done) / std::max(train_s, 1e-9);
+    const double eta = train_s / double(step - start_step + 1) * double(total_steps - step);
     if (step == start_step) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = step;
+    summary.tokens_per_second = tps;
+    run.state.step = step;
+    run.state.position = loader.position();
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                                   {"tokens", tokens}, {"trained_tokens", trained}, {"tok_s", tps},
-                                  {"elapsed_s", elapsed}, {"host_ms", sr.host_ms}};
+                                  {"elapsed_s", seconds_since(t_start)}, {"train_s", train_s},
+                                  {"eval_s", eval_s}, {"save_s", save_s}, {"host_ms", sr.host_ms}};
     if (on_gpu) {
       rec["graph"] = sr.replayed;
       if (sr.replayed) rec["kernels_per_step"] = stepper.graph_kernels();
     }
     const bool do_eval = eval.num_samples() > 0 && cfg.eval_every > 0 && step % cfg.eval_every == 0;
-    if (do_eval) rec["eval_loss"] = summary.eval_loss = run.eval_loss(eval, pack);
-    // MFU against the H200's measured bf16 matmul rate, on the GPU only (6 x params x tokens/s).
-    const double mfu = on_gpu ? 6.0 * double(nparams) * tps / 790e12 : 0.0;
+    if (do_eval) {
+      evaluate(step);
+      rec["eval_loss"] = summary.eval_loss;
+    }
+    mfu = on_gpu ? dense_mfu(nparams, tps) : 0.0;
     if (on_gpu) rec["mfu"] = mfu;
     metrics << rec.dump() << "\n";
     metrics.flush();
-    tb.scalar("train/loss", loss, step);
-    tb.scalar("train/lr", lr, step);
-    tb.scalar("train/grad_norm", norm, step);
-    tb.scalar("perf/tokens_per_s", tps, step);
-    if (on_gpu) tb.scalar("perf/mfu", mfu, step);
-    if (do_eval) tb.scalar("eval/loss", summary.eval_loss, step);
+    records.push_back(nlohmann::json::parse(rec.dump()));
+    tb_record(tb, records.back());
     tb.flush();
     if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
       char gpu[96] = "";
@@ -386,25 +419,33 @@ TrainSummary train_run(const TrainConfig& cfg) {
                   do_eval ? (" | eval " + std::to_string(summary.eval_loss)).c_str() : "");
       std::fflush(stdout);
     }
-    if (cfg.save_every > 0 && step % cfg.save_every == 0 && step < total_steps)
-      log_info("saved ", run.save("checkpoint-" + std::to_string(step), step, loader.position()));
     if (int sig = g_stop_signal.load()) {
-      const std::string dir = run.save("checkpoint-" + std::to_string(step), step, loader.position());
-      log_warn("signal ", sig, ": saved ", dir, " and stopped at step ", step);
-      summary.final_dir = dir;
+      summary.stop_signal = sig;
+      summary.final_dir = save_checkpoint("checkpoint-" + std::to_string(step), "stopped");
+      log_warn("signal ", sig, " (", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "?", "): saved ",
+               summary.final_dir, " and stopped at step ", step, "; resume with --set train.resume=auto");
       return summary;
     }
+    if (cfg.save_every > 0 && step % cfg.save_every == 0 && step < total_steps)
+      log_info("saved ", save_checkpoint("checkpoint-" + std::to_string(step), "running"));
   }
   profile_window.finish();
-  summary.tokens_per_second = double(tokens_done) / std::max(std::chrono::duration<double>(clock::now() - t0).count(), 1e-9);
-  if (eval.num_samples() > 0) {
-    summary.eval_loss = run.eval_loss(eval, pack);
-    metrics << nlohmann::ordered_json({{"step", summary.steps}, {"eval_loss", summary.eval_loss}}).dump() << "\n";
-    std::printf("eval loss %.4f\n", summary.eval_loss);
+  if (eval.num_samples() > 0 && last_eval_step != summary.steps) {
+    evaluate(summary.steps);
+    const nlohmann::ordered_json rec = {{"step", summary.steps}, {"eval_loss", summary.eval_loss}};
+    metrics << rec.dump() << "\n";
+    metrics.flush();
+    records.push_back(nlohmann::json::parse(rec.dump()));
+    tb_record(tb, records.back());
+    tb.flush();
   }
-  summary.final_dir = run.save("final", summary.steps, loader.position());
-  std::printf("saved %s (%lld steps, loss %.4f -> %.4f, %.0f tok/s)\n", summary.final_dir.c_str(),
-              (long long)summary.steps, summary.first_loss, summary.last_loss, summary.tokens_per_second);
+  if (summary.eval_loss >= 0) std::printf("eval loss %.4f\n", summary.eval_loss);
+  summary.final_dir = (fs::path(cfg.output_dir) / "final").string();
+  save_checkpoint("final", "finished");
+  std::printf("saved %s (%lld steps, loss %.4f -> %.4f, %.0f tok/s; train %s, eval %s, save %s)\n",
+              summary.final_dir.c_str(), (long long)summary.steps, summary.first_loss, summary.last_loss,
+              summary.tokens_per_second, format_duration(train_s).c_str(), format_duration(eval_s).c_str(),
+              format_duration(save_s).c_str());
   return summary;
 }
 

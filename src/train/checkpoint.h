@@ -1,0 +1,83 @@
+// Training checkpoints: an HF model directory (weights from the fp32 master) plus
+// optimizer.safetensors (master, m, v), trainer_state.json (step, loader position, the run's
+// fingerprint, the source model as an absolute path) and .qwentune-complete, written last. Only
+// `checkpoint-<digits>` directories holding that marker count as checkpoints: a save killed
+// half-way is never resumed from. The fingerprint records what a resume must not change (rows,
+// data, tokenizer, template, model); a resume that changes one is an error naming it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/loader.h"
+#include "io/hf_checkpoint.h"
+#include "model/params.h"
+
+namespace qt {
+
+class ModelOptimizer;
+
+inline constexpr const char* kCheckpointMarker = ".qwentune-complete";
+
+// What a resumed run must share with the run that wrote the checkpoint.
+struct RunFingerprint {
+  int64_t tokens_per_batch = 0;
+  int64_t global_batch_tokens = 0;
+  std::string thinking, train_on, overflow, schema;
+  uint64_t pack_seed = 0;
+  int64_t shuffle_window = 0;
+  std::vector<std::string> data_files;  // as resolved, absolute
+  std::string data_key;                 // content hash of data + tokenizer + template (token cache key)
+  std::string tokenizer_hash;           // of tokenizer.json's bytes
+  nlohmann::json model_config;          // the source model's config.json
+
+  nlohmann::json to_json() const;
+};
+// Every difference between a checkpoint's fingerprint and the current run's, one line each
+// ("data.tokens_per_batch: 256 in the checkpoint, 512 now"); empty when they agree.
+std::vector<std::string> fingerprint_differences(const nlohmann::json& saved, const nlohmann::json& now);
+// 64-bit FNV-1a of a file's bytes as 16 hex digits.
+std::string file_hash_hex(const std::string& path);
+
+struct TrainerState {
+  int64_t step = 0;
+  LoaderPosition position;
+  std::string source_model;   // absolute path of the model the run started from
+  nlohmann::json fingerprint;
+  double best_eval_loss = -1;  // < 0: none yet
+  int64_t best_step = 0;
+};
+
+struct CheckpointWrite {
+  std::string dir;
+  const HfModelDir* source = nullptr;         // config, dtypes, passthrough tensors, side files
+  const std::vector<ParamSpec>* table = nullptr;
+  ModelOptimizer* optimizer = nullptr;
+  std::string save_dtype = "auto";            // auto | bf16 | f16 | f32
+  bool with_optimizer = true;
+  TrainerState state;
+};
+
+// Bytes a checkpoint takes on disk (weights in their save dtypes, optimizer state, passthrough).
+uint64_t checkpoint_bytes(const CheckpointWrite& w);
+// Writes it atomically after checking the disk has room (an error names the directory, the bytes
+// needed and the bytes free). Returns the directory.
+std::string checkpoint_save(const CheckpointWrite& w);
+
+bool checkpoint_is_complete(const std::string& dir);
+// Step number of a `checkpoint-<digits>` name, or -1.
+int64_t checkpoint_step_of(const std::string& name);
+// The newest complete checkpoint-N under output_dir, or "" when there is none.
+std::string checkpoint_find_latest(const std::string& output_dir);
+// Complete checkpoint-N directories under output_dir, oldest first.
+std::vector<std::string> checkpoint_list(const std::string& output_dir);
+// Removes the oldest complete checkpoint-N beyond the newest `keep` (never `protect`); returns them.
+std::vector<std::string> checkpoint_prune(const std::string& output_dir, int64_t keep, const std::string& protect);
+
+TrainerState checkpoint_read_state(const std::string& dir);
+// Restores master, m, v of every parameter of `table` from dir/optimizer.safetensors.
+void checkpoint_load_optimizer(const std::string& dir, const std::vector<ParamSpec>& table, ModelOptimizer& opt);
+
+}  // namespace qt
