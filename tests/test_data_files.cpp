@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +28,7 @@ namespace qt {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ScopedEnv;
 using testing::ScratchDir;
 
 void write_file(const std::string& path, const std::string& text) {
@@ -36,30 +36,6 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
 }
-
-// Sets (or unsets) an environment variable for the scope and restores the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // An ultrachat conversation whose texts carry `tag`, so a test can tell which file a sample came from.
 nlohmann::json chat_row(const std::string& tag, int i) {

@@ -2,9 +2,7 @@
 // fails CI instead of a user's run. Parsing needs no hub cache: ids resolve where they are used.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +17,7 @@ namespace fs = std::filesystem;
 
 TEST(Recipes, UltrachatRecipesLoad) {
   testing::ScratchDir empty("recipes-no-cache");
-  const char* old = std::getenv("HF_HUB_CACHE");
-  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
-  ::setenv("HF_HUB_CACHE", empty.path().c_str(), 1);
+  testing::ScopedEnv hub("HF_HUB_CACHE", empty.path());
   std::vector<std::string> recipes;
   for (const auto& e : fs::directory_iterator(std::string(QT_EXAMPLES_DIR) + "/ultrachat_200k"))
     if (e.path().extension() == ".yaml") recipes.push_back(e.path().string());
@@ -39,11 +35,6 @@ TEST(Recipes, UltrachatRecipesLoad) {
     } catch (const Error& e) {
       ADD_FAILURE() << e.what();
     }
-  }
-  if (saved) {
-    ::setenv("HF_HUB_CACHE", saved->c_str(), 1);
-  } else {
-    ::unsetenv("HF_HUB_CACHE");
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -20,6 +21,19 @@ class ScratchDir {
 
  private:
   std::string path_;
+};
+
+// Sets (or, with nullopt, unsets) an environment variable for the scope; restores the old value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::optional<std::string>& value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
 };
 
 // Runs fn and returns the qt::Error message it throws; fails the test if it does not throw.

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 #include "config/config_schema.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sysinfo.h"
 #include "data/data_job.h"
 #include "data/packer.h"
 #include "data/token_cache.h"
@@ -44,15 +44,6 @@ nlohmann::ordered_json length_histogram(const TokenizedDataset& d) {
     h.push_back({{"min", lo}, {"max", hi}, {"count", counts[b]}});
   }
   return h;
-}
-
-// Peak resident set size of this process (VmHWM of /proc/self/status) in bytes; -1 when unknown.
-int64_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.compare(0, 6, "VmHWM:") == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  123 kB"
-  return -1;
 }
 
 nlohmann::ordered_json run_job(const DataJob& job) {
