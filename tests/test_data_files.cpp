@@ -115,6 +115,7 @@ TEST(HubCache, IdShape) {
   EXPECT_FALSE(hub_looks_like_id("model"));
   EXPECT_FALSE(hub_looks_like_id("a/"));
   EXPECT_FALSE(hub_looks_like_id("a/b@"));
+  EXPECT_FALSE(hub_looks_like_id("data/train.jsonl"));  // a missing data file, not a repository
   ScratchDir dir("hub-shape");
   write_file(dir.file("a/b"), "x");
   const fs::path cwd = fs::current_path();
@@ -327,7 +328,10 @@ TEST(DataJob, HubIdsAreKeptUntilUsed) {
   write_file(dir.file("d.yaml"), "model: m\ndata:\n  path: [local/x.jsonl, 'local/*.jsonl']\n  eval_path: e/f.jsonl\n");
   const DataJob j = data_job_from_yaml(yaml_load_file(dir.file("d.yaml")), dir.file("d.yaml"));
   EXPECT_EQ(j.data, (std::vector<std::string>{dir.file("local/x.jsonl"), dir.file("local/*.jsonl")}));
-  EXPECT_EQ(j.eval_data, (std::vector<std::string>{"e/f.jsonl"}));  // one slash, not there: could be an id
+  EXPECT_EQ(j.eval_data, (std::vector<std::string>{dir.file("e/f.jsonl")}));  // a missing file stays config-relative
+  write_file(dir.file("g.yaml"), "model: m\ndata:\n  path: owner/set\n");
+  EXPECT_EQ(data_job_from_yaml(yaml_load_file(dir.file("g.yaml")), dir.file("g.yaml")).data,
+            (std::vector<std::string>{"owner/set"}));  // not there, shaped as an id: kept for the hub cache
   write_file(dir.file("e.yaml"), "model: m\ndata:\n  path: a.jsonl\n  eval_split: x\n  split: x\n");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(dir.file("e.yaml"), {}); }, "is the training set");
   write_file(dir.file("f.yaml"), "model: m\ndata:\n  path: a.jsonl\n  eval_path: b.jsonl\ntrain:\n  eval_fraction: 0.1\n");

@@ -64,6 +64,11 @@ bool hub_looks_like_id(const std::string& s) {
   if (slash == std::string::npos || slash == 0 || slash + 1 == repo.size()) return false;
   if (repo.find('/', slash + 1) != std::string::npos) return false;
   if (s.find('@') != std::string::npos && s.find('@') + 1 == s.size()) return false;  // "owner/name@" has no revision
+  // A data file's name (data/train.jsonl) is a path that is missing, not a repository.
+  for (const char* ext : {".jsonl", ".json", ".parquet"}) {
+    const std::string e(ext);
+    if (repo.size() > e.size() && repo.compare(repo.size() - e.size(), e.size(), e) == 0) return false;
+  }
   return std::none_of(repo.begin(), repo.end(), [](char c) { return c == ' ' || c == '\\' || c == '*' || c == '?'; });
 }
 

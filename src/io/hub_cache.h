@@ -8,7 +8,8 @@
 //     datasets--HuggingFaceH4--ultrachat_200k/...    data sets likewise
 // REV is a branch or tag (a file under refs/) or a snapshot hash (or a unique prefix of one);
 // without it, refs/main. A string is an id only when it is not an existing path and looks like
-// owner/name: exactly one '/', not starting with '/', '.' or '~'.
+// owner/name: exactly one '/', not starting with '/', '.' or '~', not ending in .jsonl, .json or
+// .parquet (a data file's name).
 #pragma once
 #include <string>
 
