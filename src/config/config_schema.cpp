@@ -34,6 +34,7 @@ ConfigKey num(const char* s, const char* n, T t, const char* def, double lo, dou
 std::string type_name(const ConfigKey& k) {
   switch (k.type) {
     case T::Str: return k.choices ? std::string(k.choices) : "a string";
+    case T::StrList: return k.choices ? "a list of " + std::string(k.choices) : "a list of strings";
     case T::Path: return "a path";
     case T::PathList: return "a path or a list of paths";
     case T::Bool: return "true or false";
@@ -82,12 +83,28 @@ void check_value(const ConfigKey& k, const YAML::Node& v, const ConfigSource& sr
     QT_FAIL(src.where(dotted, v), ": ", dotted, " ", what);
   };
   if (v.IsNull()) return;  // `key:` with no value = the default
+  if (k.only_default && k.def) {
+    const YAML::Node d = YAML::Load(k.def);
+    const bool same = (v.IsSequence() && d.IsSequence() && v.size() == d.size() && v.size() == 0) ||
+                      (v.IsScalar() && d.IsScalar() &&
+                       (v.Scalar() == d.Scalar() || (k.type == T::Float && v.as<double>(1) == d.as<double>(0))));
+    if (!same) fail(std::string("is not supported yet (only ") + k.def + "): " + k.only_default);
+  }
   switch (k.type) {
     case T::Str:
     case T::Path: {
       if (!v.IsScalar()) fail("must be " + type_name(k));
       if (k.type == T::Path && v.Scalar().empty()) fail("must not be empty");
       if (k.choices && !in_choices(k.choices, v.Scalar())) fail("is '" + v.Scalar() + "', expected one of " + k.choices);
+      return;
+    }
+    case T::StrList: {
+      if (!v.IsSequence()) fail("must be " + type_name(k) + ", e.g. [a, b]");
+      for (const auto& e : v) {
+        if (!e.IsScalar() || e.Scalar().empty()) fail("entries must be non-empty strings");
+        if (k.choices && !in_choices(k.choices, e.Scalar()))
+          fail("has '" + e.Scalar() + "', expected entries among " + k.choices);
+      }
       return;
     }
     case T::PathList: {
@@ -189,6 +206,26 @@ const std::vector<ConfigKey>& config_keys() {
       flag("train", "cuda_graph", "true", "CUDA: capture the step once and replay it"),
       flag("train", "deterministic", "true", "CUDA: bitwise reproducible steps"),
       str("train", "activation_checkpointing", "auto", "auto = from free device memory", "auto|none|selective|full"),
+      str("train", "method", "full", "full fine-tuning, or LoRA adapters on a frozen base (the lora: section)", "full|lora"),
+      // lora: PEFT's LoRA (model/lora.h), used when train.method is lora
+      num("lora", "r", T::Int, "16", 1, 4096, "adapter rank"),
+      num("lora", "alpha", T::Float, "32", 0, 1e6, "scale = alpha / r (rslora: alpha / sqrt(r))", true),
+      [] {
+        ConfigKey k = num("lora", "dropout", T::Float, "0.0", 0, 1, "dropout on the adapter input; only 0 for now", false, true);
+        k.only_default = "the fused adapter path has no dropout yet";
+        return k;
+      }(),
+      flag("lora", "rslora", "false", "rank-stabilized scale alpha / sqrt(r)"),
+      ConfigKey{"lora", "targets", T::StrList,
+                "[q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj, gate_proj, up_proj, down_proj]",
+                "projections that get adapters, by checkpoint name", 0, 0, false, false,
+                "q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|in_proj_a|in_proj_b|out_proj|gate_proj|up_proj|down_proj"},
+      [] {
+        ConfigKey k{"lora", "modules_to_save", T::StrList, "[]", "modules trained fully beside the adapters; only [] for now"};
+        k.only_default = "norms, embeddings and the LM head stay frozen under LoRA";
+        return k;
+      }(),
+      path("lora", "adapter", T::Path, nullptr, "an existing PEFT LoRA adapter directory to continue training from"),
   };
   return keys;
 }
@@ -214,12 +251,12 @@ void config_validate(const YAML::Node& root, const ConfigSource& src) {
     std::string list;
     for (const ConfigKey& k : config_keys())
       if (section == k.section) list += (list.empty() ? "" : ", ") + std::string(k.name);
-    if (section.empty()) list += ", data, train";
+    if (section.empty()) list += ", data, train, lora";
     return list;
   };
   for (const auto& kv : root) {
     const std::string k = kv.first.as<std::string>();
-    if (k == "data" || k == "train") {
+    if (k == "data" || k == "train" || k == "lora") {
       QT_CHECK(kv.second.IsMap() || kv.second.IsNull(), src.where(k, kv.first), ": `", k, ":` must be a section of keys");
       if (kv.second.IsNull()) continue;
       for (const auto& e : kv.second) {

@@ -14,10 +14,10 @@
 
 namespace qt {
 
-enum class ConfigType { Str, Path, PathList, Bool, Int, Float };
+enum class ConfigType { Str, StrList, Path, PathList, Bool, Int, Float };
 
 struct ConfigKey {
-  const char* section;   // "" = top level, else "data" or "train"
+  const char* section;   // "" = top level, else "data", "train" or "lora"
   const char* name;
   ConfigType type;
   const char* def;       // the default as YAML text; nullptr = no default (required or optional, see help)
@@ -26,6 +26,8 @@ struct ConfigKey {
   bool lo_open = false, hi_open = false;
   const char* choices = nullptr;  // Str: "a|b|c"
   bool required = false;
+  // Not supported yet beyond the default: any other value is an error with this reason.
+  const char* only_default = nullptr;
 };
 
 const std::vector<ConfigKey>& config_keys();

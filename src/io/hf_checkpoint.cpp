@@ -64,7 +64,8 @@ bool hf_is_saved_file_name(const std::string& name) {
   auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return name == "config.json" || name == "trainer_state.json" || name == ".qwentune-complete" ||
+  return name == "config.json" || name == "adapter_config.json" || name == "trainer_state.json" ||
+         name == ".qwentune-complete" ||
          ends_with(".safetensors") || ends_with(".safetensors.index.json");
 }
 
@@ -147,7 +148,7 @@ void hf_save(const std::string& dir, const nlohmann::json& config_json, const st
     QT_CHECK(rel.empty() || *rel.begin() == "..", dir, ": refusing to write a model directory over the current directory or one of its parents");
   }
   QT_CHECK(!fs::exists(target) || fs::is_directory(target), target.string(), ": exists and is not a directory");
-  if (fs::is_directory(target) && !options.force && !fs::exists(target / "config.json")) {
+  if (fs::is_directory(target) && !options.force && !fs::exists(target / options.config_name)) {
     std::vector<std::string> names;
     for (const auto& de : fs::directory_iterator(target, ec)) names.push_back(de.path().filename().string());
     std::sort(names.begin(), names.end());
@@ -166,9 +167,10 @@ void hf_save(const std::string& dir, const nlohmann::json& config_json, const st
   fs::create_directories(tmp, ec);
   QT_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
   try {
-    write_text_file((tmp / "config.json").string(), config_json.dump(2) + "\n");
+    write_text_file((tmp / options.config_name).string(), config_json.dump(2) + "\n");
     SafetensorsWriteOptions wo;
     wo.max_shard_bytes = options.max_shard_bytes;
+    wo.base_name = options.weights_base_name;
     wo.parallel_fill = false;  // fills parallelize internally where it pays (random init)
     write_safetensors(tmp.string(), tensors, wo);
     for (const auto& [base, specs] : options.extra_tensor_files) {

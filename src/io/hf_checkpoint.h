@@ -46,6 +46,9 @@ struct HfSaveOptions {
   bool force = false;
   // A file written last, so that a directory holding it is known complete (checkpoints).
   std::string completion_marker;
+  // PEFT adapter directories: adapter_config.json and adapter_model.safetensors.
+  std::string config_name = "config.json";
+  std::string weights_base_name = "model";
 };
 
 // Writes a complete model directory atomically: everything goes to DIR.tmp-PID, which is renamed

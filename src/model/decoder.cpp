@@ -35,9 +35,19 @@ double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
 
 IncrementalDecoder::IncrementalDecoder(const Qwen35Model& model) : cfg_(model.config()) {
   index_.assign(static_cast<size_t>(cfg_.num_hidden_layers + 1), std::vector<int>(kRoles, -1));
-  for (size_t i = 0; i < model.specs().size(); ++i) {
-    weights_.push_back(model.param_f32(i));
-    index_[static_cast<size_t>(model.specs()[i].layer + 1)][static_cast<int>(model.specs()[i].role)] = static_cast<int>(i);
+  const auto& base = model.base_specs();
+  for (size_t i = 0; i < base.size(); ++i) {
+    weights_.push_back(model.base_param_f32(i));
+    index_[static_cast<size_t>(base[i].layer + 1)][static_cast<int>(base[i].role)] = static_cast<int>(i);
+  }
+  // LoRA: decode with the merged weights W + scale B A (the same function, one GEMM less a step).
+  if (const LoraSpec* lora = model.lora()) {
+    const auto& ad = model.specs();
+    for (size_t i = 0; i + 1 < ad.size(); i += 2) {
+      const int w = index_[static_cast<size_t>(ad[i].layer + 1)][static_cast<int>(ad[i].role)];
+      lora_merge_into(weights_[static_cast<size_t>(w)], model.param_f32(i), model.param_f32(i + 1), ad[i + 1].shape[0],
+                      ad[i].shape[1], lora->r, lora->scale());
+    }
   }
   const int64_t rot = cfg_.rotary_dim();
   for (int64_t i = 0; i < rot / 2; ++i)

@@ -46,6 +46,12 @@ void init_param(const ParamSpec& p, double std, uint64_t seed, DType dtype, void
       for (int64_t i = 0; i < n; ++i) store(dtype, dst, i, v);
       return;
     }
+    case ParamInit::KaimingUniform: {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(p.shape.back()));
+      for (int64_t i = 0; i < n; ++i)
+        store(dtype, dst, i, static_cast<float>((2.0 * uniform01(splitmix64(key + static_cast<uint64_t>(i))) - 1.0) * bound));
+      return;
+    }
     case ParamInit::ALogUniform:
       for (int64_t i = 0; i < n; ++i) {
         const double u = uniform01(splitmix64(key + static_cast<uint64_t>(i)));

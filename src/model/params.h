@@ -22,7 +22,9 @@ enum class ParamRole {
 };
 
 // How transformers initializes the tensor (Qwen3_5PreTrainedModel._init_weights).
-enum class ParamInit { Normal, Zeros, Ones, ALogUniform };
+// KaimingUniform: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), torch's kaiming_uniform_(a=sqrt(5)) as PEFT
+// initializes lora_A.
+enum class ParamInit { Normal, Zeros, Ones, ALogUniform, KaimingUniform };
 
 struct ParamSpec {
   std::string name;  // full HF name, e.g. "model.layers.3.self_attn.q_proj.weight"

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "model/init.h"
 #include "profile/profiled_backend.h"
 
 namespace qt {
@@ -191,7 +192,7 @@ std::optional<Checkpointing> checkpointing_from_name(const std::string& name) {
 }
 
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
-                                   std::string* why) {
+                                   std::string* why, int64_t trained_params) {
   const int64_t free_bytes = backend.free_memory_bytes();
   if (free_bytes < 0) {
     if (why != nullptr) *why = "host memory: none";
@@ -201,7 +202,7 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
   const int64_t kept = backend.gdn_state_bytes(gd, max_tokens, max_seqs, gdn_keep_for(Checkpointing::None, backend.gdn_prefers_prep(gd)));
   return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens,
-                                     gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why);
+                                     gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why, trained_params);
 }
 
 GdnKeep gdn_keep_for(Checkpointing ckpt, bool prefers_prep) {
@@ -218,12 +219,15 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes) {
 }
 
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
-                                          int64_t free_bytes, std::string* why) {
+                                          int64_t free_bytes, std::string* why, int64_t trained_params) {
   const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
                                  2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
   // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
-  const int64_t fixed = param_count(cfg) * (static_cast<int64_t>(dtype_size(act)) + 4 + 12) +
+  // LoRA: the frozen base takes only its weights; the adapters weights, gradients and AdamW state.
+  const int64_t act_bytes = static_cast<int64_t>(dtype_size(act));
+  const int64_t trained = trained_params < 0 ? param_count(cfg) : trained_params;
+  const int64_t fixed = param_count(cfg) * act_bytes + trained * (trained_params < 0 ? 16 : act_bytes + 16) +
                         max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act)) +
                         kWorkspaceReserve;
   std::string detail;
@@ -254,9 +258,15 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
   return bytes;
 }
 
-Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens, Checkpointing ckpt)
+Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens, Checkpointing ckpt,
+                         const LoraSpec* lora)
     : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), ckpt_(ckpt),
-      specs_(param_table(cfg)) {
+      specs_(lora ? lora_param_table(cfg, *lora) : param_table(cfg)), base_specs_(param_table(cfg)),
+      lora_(lora != nullptr) {
+  if (lora) {
+    lora_validate(*lora);
+    lora_spec_ = *lora;
+  }
   QT_CHECK(max_tokens > 0, "max_tokens must be positive");
   plan_.checkpointing = ckpt;
   // Every buffer is allocated here, counted by kind for the memory plan.
@@ -266,9 +276,25 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
   };
   const DType at = be.activation_dtype();
   role_index_.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), std::vector<int>(kNumRoles, -1));
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    params_.push_back(planned(plan_.weights, at, specs_[i].shape));
-    role_index_[static_cast<size_t>(specs_[i].layer + 1)][static_cast<int>(specs_[i].role)] = static_cast<int>(i);
+  for (size_t i = 0; i < base_specs_.size(); ++i) {
+    base_.push_back(planned(plan_.weights, at, base_specs_[i].shape));
+    role_index_[static_cast<size_t>(base_specs_[i].layer + 1)][static_cast<int>(base_specs_[i].role)] = static_cast<int>(i);
+  }
+  if (!lora_) {
+    params_ = base_;
+  } else {
+    lora_index_.assign(static_cast<size_t>(cfg.num_hidden_layers), std::vector<int>(kNumRoles, -1));
+    lora_t_.assign(static_cast<size_t>(cfg.num_hidden_layers), std::vector<Tensor>(kNumRoles));
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      params_.push_back(planned(plan_.weights, at, specs_[i].shape));
+      const auto l = static_cast<size_t>(specs_[i].layer);
+      const int role = static_cast<int>(specs_[i].role);
+      if (lora_index_[l][role] < 0) {  // A (B follows)
+        lora_index_[l][role] = static_cast<int>(i);
+        lora_t_[l][role] = planned(plan_.activations, at, {max_tokens, lora_spec_.r});
+      }
+    }
+    lora_dt_ = planned(plan_.scratch, at, {max_tokens, lora_spec_.r});
   }
   // All gradients live in one buffer (each view 256-byte aligned). They are fp32 on every backend:
   // micro-batches accumulate into them without bf16 rounding. The gradients whose first op of a
@@ -328,10 +354,11 @@ std::string MemoryPlan::describe() const {
 const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
   int i = role_index_[static_cast<size_t>(layer + 1)][static_cast<int>(role)];
   QT_CHECK(i >= 0, "model has no parameter for role ", static_cast<int>(role), " in layer ", layer);
-  return params_[static_cast<size_t>(i)];
+  return base_[static_cast<size_t>(i)];
 }
 
 const Tensor& Qwen35Model::g(ParamRole role, int layer) const {
+  if (lora_) return no_grad_;  // frozen: the ops skip optional weight gradients
   int i = role_index_[static_cast<size_t>(layer + 1)][static_cast<int>(role)];
   QT_CHECK(i >= 0, "model has no gradient for role ", static_cast<int>(role), " in layer ", layer);
   return grads_[static_cast<size_t>(i)];
@@ -343,19 +370,39 @@ Tensor Qwen35Model::rows(const Tensor& t, int64_t T) const {
   return Tensor(t.data, t.dtype, s, t.device);
 }
 
-void Qwen35Model::load(const HfModelDir& dir) {
-  QT_CHECK(dir.params.size() == specs_.size(), dir.dir, ": parameter table mismatch");
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const SafetensorsEntry& e = dir.store.get(specs_[i].name);
-    QT_CHECK(e.shape == specs_[i].shape, e.file, ": tensor '", e.name, "' has shape ", shape_str(e.shape), ", expected ",
-             shape_str(specs_[i].shape));
+void Qwen35Model::load(const HfModelDir& dir, uint64_t lora_seed) {
+  QT_CHECK(dir.params.size() == base_specs_.size(), dir.dir, ": parameter table mismatch");
+  for (size_t i = 0; i < base_specs_.size(); ++i) {
+    const SafetensorsEntry& e = dir.store.get(base_specs_[i].name);
+    QT_CHECK(e.shape == base_specs_[i].shape, e.file, ": tensor '", e.name, "' has shape ", shape_str(e.shape),
+             ", expected ", shape_str(base_specs_[i].shape));
     std::vector<float> values = tensor_to_f32(e.view());
     for (size_t k = 0; k < values.size(); ++k)
       QT_CHECK(std::isfinite(values[k]), e.file, ": tensor '", e.name, "' holds ", std::isnan(values[k]) ? "NaN" : "inf",
                " (first at element ", k, " of ", values.size(), "): the input model is corrupt; training from it "
                "would fail at the first step");
-    set_param_f32(i, values);
+    set_base_param_f32(i, values);
   }
+  if (!lora_) return;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    std::vector<float> init(static_cast<size_t>(shape_numel(specs_[i].shape)));
+    init_param(specs_[i], 0.0, lora_seed, DType::F32, init.data());
+    set_param_f32(i, init);
+  }
+}
+
+void Qwen35Model::set_base_param_f32(size_t i, const std::vector<float>& values) {
+  QT_CHECK(static_cast<int64_t>(values.size()) == base_[i].numel(), "set_base_param_f32: ", values.size(),
+           " values for ", base_specs_[i].name, " ", base_[i].describe());
+  HostTensor h(base_[i].dtype, base_[i].shape_vec());
+  tensor_from_f32(h.t, values.data());
+  be_.copy_from_host(base_[i], h.t.data);
+}
+
+std::vector<float> Qwen35Model::base_param_f32(size_t i) const {
+  HostTensor h(base_[i].dtype, base_[i].shape_vec());
+  be_.copy_to_host(h.t.data, base_[i]);
+  return tensor_to_f32(h.t);
 }
 
 std::vector<float> Qwen35Model::param_f32(size_t i) const {
@@ -388,6 +435,23 @@ void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const T
   // Keeps is_projection (which gradients zero_grads() skips) in step with the roles written here.
   QT_CHECK(is_projection(role), "proj_backward: role ", static_cast<int>(role), " is not a projection");
   be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grads_fresh_);
+  if (!lora_) return;
+  const int i = lora_index_[static_cast<size_t>(l)][static_cast<int>(role)];
+  if (i < 0) return;
+  const int64_t T = dy.size(0);
+  const auto a = static_cast<size_t>(i);
+  be_.lora_backward(dx, {grads_[a], grads_[a + 1], !grads_fresh_}, rows(lora_dt_, T), dy, x,
+                    rows(lora_t_[static_cast<size_t>(l)][static_cast<int>(role)], T),
+                    {params_[a], params_[a + 1], lora_spec_.scale()});
+}
+
+void Qwen35Model::proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
+  if (!lora_) return;
+  const int i = lora_index_[static_cast<size_t>(l)][static_cast<int>(role)];
+  if (i < 0) return;
+  const auto a = static_cast<size_t>(i);
+  be_.lora_forward(y, rows(lora_t_[static_cast<size_t>(l)][static_cast<int>(role)], y.size(0)), x,
+                   {params_[a], params_[a + 1], lora_spec_.scale()});
 }
 
 void Qwen35Model::use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T) {
@@ -565,10 +629,10 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
     const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
     if (heavy) {
-      be_.linear_forward(mixed, xn, p(ParamRole::GdnInProjQkv, l));
-      be_.linear_forward(z, xn, p(ParamRole::GdnInProjZ, l));
-      be_.linear_forward(b, xn, p(ParamRole::GdnInProjB, l));
-      be_.linear_forward(a, xn, p(ParamRole::GdnInProjA, l));
+      be_.linear_forward(mixed, xn, p(ParamRole::GdnInProjQkv, l)); proj_lora_forward(mixed, ParamRole::GdnInProjQkv, l, xn);
+      be_.linear_forward(z, xn, p(ParamRole::GdnInProjZ, l)); proj_lora_forward(z, ParamRole::GdnInProjZ, l, xn);
+      be_.linear_forward(b, xn, p(ParamRole::GdnInProjB, l)); proj_lora_forward(b, ParamRole::GdnInProjB, l, xn);
+      be_.linear_forward(a, xn, p(ParamRole::GdnInProjA, l)); proj_lora_forward(a, ParamRole::GdnInProjA, l, xn);
     }
     const Tensor& cw = p(ParamRole::GdnConv1d, l);
     be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
@@ -579,23 +643,29 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     }
     be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
                               p(ParamRole::GdnNorm, l), c.rms_norm_eps);
-    if (heavy) be_.linear_forward(mix_out, y, p(ParamRole::GdnOutProj, l));
+    if (heavy) {
+      be_.linear_forward(mix_out, y, p(ParamRole::GdnOutProj, l));
+      proj_lora_forward(mix_out, ParamRole::GdnOutProj, l, y);
+    }
   } else {
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     const Tensor qg = rows(A.qg, T), kr = rows(A.kr, T), v = rows(A.v, T);
     const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
     const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
     if (heavy) {
-      be_.linear_forward(qg, xn, p(ParamRole::AttnQProj, l));
-      be_.linear_forward(kr, xn, p(ParamRole::AttnKProj, l));
-      be_.linear_forward(v, xn, p(ParamRole::AttnVProj, l));
+      be_.linear_forward(qg, xn, p(ParamRole::AttnQProj, l)); proj_lora_forward(qg, ParamRole::AttnQProj, l, xn);
+      be_.linear_forward(kr, xn, p(ParamRole::AttnKProj, l)); proj_lora_forward(kr, ParamRole::AttnKProj, l, xn);
+      be_.linear_forward(v, xn, p(ParamRole::AttnVProj, l)); proj_lora_forward(v, ParamRole::AttnVProj, l, xn);
     }
     be_.attn_prep_forward(q, k, gate, slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), qg, kr,
                           p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l), rows(positions_, T), ad,
                           c.rms_norm_eps);
     if (heavy) be_.attention_forward(o, slab(A.lse, {Hq, T}), q, k, v.view({T, Hkv, D}), ad, seqs_);
     be_.attn_gate_forward(y, o.view({T, Hq * D}), gate);
-    if (heavy) be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
+    if (heavy) {
+      be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
+      proj_lora_forward(mix_out, ParamRole::AttnOProj, l, y);
+    }
   }
   const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
   if (heavy)  // h = x + mixer (in place over the mixer output), then its norm
@@ -604,8 +674,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
   const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
   if (heavy) {
-    be_.linear_forward(mg, hn, p(ParamRole::MlpGate, l));
-    be_.linear_forward(mu, hn, p(ParamRole::MlpUp, l));
+    be_.linear_forward(mg, hn, p(ParamRole::MlpGate, l)); proj_lora_forward(mg, ParamRole::MlpGate, l, hn);
+    be_.linear_forward(mu, hn, p(ParamRole::MlpUp, l)); proj_lora_forward(mu, ParamRole::MlpUp, l, hn);
   }
   be_.swiglu_forward(act, mg, mu);
   if (pass != LayerPass::Forward) return;  // the backward needs neither the MLP output nor the next input
@@ -615,6 +685,7 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   const LayerActs* N = last ? nullptr : &acts_[static_cast<size_t>(l) + 1];
   const Tensor next = rows(last ? final_in_ : N->x, T);
   be_.linear_forward(next, act, p(ParamRole::MlpDown, l));
+  proj_lora_forward(next, ParamRole::MlpDown, l, act);
   be_.add_rmsnorm_forward(next, rows(last ? final_out_ : N->xn, T), rows(last ? final_rstd_ : N->rstd_in, T), h, next,
                           last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps);
 }
@@ -663,7 +734,7 @@ void Qwen35Model::backward_layers(int64_t T) {
                              rows(A.a, T), p(ParamRole::GdnALog, l), p(ParamRole::GdnDtBias, l));
       const Tensor& cw = p(ParamRole::GdnConv1d, l);
       const Tensor& cgw = g(ParamRole::GdnConv1d, l);
-      be_.conv1d_silu_backward(dmixed, cgw.view({cgw.size(0), cgw.size(2)}), dconv, rows(A.mixed, T),
+      be_.conv1d_silu_backward(dmixed, cgw.data ? cgw.view({cgw.size(0), cgw.size(2)}) : none(), dconv, rows(A.mixed, T),
                                cw.view({cw.size(0), cw.size(2)}), seqs_);
       proj_backward(dn, ParamRole::GdnInProjQkv, l, dmixed, xn, false);
       proj_backward(dn, ParamRole::GdnInProjZ, l, dz, xn, true);
@@ -693,7 +764,7 @@ void Qwen35Model::backward_layers(int64_t T) {
     }
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
   }
-  be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
+  if (!lora_) be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
   grads_fresh_ = false;  // the written-first gradients now hold this backward's: accumulate from here
 }
 

@@ -10,6 +10,7 @@
 
 #include "io/hf_checkpoint.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "ops/backend.h"
 
@@ -51,12 +52,14 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
 // weights, fp32 gradients, AdamW state (master, m, v) and a reserve for scratch and kernel
 // workspaces (none also keeps the GDN forward state, Backend::gdn_state_bytes); none where the
 // backend reports no device budget (CPU). `why` (optional) receives the figures.
+// trained_params: parameters with gradients and AdamW state (-1 = all: full fine-tuning; LoRA: the
+// adapters').
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
-                                   std::string* why = nullptr);
+                                   std::string* why = nullptr, int64_t trained_params = -1);
 // The same decision from explicit figures (GDN state of all layers, free bytes). Throws, naming
 // the figures, when even full checkpointing does not fit.
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
-                                          int64_t free_bytes, std::string* why = nullptr);
+                                          int64_t free_bytes, std::string* why = nullptr, int64_t trained_params = -1);
 // What each policy keeps of a GDN layer's forward for its backward (Backend::gdn_forward's `keep`):
 // none prep's results where the backend prefers them (Backend::gdn_prefers_prep: the backward runs
 // the forward scan again, as fast as reading kept states; CUDA at dk = dv = 128) and the chunk states
@@ -86,24 +89,35 @@ struct LossResult {
   int64_t num_trained = 0;  // trained targets in the row
 };
 
+// With a LoraSpec the base weights are frozen (no gradient, no optimizer state) and the trainable
+// tensors (specs(), param(), grad()) are the adapters of model/lora.h; without, every parameter of
+// param_table is trainable.
 class Qwen35Model {
  public:
   Qwen35Model(const ModelConfig& cfg, Backend& backend, int64_t max_tokens,
-              Checkpointing ckpt = Checkpointing::None);
+              Checkpointing ckpt = Checkpointing::None, const LoraSpec* lora = nullptr);
   ~Qwen35Model();
   Qwen35Model(const Qwen35Model&) = delete;
   Qwen35Model& operator=(const Qwen35Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  // The trainable tensors: every parameter (full fine-tuning) or the LoRA adapters.
   const std::vector<ParamSpec>& specs() const { return specs_; }
+  // The base model's parameters (param_table), trained or frozen.
+  const std::vector<ParamSpec>& base_specs() const { return base_specs_; }
+  const LoraSpec* lora() const { return lora_ ? &lora_spec_ : nullptr; }
   const Tensor& param(size_t i) const { return params_[i]; }
   const Tensor& grad(size_t i) const { return grads_[i]; }
   int64_t max_tokens() const { return max_tokens_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   Backend& backend() { return be_; }
 
-  // Copies (and converts) every trainable tensor from an HF directory.
-  void load(const HfModelDir& dir);
+  // Copies (and converts) every base parameter from an HF directory; with LoRA, also initializes
+  // the adapters as PEFT does (A Kaiming-uniform from `lora_seed`, B zero).
+  void load(const HfModelDir& dir, uint64_t lora_seed = 0);
+  // Host f32 copy of a base parameter (the merged / frozen weights).
+  std::vector<float> base_param_f32(size_t i) const;
+  void set_base_param_f32(size_t i, const std::vector<float>& values);
   // Host copies of one parameter / gradient as f32 (for saving, tests, the optimizer twin).
   std::vector<float> param_f32(size_t i) const;
   std::vector<float> grad_f32(size_t i) const;
@@ -162,6 +176,8 @@ class Qwen35Model {
   void backward_layers(int64_t T);
   // dx (= or +=) dy W and the projection's dW (see grads_fresh_) for the weight of `role` in layer l.
   void proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x, bool accumulate_dx);
+  // With LoRA: after the projection of `role` in layer l wrote y from x, adds its adapter's term.
+  void proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
   const Tensor& p(ParamRole role, int layer) const;
   const Tensor& g(ParamRole role, int layer) const;
   Tensor rows(const Tensor& t, int64_t T) const;  // leading T rows of a [max_tokens, ...] buffer
@@ -172,12 +188,19 @@ class Qwen35Model {
   int64_t max_tokens_;
   Checkpointing ckpt_;
   MemoryPlan plan_;
-  std::vector<ParamSpec> specs_;
-  std::vector<Tensor> params_, grads_;
+  std::vector<ParamSpec> specs_, base_specs_;
+  std::vector<Tensor> params_, grads_;  // the trainable tensors (specs_)
+  std::vector<Tensor> base_;            // base_specs_' tensors (= params_ without LoRA)
+  bool lora_ = false;
+  LoraSpec lora_spec_;
+  std::vector<std::vector<int>> lora_index_;     // [layer][role] -> index of the adapter's A in params_ (B next), -1
+  std::vector<std::vector<Tensor>> lora_t_;      // [layer][role]: scale * x A^T kept for the backward [T, r]
+  Tensor lora_dt_;                               // backward scratch [T, r]
+  Tensor no_grad_;                               // what g() gives for a frozen parameter
   Tensor grads_flat_;    // the one buffer every gradient views into
   Tensor grads_zeroed_;  // its front part: the gradients zero_grads() clears (see the constructor)
   bool grads_fresh_ = false;  // zero_grads() ran and no backward since: the written-first gradients overwrite
-  std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into params_ (-1 if none)
+  std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into base_ (-1 if none)
 
   // Inputs: one i32 buffer per row, [ids T | targets T | positions T | cu_seqlens], and views.
   Tensor inputs_, ids_, targets_, positions_, cu_seqlens_;

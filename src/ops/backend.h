@@ -39,6 +39,18 @@ struct AttnDims {
   double rope_theta;
 };
 
+// One LoRA adapter on a projection of weight W [N, K] (model/lora.h): y = x W^T + scale * (x A^T) B^T.
+struct LoraArgs {
+  Tensor a;  // [r, K], working-weight dtype
+  Tensor b;  // [N, r]
+  double scale = 1.0;
+};
+// The adapter's gradients: written by the first backward of a step, accumulated after (accumulate).
+struct LoraGrads {
+  Tensor da, db;  // [r, K], [N, r]: f32 (or the working dtype)
+  bool accumulate = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -78,6 +90,14 @@ class Backend {
   // and reading it back.
   virtual void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                const Tensor& w, bool accumulate_dx, bool accumulate_dw) = 0;
+
+  // LoRA on a projection whose output y[T,N] the base GEMM wrote: t[T,r] = scale * x[T,K] A^T (kept
+  // for the backward), y += t B^T.
+  virtual void lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) = 0;
+  // Its backward: dB (= or +=) dy^T t; dt[T,r] = scale * dy B (scratch); dA (= or +=) dt^T x;
+  // dx[T,K] += dt A (dx already holds dy W from the frozen base, or is optional).
+  virtual void lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy,
+                             const Tensor& x, const Tensor& t, const LoraArgs& lora) = 0;
 
   // out[T,H] = table[ids[t]]. ids: i32 [T].
   virtual void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;

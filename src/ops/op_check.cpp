@@ -1,6 +1,7 @@
 #include "ops/op_check.h"
 
 #include <cctype>
+#include <cmath>
 #include <string>
 
 namespace qt::ops {
@@ -237,6 +238,20 @@ std::pair<int64_t, int64_t> check_gdn_gates_backward(const char* op, const Tenso
   check_tensor(op, "db", db, act, b.shape_vec(), dev);
   check_tensor(op, "da", da, act, b.shape_vec(), dev);
   return th;
+}
+
+LoraShape check_lora(const char* op, const Tensor& y_or_dy, const Tensor& t, const Tensor& x, const LoraArgs& lora,
+                     DType act, DeviceKind dev) {
+  QT_CHECK(lora.a.ndim == 2 && lora.b.ndim == 2, op, ": A is ", lora.a.describe(), ", B ", lora.b.describe(),
+           ", expected 2-D");
+  const int64_t r = lora.a.size(0), K = lora.a.size(1), N = lora.b.size(0), T = dim_of(op, "x", x, 0);
+  check_tensor(op, "A", lora.a, act, {r, K}, dev);
+  check_tensor(op, "B", lora.b, act, {N, r}, dev);
+  check_tensor(op, "x", x, act, {T, K}, dev);
+  check_tensor(op, "t", t, act, {T, r}, dev);
+  check_tensor(op, "y/dy", y_or_dy, act, {T, N}, dev);
+  QT_CHECK(std::isfinite(lora.scale), op, ": scale ", lora.scale, " is not finite");
+  return {T, N, K, r};
 }
 
 }  // namespace qt::ops

@@ -25,6 +25,13 @@ int64_t dim_of(const char* op, const char* name, const Tensor& t, int d);
 
 
 // ---- per-op checks shared by the backends ------------------------------------------------------
+// LoRA (lora_forward / lora_backward): A [r, K], B [N, r], x [T, K], t [T, r], y or dy [T, N], all
+// of dtype `act` on `dev`, a finite scale. Returns {T, N, K, r}.
+struct LoraShape {
+  int64_t T, N, K, r;
+};
+LoraShape check_lora(const char* op, const Tensor& y_or_dy, const Tensor& t, const Tensor& x, const LoraArgs& lora,
+                     DType act, DeviceKind dev);
 // What an op's entry point checks in every backend: `act` is the backend's activation dtype (f32 on
 // the CPU, bf16 on CUDA), `dev` its device. A backend's own rules (kernel limits, weight-gradient
 // dtypes, cu_seqlens) stay with it. The token-major ones return T.

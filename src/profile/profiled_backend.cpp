@@ -83,6 +83,17 @@ void ProfiledBackend::linear_forward(const Tensor& y, const Tensor& x, const Ten
   inner_.linear_forward(y, x, w);
 }
 
+void ProfiledBackend::lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) {
+  OpRange r(prof_, "lora_forward", true);
+  inner_.lora_forward(y, t, x, lora);
+}
+
+void ProfiledBackend::lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy,
+                                    const Tensor& x, const Tensor& t, const LoraArgs& lora) {
+  OpRange r(prof_, "lora_backward", true);
+  inner_.lora_backward(dx, grads, dt, dy, x, t, lora);
+}
+
 void ProfiledBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                       const Tensor& w, bool accumulate_dx, bool accumulate_dw) {
   OpRange r(prof_, "linear_backward", true);

@@ -27,7 +27,9 @@ nlohmann::json RunFingerprint::to_json() const {
           {"data.path", data_files},
           {"data contents", data_key},
           {"tokenizer", tokenizer_hash},
-          {"model config.json", model_config}};
+          {"model config.json", model_config},
+          {"train.method", method},
+          {"lora", lora}};
 }
 
 std::vector<std::string> fingerprint_differences(const nlohmann::json& saved, const nlohmann::json& now) {
@@ -83,6 +85,7 @@ namespace {
 
 DType save_dtype_of(const CheckpointWrite& w, const std::string& name) {
   if (w.save_dtype != "auto") return *dtype_from_user_name(w.save_dtype);
+  if (w.lora) return DType::F32;  // adapters: f32, as PEFT keeps and saves them
   return w.source->store.get(name).dtype;
 }
 
@@ -105,7 +108,8 @@ uint64_t checkpoint_bytes(const CheckpointWrite& w) {
     bytes += n * dtype_size(save_dtype_of(w, p.name));
     if (w.with_optimizer) bytes += 3 * 4 * n;
   }
-  for (const SafetensorsEntry* e : w.source->passthrough_tensors()) bytes += e->nbytes;
+  if (!w.lora)
+    for (const SafetensorsEntry* e : w.source->passthrough_tensors()) bytes += e->nbytes;
   std::error_code ec;
   if (fs::is_directory(w.source->dir))
     for (const auto& de : fs::directory_iterator(w.source->dir, ec))
@@ -134,16 +138,17 @@ std::string checkpoint_save(const CheckpointWrite& w) {
   for (size_t i = 0; i < table.size(); ++i) {
     const DType t = save_dtype_of(w, table[i].name);
     const std::vector<float>* src = &master[i];
-    specs.push_back({table[i].name, t, table[i].shape, [src, t](void* dst, size_t) {
+    specs.push_back({w.lora ? peft_key(table[i].name) : table[i].name, t, table[i].shape, [src, t](void* dst, size_t) {
                        tensor_from_f32(Tensor(dst, t, {static_cast<int64_t>(src->size())}), src->data());
                      }});
-    if (table[i].role == ParamRole::EmbedTokens && mc.tie_word_embeddings && w.source->lm_head_stored) {
+    if (!w.lora && table[i].role == ParamRole::EmbedTokens && mc.tie_word_embeddings && w.source->lm_head_stored) {
       TensorWriteSpec head = specs.back();
       head.name = lm_head_name();
       specs.push_back(head);
     }
   }
-  for (const SafetensorsEntry* e : w.source->passthrough_tensors()) specs.push_back(passthrough_spec(*e));
+  if (!w.lora)
+    for (const SafetensorsEntry* e : w.source->passthrough_tensors()) specs.push_back(passthrough_spec(*e));
   HfSaveOptions opts;
   opts.copy_files_from = w.source->dir;
   opts.force = true;  // final/, checkpoint-N/: a user's files there are kept
@@ -159,6 +164,14 @@ std::string checkpoint_save(const CheckpointWrite& w) {
                        [src](void* dst, size_t n) { std::memcpy(dst, src->data(), n); }});
       }
     }
+  }
+  if (w.lora) {
+    opts.config_name = "adapter_config.json";
+    opts.weights_base_name = "adapter_model";
+    opts.max_shard_bytes = SIZE_MAX;
+    const nlohmann::json cfg = nlohmann::json::parse(peft_adapter_config_json(lora_peft_config(*w.lora, w.state.source_model)).dump());
+    hf_save(w.dir, cfg, specs, opts);
+    return w.dir;
   }
   hf_save(w.dir, mc.raw, specs, opts);  // runs the fills while master/m/v are alive
   return w.dir;

@@ -13,6 +13,7 @@
 
 #include "data/loader.h"
 #include "io/hf_checkpoint.h"
+#include "model/lora.h"
 #include "model/params.h"
 
 namespace qt {
@@ -32,6 +33,8 @@ struct RunFingerprint {
   std::string data_key;                 // content hash of data + tokenizer + template (token cache key)
   std::string tokenizer_hash;           // of tokenizer.json's bytes
   nlohmann::json model_config;          // the source model's config.json
+  std::string method;                   // full | lora
+  nlohmann::json lora;                  // r, alpha, rslora, targets (LoRA)
 
   nlohmann::json to_json() const;
 };
@@ -58,6 +61,9 @@ struct CheckpointWrite {
   std::string save_dtype = "auto";            // auto | bf16 | f16 | f32
   bool with_optimizer = true;
   TrainerState state;
+  // LoRA: the trainable table holds adapters; the directory is a PEFT adapter (adapter_config.json,
+  // adapter_model.safetensors with PEFT's keys) instead of a model directory.
+  const LoraSpec* lora = nullptr;
 };
 
 // Bytes a checkpoint takes on disk (weights in their save dtypes, optimizer state, passthrough).

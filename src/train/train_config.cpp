@@ -4,6 +4,7 @@
 
 #include "config/config_schema.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "data/data_job.h"
 #include "io/hub_cache.h"
 #include "model/qwen35.h"
@@ -56,6 +57,29 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.cuda_graph = get_b("cuda_graph");
   c.deterministic = get_b("deterministic");
   c.activation_checkpointing = get_s("activation_checkpointing");
+  c.method = get_s("method");
+  const YAML::Node lo = root["lora"];
+  if (c.method == "lora") {
+    c.lora.r = config_get<int64_t>(lo, "lora", "r", path);
+    c.lora.alpha = config_get<double>(lo, "lora", "alpha", path);
+    c.lora.rslora = config_get<bool>(lo, "lora", "rslora", path);
+    c.lora.targets = config_get<std::vector<std::string>>(lo, "lora", "targets", path);
+    lora_validate(c.lora);
+    const std::string adapter = config_get<std::string>(lo, "lora", "adapter", path);
+    if (!adapter.empty()) c.lora_adapter = rel(adapter);
+  } else {
+    // A lora: section that says more than the defaults (a resolved config lists them all) is
+    // probably meant: say that it is not used.
+    if (lo && lo.IsMap())
+      for (const auto& kv : lo) {
+        const ConfigKey* k = config_key("lora", kv.first.as<std::string>());
+        if (k && !kv.second.IsNull() && (!k->def || YAML::Dump(kv.second) != YAML::Dump(YAML::Load(k->def)))) {
+          log_warn(path, ": lora.", k->name, " is set but train.method is '", c.method,
+                   "': the lora: section is not used (set train.method: lora to train adapters)");
+          break;
+        }
+      }
+  }
   if (!c.resume.empty() && c.resume != "auto") c.resume = rel(c.resume);
   if (c.backend == "auto") c.backend = default_backend_name();
   QT_CHECK(c.backend == "cpu" || c.backend == "cuda", path, ": train.backend '", c.backend, "' is not auto, cpu or cuda");
@@ -82,6 +106,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   if (!c.data.cache_dir.empty()) resolved["data"]["cache_dir"] = absolute(c.data.cache_dir);
   if (!c.resume.empty() && c.resume != "auto") resolved["train"]["resume"] = fs::absolute(c.resume).string();
   resolved["train"]["backend"] = c.backend;
+  if (!c.lora_adapter.empty()) resolved["lora"]["adapter"] = fs::absolute(c.lora_adapter).lexically_normal().string();
   c.resolved_yaml = config_to_yaml(resolved);
   return c;
 }

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
+#include "io/peft_adapter.h"
 #include "data/loader.h"
 #include "io/hf_checkpoint.h"
 #include "io/hub_cache.h"
@@ -138,6 +139,7 @@ struct Run {
     w.save_dtype = cfg.save_dtype;
     w.with_optimizer = with_optimizer;
     w.state = state;
+    w.lora = model->lora();
     return checkpoint_save(w);
   }
 };
@@ -156,6 +158,9 @@ RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, 
   f.data_key = tr.key;
   f.tokenizer_hash = file_hash_hex(resolve_tokenizer(cfg.data.tokenizer));
   f.model_config = mc.raw;
+  f.method = cfg.method;
+  if (cfg.method == "lora")
+    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"targets", cfg.lora.targets}};
   return f;
 }
 
@@ -239,11 +244,32 @@ TrainSummary train_run(const TrainConfig& cfg) {
   run.backend->set_deterministic(cfg.deterministic);
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
   const int static_max_seqs = static_sample_bound(max_row_samples);
-  const Checkpointing ckpt =
-      resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, pack.tokens_per_batch, static_max_seqs);
+  const bool lora = cfg.method == "lora";
+  int64_t adapter_params = 0;
+  if (lora)
+    for (const ParamSpec& p : lora_param_table(mc, cfg.lora)) adapter_params += shape_numel(p.shape);
+  const Checkpointing ckpt = resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, pack.tokens_per_batch,
+                                                   static_max_seqs, lora ? adapter_params : -1);
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch,
-                                            ckpt);
-  run.model->load(run.src);
+                                            ckpt, lora ? &cfg.lora : nullptr);
+  run.model->load(run.src, cfg.seed);
+  if (lora) {
+    log_info("lora: r ", cfg.lora.r, ", alpha ", cfg.lora.alpha, cfg.lora.rslora ? " (rslora)" : "", ", scale ",
+             cfg.lora.scale(), ", ", run.model->specs().size() / 2, " adapted projections, ", adapter_params,
+             " trainable parameters (", 100.0 * double(adapter_params) / double(param_count(mc)), " % of the model)");
+    if (!cfg.lora_adapter.empty()) {
+      const PeftAdapter adapter = peft_adapter_open(cfg.lora_adapter);
+      const LoraSpec found = lora_spec_from_peft(adapter);
+      QT_CHECK(found.r == cfg.lora.r && found.alpha == cfg.lora.alpha && found.rslora == cfg.lora.rslora &&
+                   found.targets == cfg.lora.targets,
+               cfg.lora_adapter, ": the adapter has r ", found.r, ", alpha ", found.alpha, ", ", found.targets.size(),
+               " targets; the lora: section says r ", cfg.lora.r, ", alpha ", cfg.lora.alpha, ", ",
+               cfg.lora.targets.size(), " targets (make them agree)");
+      const auto weights = lora_read_adapter(adapter, run.model->specs());
+      for (size_t i = 0; i < weights.size(); ++i) run.model->set_param_f32(i, weights[i]);
+      log_info("lora: continuing from the adapter in ", cfg.lora_adapter);
+    }
+  }
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
   TrainStep stepper(*run.model, *run.optimizer, accum, static_max_seqs, cfg.cuda_graph);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
@@ -301,7 +327,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
   Loader loader(train, pack, start_pos, planned_epochs, 4);
   TrainSummary summary;
   const bool on_gpu = std::string(run.backend->name()) == "cuda";
-  const int64_t nparams = param_count(mc);
+  const int64_t nparams = param_count(mc);  // MFU counts the frozen base's forward and dX too: 6 N per token
   double train_s = 0, eval_s = 0, save_s = 0, mfu = 0;
   int64_t tokens_done = 0, last_eval_step = -1;
   auto summary_json = [&](const char* status) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data/data_job.h"
+#include "model/lora.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 
@@ -46,6 +47,9 @@ struct TrainConfig {
   bool cuda_graph = true;
   bool deterministic = true;
   std::string activation_checkpointing = "auto";
+  std::string method = "full";  // full | lora
+  LoraSpec lora;                // train.method lora: the adapters (the lora: section)
+  std::string lora_adapter;     // an existing PEFT adapter to continue from ("" = PEFT's init)
   // Steps first..last (1-based, inclusive) run on a ProfiledBackend: the op/layer tables are printed
   // after step `last` and the trace goes to output_dir/profile_trace.json. 0 = off. Set by
   // `train --profile-steps A:B`.

@@ -32,6 +32,9 @@ class CpuBackend : public Backend {
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) override;
+  void lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) override;
+  void lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy, const Tensor& x,
+                     const Tensor& t, const LoraArgs& lora) override;
   void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                        bool accumulate_dx, bool accumulate_dw) override;
   void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) override;

@@ -68,6 +68,22 @@ void linear_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, int64_t 
   if (dw != nullptr) gemm(true, false, N, K, T, S(1), dy, x, accumulate_dw ? S(1) : S(0), dw);   // dy^T x
 }
 
+template <typename S>
+void lora_forward(S* y, S* t, const S* x, const S* a, const S* b, int64_t T, int64_t N, int64_t K, int64_t r, S scale) {
+  gemm(false, true, T, r, K, scale, x, a, S(0), t);  // t = s x A^T
+  gemm(false, true, T, N, r, S(1), t, b, S(1), y);   // y += t B^T
+}
+
+template <typename S>
+void lora_backward(S* dx, S* da, S* db, S* dt, const S* dy, const S* x, const S* t, const S* a, const S* b, int64_t T,
+                   int64_t N, int64_t K, int64_t r, S scale, bool accumulate_dw) {
+  const S beta = accumulate_dw ? S(1) : S(0);
+  gemm(true, false, N, r, T, S(1), dy, t, beta, db);    // dB = dy^T t
+  gemm(false, false, T, r, N, scale, dy, b, S(0), dt);  // dt = s dy B
+  gemm(true, false, r, K, T, S(1), dt, x, beta, da);    // dA = dt^T x
+  if (dx != nullptr) gemm(false, false, T, K, r, S(1), dt, a, S(1), dx);  // dx += dt A
+}
+
 // ---- embedding -----------------------------------------------------------------------------------
 
 template <typename S>
@@ -149,6 +165,8 @@ void swiglu_backward(S* dgate, S* dup, const S* dh, const S* gate, const S* up, 
 
 QT_REF_INSTANTIATE(linear_forward);
 QT_REF_INSTANTIATE(linear_backward);
+QT_REF_INSTANTIATE(lora_forward);
+QT_REF_INSTANTIATE(lora_backward);
 QT_REF_INSTANTIATE(embedding_forward);
 QT_REF_INSTANTIATE(embedding_backward);
 QT_REF_INSTANTIATE(rmsnorm_forward);
@@ -222,6 +240,25 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
   const auto [T, N, K] = ops::check_linear("linear_forward", w, x, "y", y, F32, DeviceKind::CPU);
   ref::linear_forward(y.ptr<float>(), x.ptr<float>(), w.ptr<float>(), T, N, K);
+}
+
+void CpuBackend::lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) {
+  const auto [T, N, K, r] = ops::check_lora("lora_forward", y, t, x, lora, F32, DeviceKind::CPU);
+  ref::lora_forward(y.ptr<float>(), t.ptr<float>(), x.ptr<float>(), lora.a.ptr<float>(), lora.b.ptr<float>(), T, N, K, r,
+                    float(lora.scale));
+}
+
+void CpuBackend::lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy,
+                               const Tensor& x, const Tensor& t, const LoraArgs& lora) {
+  const char* op = "lora_backward";
+  const auto [T, N, K, r] = ops::check_lora(op, dy, t, x, lora, F32, DeviceKind::CPU);
+  check_tensor(op, "dt", dt, F32, {T, r});
+  const bool want_dx = check_optional(op, "dx", dx, F32, {T, K});
+  check_tensor(op, "dA", grads.da, F32, {r, K});
+  check_tensor(op, "dB", grads.db, F32, {N, r});
+  ref::lora_backward(want_dx ? dx.ptr<float>() : nullptr, grads.da.ptr<float>(), grads.db.ptr<float>(), dt.ptr<float>(),
+                     dy.ptr<float>(), x.ptr<float>(), t.ptr<float>(), lora.a.ptr<float>(), lora.b.ptr<float>(), T, N, K, r,
+                     float(lora.scale), grads.accumulate);
 }
 
 void CpuBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,

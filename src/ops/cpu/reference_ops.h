@@ -34,6 +34,14 @@ template <typename S>
 void linear_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, int64_t T, int64_t N, int64_t K,
                      bool accumulate_dx, bool accumulate_dw);
 
+// LoRA on a projection y[T,N] = x[T,K] W^T: t[T,r] = scale x A^T (A [r,K]); y += t B^T (B [N,r]).
+template <typename S>
+void lora_forward(S* y, S* t, const S* x, const S* a, const S* b, int64_t T, int64_t N, int64_t K, int64_t r, S scale);
+// dB (= or +=) dy^T t; dt = scale dy B; dA (= or +=) dt^T x; dx += dt A (dx may be nullptr).
+template <typename S>
+void lora_backward(S* dx, S* da, S* db, S* dt, const S* dy, const S* x, const S* t, const S* a, const S* b, int64_t T,
+                   int64_t N, int64_t K, int64_t r, S scale, bool accumulate_dw);
+
 // out[T,H] = table[ids[t]]; ids must be in [0, V).
 template <typename S>
 void embedding_forward(S* out, const S* table, const int32_t* ids, int64_t T, int64_t H);

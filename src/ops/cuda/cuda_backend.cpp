@@ -262,7 +262,7 @@ void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 // ---- GEMM (cuBLASLt) --------------------------------------------------------------------------
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
-                       const void* B, int64_t ldb, void* C, int64_t ldc, bool c_f32, float beta) {
+                       const void* B, int64_t ldb, void* C, int64_t ldc, bool c_f32, float beta, float alpha) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     QT_CHECK(beta == 1.0f || ldc == N, "gemm: K = 0 with beta ", beta, " and a strided C is not supported");
@@ -318,7 +318,6 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
       for (int i = 0; i < found; ++i) p.candidates.push_back(res[i].algo);
     it = gemm_plans_.emplace(key, p).first;
   }
-  const float alpha = 1.0f;
   GemmPlan& p = it->second;
   if (!p.candidates.empty() && beta == 0.0f && !capturing())
     tune_gemm(p, A, B, C, size_t((M - 1) * ldc + N) * (c_f32 ? 4 : 2));
@@ -391,6 +390,28 @@ void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tens
     const bool f32 = check_grad(op, "dw", dw, {N, K});
     gemm(true, false, N, K, T, dy.data, N, x.data, K, dw.data, K, f32, accumulate_dw ? 1.0f : 0.0f);
   }
+}
+
+// LoRA: four small GEMMs around the frozen projection's (r is 8-64, so each is a thin product);
+// scale rides on cuBLASLt's alpha.
+void CudaBackend::lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) {
+  const auto [T, N, K, r] = ops::check_lora("lora_forward", y, t, x, lora, BF16, DeviceKind::CUDA);
+  gemm(false, true, T, r, K, x.data, K, lora.a.data, K, t.data, r, false, 0.0f, float(lora.scale));  // t = s x A^T
+  gemm(false, true, T, N, r, t.data, r, lora.b.data, r, y.data, N, false, 1.0f);                     // y += t B^T
+}
+
+void CudaBackend::lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy,
+                                const Tensor& x, const Tensor& t, const LoraArgs& lora) {
+  const char* op = "lora_backward";
+  const auto [T, N, K, r] = ops::check_lora(op, dy, t, x, lora, BF16, DeviceKind::CUDA);
+  check_tensor(op, "dt", dt, BF16, {T, r});
+  const bool want_dx = check_optional(op, "dx", dx, BF16, {T, K});
+  const bool da_f32 = check_grad(op, "dA", grads.da, {r, K}), db_f32 = check_grad(op, "dB", grads.db, {N, r});
+  const float beta = grads.accumulate ? 1.0f : 0.0f;
+  gemm(true, false, N, r, T, dy.data, N, t.data, r, grads.db.data, r, db_f32, beta);                  // dB = dy^T t
+  gemm(false, false, T, r, N, dy.data, N, lora.b.data, r, dt.data, r, false, 0.0f, float(lora.scale));  // dt = s dy B
+  gemm(true, false, r, K, T, dt.data, r, x.data, K, grads.da.data, K, da_f32, beta);                  // dA = dt^T x
+  if (want_dx) gemm(false, false, T, K, r, dt.data, r, lora.a.data, K, dx.data, K, false, 1.0f);     // dx += dt A
 }
 
 // ---- embedding, norms, pointwise ---------------------------------------------------------------

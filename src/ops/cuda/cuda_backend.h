@@ -46,6 +46,9 @@ class CudaBackend final : public Backend {
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) override;
+  void lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) override;
+  void lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy, const Tensor& x,
+                     const Tensor& t, const LoraArgs& lora) override;
   void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                        bool accumulate_dx, bool accumulate_dw) override;
   void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) override;
@@ -129,11 +132,11 @@ class CudaBackend final : public Backend {
   // address and must be captured again.
   uint64_t workspace_generation() const { return ws_generation_; }
 
-  // Row-major C[M,N] (=, or += when beta == 1) op(A) op(B) with bf16 A, B, fp32 accumulation and a
+  // Row-major C[M,N] (=, or += when beta == 1) alpha op(A) op(B) with bf16 A, B, fp32 accumulation and a
   // bf16 or f32 C. op(A) is [M,K] (A stored [K,M] when trans_a), op(B) is [K,N] (B stored [N,K]
   // when trans_b); ld* are the stored row strides in elements. cuBLASLt algorithm cached per shape.
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-            int64_t ldb, void* C, int64_t ldc, bool c_f32, float beta);
+            int64_t ldb, void* C, int64_t ldc, bool c_f32, float beta, float alpha = 1.0f);
 
  private:
   void* workspace(size_t bytes);  // the shared scratch, grown (outside graph capture) to >= bytes

@@ -1,0 +1,217 @@
+#include "model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "io/hf_checkpoint.h"
+
+namespace qt {
+
+double LoraSpec::scale() const {
+  return rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+const std::vector<std::string>& lora_all_targets() {
+  static const std::vector<std::string> all = {"q_proj",    "k_proj",    "v_proj",    "o_proj",
+                                               "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",
+                                               "out_proj",  "gate_proj", "up_proj",   "down_proj"};
+  return all;
+}
+
+const char* projection_name(ParamRole role) {
+  switch (role) {
+    case ParamRole::AttnQProj: return "q_proj";
+    case ParamRole::AttnKProj: return "k_proj";
+    case ParamRole::AttnVProj: return "v_proj";
+    case ParamRole::AttnOProj: return "o_proj";
+    case ParamRole::GdnInProjQkv: return "in_proj_qkv";
+    case ParamRole::GdnInProjZ: return "in_proj_z";
+    case ParamRole::GdnInProjA: return "in_proj_a";
+    case ParamRole::GdnInProjB: return "in_proj_b";
+    case ParamRole::GdnOutProj: return "out_proj";
+    case ParamRole::MlpGate: return "gate_proj";
+    case ParamRole::MlpUp: return "up_proj";
+    case ParamRole::MlpDown: return "down_proj";
+    default: return nullptr;
+  }
+}
+
+bool lora_targets(const LoraSpec& lora, ParamRole role) {
+  const char* n = projection_name(role);
+  if (!n) return false;
+  for (const auto& t : lora.targets)
+    if (t == n) return true;
+  return false;
+}
+
+void lora_validate(const LoraSpec& lora) {
+  QT_CHECK(lora.r > 0, "lora.r is ", lora.r, ", must be positive");
+  QT_CHECK(lora.alpha > 0 && std::isfinite(lora.alpha), "lora.alpha is ", lora.alpha, ", must be a positive number");
+  QT_CHECK(!lora.targets.empty(), "lora.targets is empty: name at least one projection");
+  for (const auto& t : lora.targets) {
+    bool known = false;
+    for (const auto& k : lora_all_targets()) known |= k == t;
+    if (!known) {
+      std::string list;
+      for (const auto& k : lora_all_targets()) list += (list.empty() ? "" : ", ") + k;
+      QT_FAIL("lora.targets: '", t, "' is not a linear projection of Qwen3.5 (known: ", list, ")");
+    }
+  }
+}
+
+std::string lora_tensor_name(const std::string& base, bool b) {
+  const std::string suffix = ".weight";
+  QT_CHECK(base.size() > suffix.size() && base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0,
+           "lora_tensor_name: '", base, "' is not a weight name");
+  return base.substr(0, base.size() - suffix.size()) + (b ? ".lora_B.weight" : ".lora_A.weight");
+}
+
+std::vector<ParamSpec> lora_param_table(const ModelConfig& cfg, const LoraSpec& lora) {
+  std::vector<ParamSpec> out;
+  for (const ParamSpec& p : param_table(cfg)) {
+    if (!lora_targets(lora, p.role)) continue;
+    const int64_t rows = p.shape[0], cols = p.shape[1];
+    out.push_back({lora_tensor_name(p.name, false), {lora.r, cols}, p.role, p.group, ParamInit::KaimingUniform, p.layer});
+    out.push_back({lora_tensor_name(p.name, true), {rows, lora.r}, p.role, p.group, ParamInit::Zeros, p.layer});
+  }
+  return out;
+}
+
+std::string peft_key(const std::string& name) { return "base_model.model." + name; }
+
+std::string peft_key_to_adapter_name(const std::string& key) {
+  const std::string prefix = "base_model.model.";
+  if (key.compare(0, prefix.size(), prefix) != 0) return "";
+  std::string rest = key.substr(prefix.size());
+  // PEFT also writes keys with the adapter name ("...lora_A.default.weight") in some versions.
+  for (const char* ab : {".lora_A.default.weight", ".lora_B.default.weight"}) {
+    const std::string s(ab);
+    if (rest.size() > s.size() && rest.compare(rest.size() - s.size(), s.size(), s) == 0)
+      rest = rest.substr(0, rest.size() - s.size()) + (s[6] == 'A' ? ".lora_A.weight" : ".lora_B.weight");
+  }
+  return rest;
+}
+
+}  // namespace qt
+
+namespace qt {
+
+void lora_merge_into(std::vector<float>& w, const std::vector<float>& a, const std::vector<float>& b, int64_t out,
+                     int64_t in, int64_t r, double scale) {
+  QT_CHECK(static_cast<int64_t>(w.size()) == out * in && static_cast<int64_t>(a.size()) == r * in &&
+               static_cast<int64_t>(b.size()) == out * r,
+           "lora_merge_into: sizes ", w.size(), ", ", a.size(), ", ", b.size(), " do not fit [", out, ", ", in, "] r ", r);
+  parallel_for(out, [&](int64_t o0, int64_t o1) {
+    std::vector<double> row(static_cast<size_t>(in));
+    for (int64_t o = o0; o < o1; ++o) {
+      std::fill(row.begin(), row.end(), 0.0);
+      for (int64_t k = 0; k < r; ++k) {
+        const double bk = b[size_t(o * r + k)];
+        const float* ak = a.data() + k * in;
+        for (int64_t i = 0; i < in; ++i) row[size_t(i)] += bk * ak[i];
+      }
+      for (int64_t i = 0; i < in; ++i) w[size_t(o * in + i)] += static_cast<float>(scale * row[size_t(i)]);
+    }
+  });
+}
+
+LoraSpec lora_spec_from_peft(const PeftAdapter& adapter) {
+  LoraSpec s;
+  s.r = adapter.config.r;
+  s.alpha = adapter.config.alpha;
+  s.rslora = adapter.config.rslora;
+  const std::string cfg = adapter.dir + "/adapter_config.json";
+  for (const auto& t : adapter.config.target_modules) {
+    if (t == "all-linear") {
+      s.targets = lora_all_targets();
+      break;
+    }
+    bool known = false;
+    for (const auto& k : lora_all_targets()) known |= k == t;
+    QT_CHECK(known, cfg, ": target_modules has '", t, "', which is not a linear projection of Qwen3.5's text model");
+    s.targets.push_back(t);
+  }
+  lora_validate(s);
+  return s;
+}
+
+PeftLoraConfig lora_peft_config(const LoraSpec& lora, const std::string& base_model) {
+  PeftLoraConfig c;
+  c.r = lora.r;
+  c.alpha = lora.alpha;
+  c.rslora = lora.rslora;
+  c.target_modules = lora.targets;
+  c.base_model = base_model;
+  return c;
+}
+
+std::vector<std::vector<float>> lora_read_adapter(const PeftAdapter& adapter, const std::vector<ParamSpec>& table) {
+  std::vector<std::vector<float>> out;
+  std::set<std::string> wanted;
+  for (const ParamSpec& p : table) {
+    wanted.insert(p.name);
+    const SafetensorsEntry* e = adapter.weights->find(peft_key(p.name));
+    if (!e) {
+      const std::string alt = peft_key(p.name.substr(0, p.name.size() - 7) + ".default.weight");
+      e = adapter.weights->find(alt);
+    }
+    QT_CHECK(e != nullptr, adapter.weights->path(), ": missing adapter tensor '", peft_key(p.name), "'");
+    QT_CHECK(e->shape == p.shape, e->file, ": tensor '", e->name, "' has shape ", shape_str(e->shape), ", expected ",
+             shape_str(p.shape), " (r = ", p.name.find("lora_A") != std::string::npos ? p.shape[0] : p.shape[1], ")");
+    out.push_back(tensor_to_f32(e->view()));
+    for (float v : out.back())
+      QT_CHECK(std::isfinite(v), e->file, ": tensor '", e->name, "' holds NaN or inf");
+  }
+  for (const SafetensorsEntry& e : adapter.weights->tensors()) {
+    const std::string name = peft_key_to_adapter_name(e.name);
+    QT_CHECK(!name.empty() && wanted.count(name), adapter.weights->path(), ": tensor '", e.name,
+             "' is not an adapter of this model and target_modules (wrong base model, or modules_to_save, which is not "
+             "supported)");
+  }
+  return out;
+}
+
+int64_t lora_merge_dirs(const std::string& base_dir, const std::string& adapter_dir, const std::string& out_dir,
+                        bool force) {
+  const HfModelDir base = hf_load(base_dir);
+  const PeftAdapter adapter = peft_adapter_open(adapter_dir);
+  const LoraSpec lora = lora_spec_from_peft(adapter);
+  const std::vector<ParamSpec> table = lora_param_table(base.config, lora);
+  const std::vector<std::vector<float>> weights = lora_read_adapter(adapter, table);
+  std::map<std::string, size_t> adapted;  // base weight name -> index of its A in table
+  for (size_t i = 0; i < table.size(); i += 2) {
+    const std::string& n = table[i].name;
+    adapted[n.substr(0, n.size() - std::string(".lora_A.weight").size()) + ".weight"] = i;
+  }
+  // Merged weights are computed in f32 and stored in the base tensor's dtype; the rest is copied.
+  std::vector<std::vector<float>> merged;
+  merged.reserve(adapted.size());
+  std::vector<TensorWriteSpec> specs;
+  for (const SafetensorsEntry* e : base.store.tensors()) {
+    auto it = adapted.find(e->name);
+    if (it == adapted.end()) {
+      specs.push_back(passthrough_spec(*e));
+      continue;
+    }
+    const size_t a = it->second;
+    merged.push_back(tensor_to_f32(e->view()));
+    lora_merge_into(merged.back(), weights[a], weights[a + 1], table[a + 1].shape[0], table[a].shape[1], lora.r,
+                    lora.scale());
+    const std::vector<float>* w = &merged.back();
+    const DType t = e->dtype;
+    specs.push_back({e->name, t, e->shape, [w, t](void* dst, size_t) {
+                       tensor_from_f32(Tensor(dst, t, {static_cast<int64_t>(w->size())}), w->data());
+                     }});
+  }
+  HfSaveOptions opts;
+  opts.copy_files_from = base_dir;
+  opts.force = force;
+  hf_save(out_dir, base.config.raw, specs, opts);
+  return static_cast<int64_t>(adapted.size());
+}
+
+}  // namespace qt

@@ -1,0 +1,221 @@
+// LoRA (model/lora.h): the op's backward against finite differences, the model's adapter
+// gradients against finite differences of the whole loss, training that starts exactly at the
+// base model, PEFT's file layout, continuing from an adapter, and merge = adapter model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "io/hf_checkpoint.h"
+#include "io/mapped_file.h"
+#include "io/peft_adapter.h"
+#include "model/lora.h"
+#include "model/qwen35.h"
+#include "model/random_model_dir.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/reference_ops.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace qt {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ScratchDir;
+
+std::vector<double> rnd(std::mt19937_64& rng, int64_t n) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+TEST(LoraOp, BackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(7);
+  const int64_t T = 5, N = 6, K = 7, r = 3;
+  const double scale = 1.7;
+  auto x = rnd(rng, T * K), a = rnd(rng, r * K), b = rnd(rng, N * r), R = rnd(rng, T * N);
+  auto loss = [&] {
+    std::vector<double> y(static_cast<size_t>(T * N), 0.0), t(static_cast<size_t>(T * r));
+    ref::lora_forward(y.data(), t.data(), x.data(), a.data(), b.data(), T, N, K, r, scale);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * R[i];
+    return s;
+  };
+  std::vector<double> y(static_cast<size_t>(T * N), 0.0), t(static_cast<size_t>(T * r)), dt(t.size());
+  ref::lora_forward(y.data(), t.data(), x.data(), a.data(), b.data(), T, N, K, r, scale);
+  std::vector<double> dx(x.size(), 0.0), da(a.size(), 5.0), db(b.size(), 5.0);  // written over (accumulate false)
+  ref::lora_backward(dx.data(), da.data(), db.data(), dt.data(), R.data(), x.data(), t.data(), a.data(), b.data(), T, N,
+                     K, r, scale, false);
+  for (auto [name, v, g] : {std::tuple<const char*, std::vector<double>*, std::vector<double>*>{"x", &x, &dx},
+                            {"A", &a, &da}, {"B", &b, &db}}) {
+    double worst = 0, mx = 0;
+    for (size_t i = 0; i < v->size(); ++i) {
+      const double s = (*v)[i];
+      (*v)[i] = s + 1e-6;
+      const double lp = loss();
+      (*v)[i] = s - 1e-6;
+      const double lm = loss();
+      (*v)[i] = s;
+      worst = std::max(worst, std::abs((lp - lm) / 2e-6 - (*g)[i]) / std::max(1.0, std::abs((*g)[i])));
+      mx = std::max(mx, std::abs((*g)[i]));
+    }
+    EXPECT_LT(worst, 1e-6) << name;
+    EXPECT_GT(mx, 1e-2) << name << ": gradient (near) zero";
+  }
+}
+
+// A tiny model with LoRA on every projection: starts at the base model's loss (B = 0), and every
+// adapter gradient equals the finite difference of the packed row's loss.
+TEST(LoraModel, StartsAtTheBaseAndGradientsMatchFiniteDifferences) {
+  ScratchDir dir("lora-model");
+  write_random_model_dir("tiny", dir.file("m"), 3, DType::F32);
+  const HfModelDir src = hf_load(dir.file("m"));
+  PackedRow row;
+  row.append_sample({5, 9, 14, 3, 22, 7, 8}, {-100, -100, 14, 3, 22, 7, 8});
+  row.append_sample({31, 4, 12, 6, 40}, {-100, 4, 12, 6, 40});
+  CpuBackend be;
+  Qwen35Model base(src.config, be, row.num_tokens());
+  base.load(src);
+  const double base_loss = base.step(row, false, 1.0).loss_sum;
+  LoraSpec lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.targets = lora_all_targets();
+  Qwen35Model m(src.config, be, row.num_tokens(), Checkpointing::None, &lora);
+  m.load(src, 11);
+  EXPECT_EQ(m.specs().size(), 2 * (2 * 8 + 2 * 7u));  // A and B on 2 GDN x 8 and 2 attention x 7 projections
+  EXPECT_DOUBLE_EQ(m.step(row, false, 1.0).loss_sum, base_loss);        // B = 0: exactly the base
+  // Give B values so A's gradient is not zero, then compare with central differences (f32 model:
+  // a step of 1e-2 and a loose tolerance, checked on a few elements of every adapter tensor).
+  std::mt19937_64 rng(5);
+  for (size_t i = 1; i < m.specs().size(); i += 2) {
+    auto v = rnd(rng, shape_numel(m.specs()[i].shape));
+    std::vector<float> f(v.begin(), v.end());
+    for (auto& x : f) x *= 0.05f;
+    m.set_param_f32(i, f);
+  }
+  m.zero_grads();
+  m.step(row, true, 1.0);
+  size_t large = 0;
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    const std::vector<float> g = m.grad_f32(i);
+    float gmax = 0;
+    for (float x : g) gmax = std::max(gmax, std::abs(x));
+    EXPECT_GT(gmax, 0.0f) << m.specs()[i].name << ": gradient zero";
+    large += gmax > 1e-4f;  // the gate projections' (in_proj_a) are small in a random tiny model
+    std::vector<float> w = m.param_f32(i);
+    for (size_t k : {size_t(0), w.size() / 2, w.size() - 1}) {
+      const float s = w[k];
+      w[k] = s + 1e-2f;
+      m.set_param_f32(i, w);
+      const double lp = m.step(row, false, 1.0).loss_sum;
+      w[k] = s - 1e-2f;
+      m.set_param_f32(i, w);
+      const double lm = m.step(row, false, 1.0).loss_sum;
+      w[k] = s;
+      m.set_param_f32(i, w);
+      const double fd = (lp - lm) / 2e-2;
+      EXPECT_NEAR(g[k], fd, 2e-3 + 2e-2 * std::abs(fd)) << m.specs()[i].name << "[" << k << "]";
+    }
+  }
+  EXPECT_GE(large, m.specs().size() - 4);
+}
+
+std::string make_lora_run(const ScratchDir& dir, const std::string& extra) {
+  write_random_model_dir("tiny", dir.file("init"), 5, DType::F32);
+  std::ofstream data(dir.file("train.jsonl"));
+  for (int a = 0; a < 10; ++a)
+    for (int b = 0; b < 6; ++b)
+      data << "{\"messages\": [{\"role\": \"user\", \"content\": \"What is " << a << "+" << b
+           << "?\"}, {\"role\": \"assistant\", \"content\": \"" << a + b << "\"}]}\n";
+  std::ofstream(dir.file("train.yaml")) << "model: init\noutput_dir: run\ndata:\n  path: train.jsonl\n  thinking: off\n"
+                                        << "  tokens_per_batch: 128\ntrain:\n  method: lora\n  lr: 1.0e-2\n  log_every: 0\n"
+                                        << "  max_steps: 6\n  save_every: 3\nlora:\n  r: 4\n  alpha: 8\n" << extra;
+  return dir.file("train.yaml");
+}
+
+TEST(LoraTrain, WritesAPeftAdapterThatResumesAndMerges) {
+  ScratchDir dir("lora-train");
+  const std::string cfg = make_lora_run(dir, "");
+  const TrainSummary s = train_run(train_config_load(cfg, {}));
+  EXPECT_LT(s.last_loss, s.first_loss);
+  // PEFT's layout: adapter_config.json + adapter_model.safetensors with PEFT's key names, f32.
+  const auto ac = nlohmann::json::parse(read_text_file(s.final_dir + "/adapter_config.json"));
+  EXPECT_EQ(ac["peft_type"], "LORA");
+  EXPECT_EQ(ac["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(ac["r"], 4);
+  EXPECT_EQ(ac["lora_alpha"], 8.0);
+  EXPECT_EQ(ac["target_modules"].size(), 12u);
+  EXPECT_EQ(ac["base_model_name_or_path"], fs::absolute(dir.file("init")).lexically_normal().string());
+  EXPECT_FALSE(fs::exists(s.final_dir + "/config.json"));
+  EXPECT_FALSE(fs::exists(s.final_dir + "/model.safetensors"));
+  auto st = SafetensorsFile::open(s.final_dir + "/adapter_model.safetensors");
+  const SafetensorsEntry* qa = st->find("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+  ASSERT_NE(qa, nullptr);
+  EXPECT_EQ(qa->dtype, DType::F32);
+  EXPECT_EQ(qa->shape[0], 4);
+  ASSERT_NE(st->find("base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_B.weight"), nullptr);
+  for (const auto& e : st->tensors()) EXPECT_NE(e.name.find(".lora_"), std::string::npos) << e.name;
+  // Optimizer state holds the adapters only (18 bytes a parameter of the base are not spent).
+  auto opt = SafetensorsFile::open(s.final_dir + "/optimizer.safetensors");
+  EXPECT_EQ(opt->tensors().size(), 3 * st->tensors().size());
+
+  // Resume from checkpoint-3 continues exactly.
+  fs::create_directories(dir.file("resumed"));
+  const TrainSummary r = train_run(
+      train_config_load(cfg, {"output_dir=resumed", "train.resume=" + dir.file("run/checkpoint-3")}));
+  EXPECT_DOUBLE_EQ(r.last_loss, s.last_loss);
+
+  // The merged directory computes what base + adapter compute.
+  EXPECT_EQ(lora_merge_dirs(dir.file("init"), s.final_dir, dir.file("merged"), false), 2 * 8 + 2 * 7);
+  const HfModelDir base = hf_load(dir.file("init")), merged = hf_load(dir.file("merged"));
+  const PeftAdapter adapter = peft_adapter_open(s.final_dir);
+  const LoraSpec lora = lora_spec_from_peft(adapter);
+  PackedRow row;
+  row.append_sample({5, 9, 14, 3, 22, 7, 8}, {-100, -100, 14, 3, 22, 7, 8});
+  CpuBackend be;
+  Qwen35Model with_adapter(base.config, be, row.num_tokens(), Checkpointing::None, &lora);
+  with_adapter.load(base);
+  const auto w = lora_read_adapter(adapter, with_adapter.specs());
+  for (size_t i = 0; i < w.size(); ++i) with_adapter.set_param_f32(i, w[i]);
+  Qwen35Model full(merged.config, be, row.num_tokens());
+  full.load(merged);
+  const std::vector<float> la = with_adapter.logits(row), lm = full.logits(row);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    err = std::max(err, double(std::abs(la[i] - lm[i])));
+    ref = std::max(ref, double(std::abs(la[i])));
+  }
+  EXPECT_LT(err, 1e-4 * ref) << "merged logits differ from the adapter model's";
+
+  // Continuing from the adapter (lora.adapter) starts from its weights: the first loss is the last one's neighbour.
+  fs::create_directories(dir.file("cont"));
+  const TrainSummary c = train_run(train_config_load(
+      cfg, {"output_dir=cont", "lora.adapter=" + s.final_dir, "train.max_steps=1", "train.save_every=0"}));
+  EXPECT_LT(c.first_loss, s.first_loss);
+}
+
+TEST(LoraTrain, BadAdaptersAndSettingsAreNamed) {
+  ScratchDir dir("lora-bad");
+  const std::string cfg = make_lora_run(dir, "");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.dropout=0.1"}); }, "lora.dropout", "not supported yet");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.modules_to_save=[lm_head]"}); }, "lora.modules_to_save");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.targets=[qkv]"}); }, "lora.targets", "qkv");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.r=0"}); }, "lora.r");
+  fs::create_directories(dir.file("ad"));
+  std::ofstream(dir.file("ad/adapter_config.json")) << R"({"peft_type": "IA3", "r": 4})";
+  EXPECT_ERROR_CONTAINS([&] { peft_adapter_open(dir.file("ad")); }, "adapter_config.json", "IA3");
+  std::ofstream(dir.file("ad/adapter_config.json")) << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "use_dora": true})";
+  EXPECT_ERROR_CONTAINS([&] { peft_adapter_open(dir.file("ad")); }, "DoRA");
+  std::ofstream(dir.file("ad/adapter_config.json")) << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})";
+  EXPECT_ERROR_CONTAINS([&] { peft_adapter_open(dir.file("ad")); }, "adapter_model.safetensors", "missing");
+}
+
+}  // namespace
+}  // namespace qt
