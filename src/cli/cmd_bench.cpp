@@ -45,6 +45,8 @@ struct BenchArgs {
   bool no_graph = false;
   std::string checkpointing = "auto";
   std::string lengths = "chat";
+  std::string method = "full";  // full | lora (lora_r, all projections, alpha = 2 r)
+  int64_t lora_r = 16;
 };
 
 void run_bench(const BenchArgs& a) {
@@ -72,14 +74,33 @@ void run_bench(const BenchArgs& a) {
     rows.push_back(std::move(row));
   }
   const int static_max_seqs = static_sample_bound(max_samples);
-  const Checkpointing ckpt = resolve_checkpointing(a.checkpointing, cfg, *be, a.tokens_per_batch, static_max_seqs);
-  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt);
+  const bool lora = a.method == "lora";
+  LoraSpec spec;
+  spec.r = a.lora_r;
+  spec.alpha = 2.0 * double(a.lora_r);
+  spec.targets = lora_all_targets();
+  int64_t adapter_params = 0;
+  if (lora)
+    for (const ParamSpec& p : lora_param_table(cfg, spec)) adapter_params += shape_numel(p.shape);
+  const Checkpointing ckpt = resolve_checkpointing(a.checkpointing, cfg, *be, a.tokens_per_batch, static_max_seqs,
+                                                   lora ? adapter_params : -1);
+  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt, lora ? &spec : nullptr);
   const auto t_init = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < model.specs().size(); ++i) {
-    std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
-    init_param(model.specs()[i], cfg.initializer_range, a.seed, DType::F32, w.data());
-    model.set_param_f32(i, w);
+  for (size_t i = 0; i < model.base_specs().size(); ++i) {
+    std::vector<float> w(static_cast<size_t>(shape_numel(model.base_specs()[i].shape)));
+    init_param(model.base_specs()[i], cfg.initializer_range, a.seed, DType::F32, w.data());
+    model.set_base_param_f32(i, w);
   }
+  if (lora)
+    for (size_t i = 0; i < model.specs().size(); ++i) {
+      std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
+      // B gets small random values (PEFT starts it at zero) so the bench's numbers are those of
+      // a run in progress; the work per step is the same.
+      ParamSpec p = model.specs()[i];
+      if (p.init == ParamInit::Zeros) p.init = ParamInit::KaimingUniform;
+      init_param(p, 0.0, a.seed + 1, DType::F32, w.data());
+      model.set_param_f32(i, w);
+    }
   AdamWConfig adamw;
   adamw.lr = 1e-5;
   auto opt = ModelOptimizer::create(model, adamw);
@@ -102,7 +123,13 @@ void run_bench(const BenchArgs& a) {
     if (s < a.warmup) continue;
     times.push_back(dt);
     host_ms.push_back(r.host_ms);
-    const StepFlops f = step_flops(cfg, row_lens[static_cast<size_t>(s)]);
+    StepFlops f = step_flops(cfg, row_lens[static_cast<size_t>(s)]);
+    if (lora) {
+      // Frozen base: forward 2N and backward dX 2N per token, no dW; the adapters 6 per parameter
+      // (forward 2, backward dB, dt, dA, dX 4). Recomputation is not counted, as for full SFT.
+      const double tok = double(r.tokens);
+      f.dense = 4.0 * double(param_count(cfg)) * tok + 6.0 * double(adapter_params) * tok;
+    }
     flops += f.total();
     dense_flops += f.dense;
     trained += r.trained;
@@ -117,13 +144,18 @@ void run_bench(const BenchArgs& a) {
   j["preset"] = a.preset;
   j["backend"] = be->name();
   j["params"] = param_count(cfg);
+  j["method"] = a.method;
+  if (lora) {
+    j["lora_r"] = a.lora_r;
+    j["trainable_params"] = adapter_params;
+  }
   j["tokens_per_batch"] = a.tokens_per_batch;
   j["lengths"] = a.lengths;
   j["steps"] = a.steps;
   j["median_step_s"] = median;
   j["tokens_per_s"] = double(tokens) / total;
   j["trained_tokens_per_s"] = double(trained) / total;
-  j["mfu_6nd"] = dense_flops / total / peak;
+  j[lora ? "mfu_dense" : "mfu_6nd"] = dense_flops / total / peak;
   j["mfu_with_mixers"] = flops / total / peak;
   j["checkpointing"] = checkpointing_name(ckpt);
   j["step_mode"] = stepper.mode();
@@ -162,6 +194,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--checkpointing", a->checkpointing, "activation checkpointing: auto, none, selective, full")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
+  cmd->add_option("--method", a->method, "full fine-tuning or LoRA on every projection (frozen base)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"full", "lora"}));
+  cmd->add_option("--lora-r", a->lora_r, "LoRA rank (alpha = 2 r)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->callback([=] { run_bench(*a); });
 }
 

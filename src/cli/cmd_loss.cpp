@@ -1,4 +1,4 @@
-// qwentune loss --model DIR --data FILE.jsonl [--backend cpu|cuda] [--grads OUT.safetensors]
+// qwentune loss --model DIR [--adapter PEFT_DIR] --data FILE.jsonl [--backend cpu|cuda] [--grads OUT.safetensors]
 //                [--tokens-per-batch N]
 // Mean cross-entropy over every trained token of the file and, optionally, its fp32 gradients
 // under the checkpoint's parameter names. Each line is one sample: pre-tokenized
@@ -14,6 +14,8 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/peft_adapter.h"
+#include "model/lora.h"
 #include "core/log.h"
 #include "io/hf_checkpoint.h"
 #include "model/qwen35.h"
@@ -59,8 +61,9 @@ std::vector<TokenSample> read_loss_samples(const std::string& path, const std::s
   return out;
 }
 
-void run_loss(const std::string& model_dir, const std::string& data, const std::string& backend_name,
-              const std::string& grads_out, int64_t tokens_per_batch, const ChatTemplateOptions& chat) {
+void run_loss(const std::string& model_dir, const std::string& adapter_dir, const std::string& data,
+              const std::string& backend_name, const std::string& grads_out, int64_t tokens_per_batch,
+              const ChatTemplateOptions& chat) {
   HfModelDir dir = hf_load(model_dir);
   const std::vector<TokenSample> samples = read_loss_samples(data, model_dir, dir.config.vocab_size, chat);
   // Rows in file order: a sample starts a new row when it would overflow the current one.
@@ -78,8 +81,19 @@ void run_loss(const std::string& model_dir, const std::string& data, const std::
   for (const auto& r : rows) trained += r.num_trained();
   QT_CHECK(trained > 0, data, ": no trained tokens (every label is -100 or every sample has one token)");
   auto be = make_backend(backend_name == "auto" ? default_backend_name() : backend_name);
-  Qwen35Model model(dir.config, *be, longest);
+  // With --adapter: the LoRA model, whose gradients are the adapters' (under PEFT's keys).
+  std::unique_ptr<PeftAdapter> adapter;
+  LoraSpec lora;
+  if (!adapter_dir.empty()) {
+    adapter = std::make_unique<PeftAdapter>(peft_adapter_open(adapter_dir));
+    lora = lora_spec_from_peft(*adapter);
+  }
+  Qwen35Model model(dir.config, *be, longest, Checkpointing::None, adapter ? &lora : nullptr);
   model.load(dir);
+  if (adapter) {
+    const auto w = lora_read_adapter(*adapter, model.specs());
+    for (size_t i = 0; i < w.size(); ++i) model.set_param_f32(i, w[i]);
+  }
   model.zero_grads();
   double loss_sum = 0;
   for (const auto& r : rows) loss_sum += model.step(r, !grads_out.empty(), 1.0 / double(trained)).loss_sum;
@@ -99,7 +113,7 @@ void run_loss(const std::string& model_dir, const std::string& data, const std::
     }
     for (size_t i = 0; i < model.specs().size(); ++i) {
       const std::vector<float>* g = &grads[i];
-      specs.push_back({model.specs()[i].name, DType::F32, model.specs()[i].shape,
+      specs.push_back({adapter ? peft_key(model.specs()[i].name) : model.specs()[i].name, DType::F32, model.specs()[i].shape,
                        [g](void* dst, size_t n) { std::memcpy(dst, g->data(), n); }});
     }
     const std::string parent = std::filesystem::path(grads_out).parent_path().string();
@@ -157,6 +171,8 @@ void add_loss_command(CLI::App& app) {
   auto thinking = std::make_shared<std::string>("on");
   auto train_on = std::make_shared<std::string>("assistant");
   cmd->add_option("--model", *model, "HF model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
+  auto adapter = std::make_shared<std::string>();
+  cmd->add_option("--adapter", *adapter, "a PEFT LoRA adapter on the model (--grads: the adapters' gradients)");
   cmd->add_option("--data", *data, "JSONL file, one sample per line")->required();
   cmd->add_option("--backend", *backend, "cpu, cuda or auto")->capture_default_str();
   cmd->add_option("--grads", *grads, "write fp32 gradients to this .safetensors file");
@@ -170,7 +186,7 @@ void add_loss_command(CLI::App& app) {
     ChatTemplateOptions chat;
     chat.thinking = thinking_mode_from_name(*thinking);
     chat.train_on = train_on_from_name(*train_on);
-    run_loss(*model, *data, *backend, *grads, *tpb, chat);
+    run_loss(*model, *adapter, *data, *backend, *grads, *tpb, chat);
   });
 }
 

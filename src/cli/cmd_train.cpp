@@ -1,5 +1,6 @@
 // qwentune train --config FILE.yaml [--set section.key=value ...]
-// qwentune generate --model DIR (--prompt TEXT | --eval FILE.jsonl) [...]
+// qwentune generate --model DIR [--adapter DIR] (--prompt TEXT | --eval FILE.jsonl) [...]
+// qwentune merge --model BASE --adapter DIR --out DIR
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -10,7 +11,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/data_job.h"
+#include "io/peft_adapter.h"
 #include "model/generate.h"
+#include "model/lora.h"
 #include "ops/cpu/cpu_backend.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -29,7 +32,7 @@ std::string chat_prompt(const std::string& user, ThinkingMode thinking) {
 }
 
 struct GenerateJob {
-  std::string model, prompt, eval;
+  std::string model, adapter, prompt, eval;
   bool chat = true;
   std::string thinking = "off";
   GenerateOptions opts;
@@ -56,14 +59,28 @@ void run_generate(const GenerateJob& job) {
     return ids;
   };
   CpuBackend be;
+  // --adapter: a LoRA model; the decoder runs it with the merged weights.
+  std::unique_ptr<PeftAdapter> adapter;
+  LoraSpec lora;
+  if (!job.adapter.empty()) {
+    adapter = std::make_unique<PeftAdapter>(peft_adapter_open(job.adapter));
+    lora = lora_spec_from_peft(*adapter);
+  }
+  auto load_model = [&](Qwen35Model& model) {
+    model.load(dir);
+    if (!adapter) return;
+    const auto w = lora_read_adapter(*adapter, model.specs());
+    for (size_t i = 0; i < w.size(); ++i) model.set_param_f32(i, w[i]);
+  };
+  const LoraSpec* lora_ptr = adapter ? &lora : nullptr;
   if (job.eval.empty()) {
     const std::vector<int32_t> prompt = encode_prompt(job.prompt);
     if (static_cast<int64_t>(prompt.size()) + opts.max_new_tokens > dir.config.max_position_embeddings)
       log_warn("generate: the prompt (", prompt.size(), " tokens) plus --max-new-tokens ", opts.max_new_tokens,
                " passes the model's max_position_embeddings (", dir.config.max_position_embeddings,
                "); generation stops there");
-    Qwen35Model model(dir.config, be, 1);  // holds the weights; decoding is incremental (model/decoder.h)
-    model.load(dir);
+    Qwen35Model model(dir.config, be, 1, Checkpointing::None, lora_ptr);  // holds the weights; decoding is incremental
+    load_model(model);
     const GenerateResult r = generate(model, prompt, opts);
     std::printf("%s\n", tok.decode(strip_stop(r.ids)).c_str());
     std::fflush(stdout);
@@ -91,8 +108,8 @@ void run_generate(const GenerateJob& job) {
     items.emplace_back(j["prompt"].get<std::string>(), j["answer"].get<std::string>());
   }
   QT_CHECK(!items.empty(), job.eval, ": no items");
-  Qwen35Model model(dir.config, be, 1);  // holds the weights; decoding is incremental (model/decoder.h)
-  model.load(dir);
+  Qwen35Model model(dir.config, be, 1, Checkpointing::None, lora_ptr);  // decoding is incremental (model/decoder.h)
+  load_model(model);
   int64_t correct = 0;
   nlohmann::ordered_json examples = nlohmann::ordered_json::array();
   for (const auto& [prompt, answer] : items) {
@@ -109,6 +126,19 @@ void run_generate(const GenerateJob& job) {
 }  // namespace
 
 void add_train_commands(CLI::App& app) {
+  {
+    auto* cmd = app.add_subcommand("merge", "Merge a PEFT LoRA adapter into its base: an HF directory in the base's dtype");
+    auto base = std::make_shared<std::string>(), adapter = std::make_shared<std::string>(), out = std::make_shared<std::string>();
+    auto force = std::make_shared<bool>(false);
+    cmd->add_option("--model", *base, "the base HF model directory or hub id")->required();
+    cmd->add_option("--adapter", *adapter, "the PEFT LoRA adapter directory")->required();
+    cmd->add_option("--out", *out, "output directory")->required();
+    cmd->add_flag("--force", *force, "write into a non-empty directory that is not a model directory (its files are kept)");
+    cmd->callback([=] {
+      const int64_t n = lora_merge_dirs(*base, *adapter, *out, *force);
+      std::printf("merged %lld adapted weights into %s\n", static_cast<long long>(n), out->c_str());
+    });
+  }
   {
     auto* cmd = app.add_subcommand("train", "Fine-tune a model (YAML config; --set overrides any key)");
     auto config = std::make_shared<std::string>();
@@ -145,6 +175,7 @@ void add_train_commands(CLI::App& app) {
     auto* eval = cmd->add_option("--eval", job->eval, "JSONL of {prompt, answer}: prints exact-match accuracy");
     prompt->excludes(eval);
     cmd->add_option("--model", job->model, "HF model directory or hub id (Qwen/Qwen3.5-2B[@rev])")->required();
+    cmd->add_option("--adapter", job->adapter, "a PEFT LoRA adapter directory to apply to the model");
     cmd->add_flag("--raw", *raw, "use the prompt as raw text, without the chat template");
     cmd->add_option("--thinking", job->thinking, "on|off: the assistant generation prompt")->capture_default_str();
     cmd->add_option("--max-new-tokens", job->opts.max_new_tokens, "")->capture_default_str()->check(CLI::PositiveNumber);

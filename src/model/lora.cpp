@@ -208,7 +208,7 @@ int64_t lora_merge_dirs(const std::string& base_dir, const std::string& adapter_
                      }});
   }
   HfSaveOptions opts;
-  opts.copy_files_from = base_dir;
+  opts.copy_files_from = base.dir;  // resolved (a hub id names a snapshot)
   opts.force = force;
   hf_save(out_dir, base.config.raw, specs, opts);
   return static_cast<int64_t>(adapted.size());
