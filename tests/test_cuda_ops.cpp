@@ -265,6 +265,37 @@ TEST_F(OpsTest, Linear) {
   }
 }
 
+// LoRA (lora_forward / lora_backward): four thin GEMMs around the projection's, at the ranks
+// users pick; y and dx start from prefilled values (the base projection's), the adapter gradients
+// are written (f32) and then accumulated.
+TEST_F(OpsTest, Lora) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (auto [N, K, r] : {std::tuple<int64_t, int64_t, int64_t>{96, 200, 16}, {200, 96, 8}, {40, 24, 64}}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " N " + std::to_string(N) + " K " + std::to_string(K) + " r " + std::to_string(r));
+      Pair x = input({T, K}), a = input({r, K}), b = input({N, r}), y = output({T, N}, DType::BF16, true);
+      Pair t = output({T, r});
+      const double scale = 2.0 / double(r) * 3.0;
+      g_->lora_forward(y.gpu, t.gpu, x.gpu, {a.gpu, b.gpu, scale});
+      c_->lora_forward(y.cpu, t.cpu, x.cpu, {a.cpu, b.cpu, scale});
+      expect_close("t", t);
+      expect_close("y (+=)", y);
+      for (bool acc : {false, true}) {
+        Pair dy = input({T, N}), dx = output({T, K}, DType::BF16, true), dt = output({T, r});
+        Pair da = output({r, K}, DType::F32, acc), db = output({N, r}, DType::F32, acc);
+        g_->lora_backward(dx.gpu, {da.gpu, db.gpu, acc}, dt.gpu, dy.gpu, x.gpu, t.gpu, {a.gpu, b.gpu, scale});
+        c_->lora_backward(dx.cpu, {da.cpu, db.cpu, acc}, dt.cpu, dy.cpu, x.cpu, t.cpu, {a.cpu, b.cpu, scale});
+        expect_close("dt", dt);
+        expect_close(acc ? "dA (acc)" : "dA", da);
+        expect_close(acc ? "dB (acc)" : "dB", db);
+        // dt is a bf16 intermediate on the GPU (as t is): dx carries its rounding times A on top
+        // of dx's own, so one more bf16 rounding error is allowed.
+        expect_close("dx (+=)", dx, 3.0);
+      }
+    }
+  }
+}
+
 // A malformed QT_GEMM_CANDIDATES stops the backend's construction with a message naming it (the
 // environment is read before any device call, so this runs without a GPU too).
 TEST(CudaBackendEnv, BadGemmCandidatesNamed) {

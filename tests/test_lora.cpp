@@ -201,6 +201,49 @@ TEST(LoraTrain, WritesAPeftAdapterThatResumesAndMerges) {
   EXPECT_LT(c.first_loss, s.first_loss);
 }
 
+// Golden parity with PEFT (tools/make_lora_fixtures.py, fp32, each sample run alone there): the
+// packed row's mean loss and every adapter gradient of an adapter PEFT saved.
+class LoraGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LoraGolden, LossAndAdapterGradientsMatchPeft) {
+  const std::string g = testing::testdata_dir() + "/golden/" + GetParam();
+  const auto meta = nlohmann::json::parse(read_text_file(g + "/golden.json"));
+  const std::string base_dir = testing::testdata_dir() + "/golden/" + meta["base"].get<std::string>();
+  const auto base_meta = nlohmann::json::parse(read_text_file(base_dir + "/golden.json"));
+  PackedRow row;
+  for (const auto& s : base_meta["samples"])
+    row.append_sample(s["input_ids"].get<std::vector<int32_t>>(), s["labels"].get<std::vector<int32_t>>());
+  const HfModelDir base = hf_load(base_dir);
+  const PeftAdapter adapter = peft_adapter_open(g);
+  const LoraSpec lora = lora_spec_from_peft(adapter);
+  EXPECT_EQ(lora.rslora, meta["use_rslora"].get<bool>());
+  CpuBackend be;
+  Qwen35Model m(base.config, be, row.num_tokens(), Checkpointing::None, &lora);
+  m.load(base);
+  const auto w = lora_read_adapter(adapter, m.specs());
+  for (size_t i = 0; i < w.size(); ++i) m.set_param_f32(i, w[i]);
+  m.zero_grads();
+  const double trained = double(row.num_trained());
+  const double loss = m.step(row, true, 1.0 / trained).loss_sum / trained;
+  const double want = meta["mean_loss"].get<double>();
+  EXPECT_NEAR(loss, want, 1e-4 * want);
+  auto ref = SafetensorsFile::open(g + "/golden.safetensors");
+  ASSERT_EQ(ref->tensors().size(), m.specs().size());
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    const SafetensorsEntry* e = ref->find("grad." + peft_key(m.specs()[i].name));
+    ASSERT_NE(e, nullptr) << m.specs()[i].name;
+    const std::vector<float> want_g = tensor_to_f32(e->view()), got = m.grad_f32(i);
+    double num = 0, den = 0;
+    for (size_t k = 0; k < got.size(); ++k) {
+      num += (double(got[k]) - want_g[k]) * (double(got[k]) - want_g[k]);
+      den += double(want_g[k]) * want_g[k];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-3) << m.specs()[i].name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraGolden, ::testing::Values("lora_untied", "lora_tied_rslora"));
+
 TEST(LoraTrain, BadAdaptersAndSettingsAreNamed) {
   ScratchDir dir("lora-bad");
   const std::string cfg = make_lora_run(dir, "");

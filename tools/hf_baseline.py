@@ -4,6 +4,13 @@ data mix as `qwentune bench` (random init, bf16, AdamW, gradient checkpointing o
 recipe does), on the GPU machine.
 
     python3 tools/hf_baseline.py --preset 2b [--steps 4] [--tokens-per-batch 8192] [--mode packed|padded]
+                                 [--peft] [--fla DIR]
+
+--peft: LoRA through PEFT (r 16, alpha 32, every linear projection, as `qwentune bench --method lora`).
+--fla DIR: flash-linear-attention's Triton kernels (a source tree on DIR, e.g. `git archive HEAD fla`)
+        as the GDN layers' chunk_gated_delta_rule: the seed's best stack. Its gated backward refuses to
+        run on Hopper with Triton 3.4-3.7.0 (wrong gradients, its issue #640); for a speed-only baseline
+        the guard is to be disabled in the carried copy (bench/run_lora_gpu.sh does, and says so).
 
 packed: one row of tokens_per_batch tokens per step, samples concatenated, per-sample position_ids
         and cu_seq_lens_q/k + max_length_q/k passed (transformers' flattening-collator path);
@@ -50,6 +57,8 @@ def main():
     ap.add_argument("--mode", default="packed", choices=["packed", "padded"])
     ap.add_argument("--no-grad-ckpt", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peft", action="store_true")
+    ap.add_argument("--fla", default="")
     args = ap.parse_args()
     H, L, I, Hq, Hkv, Hv, tie = PRESETS[args.preset]
     cfg = AutoConfig.for_model(
@@ -63,10 +72,41 @@ def main():
     dev = torch.device("cuda")
     with torch.device(dev):
         model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
+    fla_used = ""
+    if args.fla:
+        # transformers picks its GDN kernels at import (module globals) or per layer (attributes),
+        # depending on the version: point both at flash-linear-attention's.
+        import sys
+        sys.path.insert(0, args.fla)
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        import transformers.models.qwen3_5.modeling_qwen3_5 as mq
+        patched = []
+        for name in dir(mq):
+            if "chunk_gated_delta_rule" in name:
+                setattr(mq, name, chunk_gated_delta_rule)
+                patched.append(name)
+            elif "recurrent_gated_delta_rule" in name:
+                setattr(mq, name, fused_recurrent_gated_delta_rule)
+                patched.append(name)
+        for m in model.modules():
+            for attr in ("chunk_gated_delta_rule", "recurrent_gated_delta_rule"):
+                if hasattr(m, attr):
+                    setattr(m, attr, chunk_gated_delta_rule if attr.startswith("chunk") else fused_recurrent_gated_delta_rule)
+                    patched.append(type(m).__name__ + "." + attr)
+        assert patched, "found no GDN kernel in transformers to replace: " + ", ".join(n for n in dir(mq) if "delta" in n)
+        fla_used = ",".join(sorted(set(patched)))
     model.train()
-    if not args.no_grad_ckpt:
+    if args.peft:
+        from peft import LoraConfig, get_peft_model
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",
+                   "out_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets, lora_dropout=0.0))
+        if not args.no_grad_ckpt:
+            model.enable_input_require_grads()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif not args.no_grad_ckpt:
         model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     rng = random.Random(args.seed)
     n_params = sum(p.numel() for p in model.parameters())
 
@@ -111,7 +151,9 @@ def main():
             trained += n_trained
     med = statistics.median(times)
     tok_s = args.tokens_per_batch / med
-    print(json.dumps({"engine": "transformers", "preset": args.preset, "mode": args.mode,
+    print(json.dumps({"engine": "transformers" + ("+peft" if args.peft else "") + ("+fla" if args.fla else ""),
+                      "fla_patched": fla_used,
+                      "preset": args.preset, "mode": args.mode,
                       "grad_ckpt": not args.no_grad_ckpt, "params": n_params, "median_step_s": med,
                       "tokens_per_s": tok_s, "trained_tokens_per_s": trained / sum(times),
                       "mfu_6nd": 6 * n_params * tok_s / 790e12,

@@ -260,8 +260,12 @@ TrainSummary train_run(const TrainConfig& cfg) {
     if (!cfg.lora_adapter.empty()) {
       const PeftAdapter adapter = peft_adapter_open(cfg.lora_adapter);
       const LoraSpec found = lora_spec_from_peft(adapter);
+      auto sorted = [](std::vector<std::string> v) {
+        std::sort(v.begin(), v.end());
+        return v;
+      };
       QT_CHECK(found.r == cfg.lora.r && found.alpha == cfg.lora.alpha && found.rslora == cfg.lora.rslora &&
-                   found.targets == cfg.lora.targets,
+                   sorted(found.targets) == sorted(cfg.lora.targets),
                cfg.lora_adapter, ": the adapter has r ", found.r, ", alpha ", found.alpha, ", ", found.targets.size(),
                " targets; the lora: section says r ", cfg.lora.r, ", alpha ", cfg.lora.alpha, ", ",
                cfg.lora.targets.size(), " targets (make them agree)");
