@@ -87,14 +87,16 @@ TEST(LoraModel, StartsAtTheBaseAndGradientsMatchFiniteDifferences) {
   lora.r = 4;
   lora.alpha = 8;
   lora.targets = lora_all_targets();
+  lora.modules_to_save = {"post_attention_layernorm", "model.norm"};  // trained fully beside the adapters
   Qwen35Model m(src.config, be, row.num_tokens(), Checkpointing::None, &lora);
   m.load(src, 11);
-  EXPECT_EQ(m.specs().size(), 2 * (2 * 8 + 2 * 7u));  // A and B on 2 GDN x 8 and 2 attention x 7 projections
+  EXPECT_EQ(m.num_adapter_tensors(), 2 * (2 * 8 + 2 * 7u));  // A and B on 2 GDN x 8 and 2 attention x 7 projections
+  EXPECT_EQ(m.specs().size(), m.num_adapter_tensors() + 4 + 1);  // 4 post-attention norms, the final norm
   EXPECT_DOUBLE_EQ(m.step(row, false, 1.0).loss_sum, base_loss);        // B = 0: exactly the base
   // Give B values so A's gradient is not zero, then compare with central differences (f32 model:
   // a step of 1e-2 and a loose tolerance, checked on a few elements of every adapter tensor).
   std::mt19937_64 rng(5);
-  for (size_t i = 1; i < m.specs().size(); i += 2) {
+  for (size_t i = 1; i < m.num_adapter_tensors(); i += 2) {
     auto v = rnd(rng, shape_numel(m.specs()[i].shape));
     std::vector<float> f(v.begin(), v.end());
     for (auto& x : f) x *= 0.05f;
@@ -217,6 +219,9 @@ TEST_P(LoraGolden, LossAndAdapterGradientsMatchPeft) {
   const PeftAdapter adapter = peft_adapter_open(g);
   const LoraSpec lora = lora_spec_from_peft(adapter);
   EXPECT_EQ(lora.rslora, meta["use_rslora"].get<bool>());
+  if (meta.contains("modules_to_save") && !meta["modules_to_save"].is_null()) {
+    EXPECT_EQ(lora.modules_to_save.size(), meta["modules_to_save"].size());
+  }
   CpuBackend be;
   Qwen35Model m(base.config, be, row.num_tokens(), Checkpointing::None, &lora);
   m.load(base);
@@ -242,13 +247,39 @@ TEST_P(LoraGolden, LossAndAdapterGradientsMatchPeft) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LoraGolden, ::testing::Values("lora_untied", "lora_tied_rslora"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraGolden,
+                         ::testing::Values("lora_untied", "lora_tied_rslora", "lora_untied_modules_to_save"));
+
+TEST(LoraTrain, ModulesToSaveAreTrainedSavedAndMerged) {
+  ScratchDir dir("lora-mts");
+  const std::string cfg = make_lora_run(dir, "  modules_to_save: [model.norm, input_layernorm]\n");
+  const TrainSummary s = train_run(train_config_load(cfg, {}));
+  const auto ac = nlohmann::json::parse(read_text_file(s.final_dir + "/adapter_config.json"));
+  EXPECT_EQ(ac["modules_to_save"], nlohmann::json({"model.norm", "input_layernorm"}));
+  auto st = SafetensorsFile::open(s.final_dir + "/adapter_model.safetensors");
+  const SafetensorsEntry* norm = st->find("base_model.model.model.norm.weight");
+  ASSERT_NE(norm, nullptr);
+  ASSERT_NE(st->find("base_model.model.model.layers.3.input_layernorm.weight"), nullptr);
+  const HfModelDir base = hf_load(dir.file("init"));
+  const std::vector<float> before = tensor_to_f32(base.store.get("model.norm.weight").view()), after = tensor_to_f32(norm->view());
+  double moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) moved = std::max(moved, double(std::abs(after[i] - before[i])));
+  EXPECT_GT(moved, 1e-4) << "the final norm was not trained";
+  // merge writes the trained norm in place of the base's.
+  lora_merge_dirs(dir.file("init"), s.final_dir, dir.file("merged"), false);
+  const std::vector<float> merged = tensor_to_f32(hf_load(dir.file("merged")).store.get("model.norm.weight").view());
+  for (size_t i = 0; i < merged.size(); ++i) EXPECT_FLOAT_EQ(merged[i], after[i]);
+  // Names that match nothing, or a module holding adapted projections, are errors.
+  EXPECT_ERROR_CONTAINS([&] { train_run(train_config_load(cfg, {"lora.modules_to_save=[nope]", "output_dir=o2"})); },
+                        "nope", "matches no module");
+  EXPECT_ERROR_CONTAINS([&] { train_run(train_config_load(cfg, {"lora.modules_to_save=[self_attn]", "output_dir=o3"})); },
+                        "self_attn", "holds");
+}
 
 TEST(LoraTrain, BadAdaptersAndSettingsAreNamed) {
   ScratchDir dir("lora-bad");
   const std::string cfg = make_lora_run(dir, "");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.dropout=0.1"}); }, "lora.dropout", "not supported yet");
-  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.modules_to_save=[lm_head]"}); }, "lora.modules_to_save");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.targets=[qkv]"}); }, "lora.targets", "qkv");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.r=0"}); }, "lora.r");
   fs::create_directories(dir.file("ad"));

@@ -29,29 +29,34 @@ from transformers import Qwen3_5ForCausalLM
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",
        "out_proj", "gate_proj", "up_proj", "down_proj"]
-FIXTURES = [  # name, base fixture, targets, r, alpha, rslora, seed
-    ("lora_untied", "tiny_untied", ALL, 4, 8.0, False, 77),
-    ("lora_tied_rslora", "tiny_tied", ["q_proj", "v_proj", "in_proj_qkv", "out_proj", "down_proj"], 8, 4.0, True, 78),
+FIXTURES = [  # name, base fixture, targets, r, alpha, rslora, seed, modules_to_save
+    ("lora_untied", "tiny_untied", ALL, 4, 8.0, False, 77, None),
+    ("lora_tied_rslora", "tiny_tied", ["q_proj", "v_proj", "in_proj_qkv", "out_proj", "down_proj"], 8, 4.0, True, 78, None),
+    ("lora_untied_modules_to_save", "tiny_untied", ["q_proj", "in_proj_qkv", "in_proj_z", "down_proj"], 4, 8.0, False, 79,
+     ["norm", "lm_head"]),
 ]
 
 
 def peft_key(param_name):
     """PEFT's saved key of a trainable parameter (the adapter name 'default' left out)."""
-    return param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+    return (param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+            .replace(".modules_to_save.default.", "."))
 
 
 def make(golden):
-    for name, base, targets, r, alpha, rslora, seed in FIXTURES:
+    for name, base, targets, r, alpha, rslora, seed, mts in FIXTURES:
         base_dir = os.path.join(golden, base)
         meta = json.load(open(os.path.join(base_dir, "golden.json")))
         model = Qwen3_5ForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
         cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
-                         bias="none", task_type="CAUSAL_LM")
+                         bias="none", task_type="CAUSAL_LM", modules_to_save=mts)
         pm = get_peft_model(model, cfg)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for n, p in pm.named_parameters():
-                if "lora_" in n:
+                if "modules_to_save" in n:  # the trained copies start away from the base's
+                    p.add_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.05).float())
+                elif "lora_" in n:
                     p.copy_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.3 / p.shape[-1] ** 0.5).float())
         pm.eval()
         sums, counts, tensors = [], [], {}
@@ -71,6 +76,7 @@ def make(golden):
         pm.save_pretrained(out, safe_serialization=True)
         save_file(tensors, os.path.join(out, "golden.safetensors"))
         json.dump({"base": base, "targets": targets, "r": r, "lora_alpha": alpha, "use_rslora": rslora,
+                   "modules_to_save": mts,
                    "mean_loss": float(mean), "loss_sums": [float(x) for x in sums], "trained_counts": counts},
                   open(os.path.join(out, "golden.json"), "w"))
         print(json.dumps({"fixture": name, "mean_loss": float(mean), "grads": len(tensors),

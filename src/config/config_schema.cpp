@@ -220,11 +220,8 @@ const std::vector<ConfigKey>& config_keys() {
                 "[q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj, gate_proj, up_proj, down_proj]",
                 "projections that get adapters, by checkpoint name", 0, 0, false, false,
                 "q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|in_proj_a|in_proj_b|out_proj|gate_proj|up_proj|down_proj"},
-      [] {
-        ConfigKey k{"lora", "modules_to_save", T::StrList, "[]", "modules trained fully beside the adapters; only [] for now"};
-        k.only_default = "norms, embeddings and the LM head stay frozen under LoRA";
-        return k;
-      }(),
+      ConfigKey{"lora", "modules_to_save", T::StrList, "[]",
+                "modules trained fully beside the adapters (PEFT's rule: module paths ending so, e.g. norm, lm_head)"},
       path("lora", "adapter", T::Path, nullptr, "an existing PEFT LoRA adapter directory to continue training from"),
   };
   return keys;

@@ -23,7 +23,7 @@ nlohmann::ordered_json peft_adapter_config_json(const PeftLoraConfig& c) {
           {"use_dora", false},
           {"init_lora_weights", true},
           {"inference_mode", true},
-          {"modules_to_save", nullptr},
+          {"modules_to_save", c.modules_to_save.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(c.modules_to_save)},
           {"layers_to_transform", nullptr},
           {"layers_pattern", nullptr},
           {"rank_pattern", nlohmann::ordered_json::object()},
@@ -55,6 +55,8 @@ PeftAdapter peft_adapter_open(const std::string& dir) {
     const auto& t = j.at("target_modules");
     if (t.is_string()) a.config.target_modules.push_back(t.get<std::string>());
     else a.config.target_modules = t.get<std::vector<std::string>>();
+    if (j.contains("modules_to_save") && !j["modules_to_save"].is_null())
+      a.config.modules_to_save = j["modules_to_save"].get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     QT_FAIL(cfg_path, ": ", e.what());
   }
@@ -66,7 +68,7 @@ PeftAdapter peft_adapter_open(const std::string& dir) {
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     QT_CHECK(!j.contains(k) || j[k].is_null() || j[k].empty(), cfg_path, ": ", k,
              " is set; per-module ranks and alphas are not supported");
-  for (const char* k : {"layers_to_transform", "modules_to_save"})
+  for (const char* k : {"layers_to_transform"})
     QT_CHECK(!j.contains(k) || j[k].is_null() || j[k].empty(), cfg_path, ": ", k, " is set; not supported");
   const std::string w = (fs::path(dir) / "adapter_model.safetensors").string();
   QT_CHECK(fs::is_regular_file(w), w, ": missing (adapters saved as adapter_model.bin are not read; save with safetensors)");

@@ -19,6 +19,7 @@ struct PeftLoraConfig {
   double dropout = 0;
   bool rslora = false;
   std::vector<std::string> target_modules;
+  std::vector<std::string> modules_to_save;  // trained fully, saved under base_model.model.<name>
   std::string base_model;  // base_model_name_or_path
 };
 

@@ -43,7 +43,7 @@ IncrementalDecoder::IncrementalDecoder(const Qwen35Model& model) : cfg_(model.co
   // LoRA: decode with the merged weights W + scale B A (the same function, one GEMM less a step).
   if (const LoraSpec* lora = model.lora()) {
     const auto& ad = model.specs();
-    for (size_t i = 0; i + 1 < ad.size(); i += 2) {
+    for (size_t i = 0; i + 1 < model.num_adapter_tensors(); i += 2) {
       const int w = index_[static_cast<size_t>(ad[i].layer + 1)][static_cast<int>(ad[i].role)];
       lora_merge_into(weights_[static_cast<size_t>(w)], model.param_f32(i), model.param_f32(i + 1), ad[i + 1].shape[0],
                       ad[i].shape[1], lora->r, lora->scale());

@@ -81,6 +81,49 @@ std::vector<ParamSpec> lora_param_table(const ModelConfig& cfg, const LoraSpec& 
   return out;
 }
 
+namespace {
+// The module a weight belongs to: its name without the last component (".weight").
+std::string module_of(const std::string& name) { return name.substr(0, name.rfind('.')); }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+std::vector<size_t> lora_saved_modules(const ModelConfig& cfg, const LoraSpec& lora) {
+  const std::vector<ParamSpec> table = param_table(cfg);
+  std::vector<size_t> out;
+  for (const std::string& m : lora.modules_to_save) {
+    QT_CHECK(!m.empty(), "lora.modules_to_save: empty name");
+    if (m == "lm_head" && cfg.tie_word_embeddings)
+      QT_FAIL("lora.modules_to_save: lm_head is tied to embed_tokens in this model; name embed_tokens");
+    bool found = false;
+    for (size_t i = 0; i < table.size(); ++i) {
+      const std::string mod = module_of(table[i].name);
+      // Every enclosing module of the weight: a match above its own module names a container
+      // (a whole layer or mixer), which PEFT would train whole, adapted projections included.
+      for (std::string anc = module_of(mod); anc.find('.') != std::string::npos; anc = module_of(anc))
+        QT_CHECK(!ends_with(anc, m), "lora.modules_to_save: '", m, "' names ", anc, ", a module that holds ",
+                 table[i].name, " (and LoRA targets); name leaf modules (norms, embed_tokens, lm_head, conv1d)");
+      if (!ends_with(mod, m) || !ends_with(table[i].name, ".weight")) continue;
+      QT_CHECK(!lora_targets(lora, table[i].role), "lora.modules_to_save: '", m, "' names ", mod,
+               ", which is also a LoRA target (lora.targets)");
+      if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
+      found = true;
+    }
+    QT_CHECK(found, "lora.modules_to_save: '", m, "' matches no module of the model (e.g. embed_tokens, lm_head, norm, "
+             "input_layernorm, conv1d)");
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<ParamSpec> lora_trainable_table(const ModelConfig& cfg, const LoraSpec& lora) {
+  std::vector<ParamSpec> t = lora_param_table(cfg, lora);
+  const std::vector<ParamSpec> base = param_table(cfg);
+  for (size_t i : lora_saved_modules(cfg, lora)) t.push_back(base[i]);
+  return t;
+}
+
 std::string peft_key(const std::string& name) { return "base_model.model." + name; }
 
 std::string peft_key_to_adapter_name(const std::string& key) {
@@ -124,6 +167,7 @@ LoraSpec lora_spec_from_peft(const PeftAdapter& adapter) {
   s.r = adapter.config.r;
   s.alpha = adapter.config.alpha;
   s.rslora = adapter.config.rslora;
+  s.modules_to_save = adapter.config.modules_to_save;
   const std::string cfg = adapter.dir + "/adapter_config.json";
   for (const auto& t : adapter.config.target_modules) {
     if (t == "all-linear") {
@@ -145,6 +189,7 @@ PeftLoraConfig lora_peft_config(const LoraSpec& lora, const std::string& base_mo
   c.alpha = lora.alpha;
   c.rslora = lora.rslora;
   c.target_modules = lora.targets;
+  c.modules_to_save = lora.modules_to_save;
   c.base_model = base_model;
   return c;
 }
@@ -180,10 +225,13 @@ int64_t lora_merge_dirs(const std::string& base_dir, const std::string& adapter_
   const HfModelDir base = hf_load(base_dir);
   const PeftAdapter adapter = peft_adapter_open(adapter_dir);
   const LoraSpec lora = lora_spec_from_peft(adapter);
-  const std::vector<ParamSpec> table = lora_param_table(base.config, lora);
+  const std::vector<ParamSpec> table = lora_trainable_table(base.config, lora);
+  const size_t n_adapter = lora_param_table(base.config, lora).size();
   const std::vector<std::vector<float>> weights = lora_read_adapter(adapter, table);
+  std::map<std::string, size_t> saved;  // base weight name -> index of its trained copy in table
+  for (size_t i = n_adapter; i < table.size(); ++i) saved[table[i].name] = i;
   std::map<std::string, size_t> adapted;  // base weight name -> index of its A in table
-  for (size_t i = 0; i < table.size(); i += 2) {
+  for (size_t i = 0; i < n_adapter; i += 2) {
     const std::string& n = table[i].name;
     adapted[n.substr(0, n.size() - std::string(".lora_A.weight").size()) + ".weight"] = i;
   }
@@ -193,6 +241,14 @@ int64_t lora_merge_dirs(const std::string& base_dir, const std::string& adapter_
   std::vector<TensorWriteSpec> specs;
   for (const SafetensorsEntry* e : base.store.tensors()) {
     auto it = adapted.find(e->name);
+    if (auto sv = saved.find(e->name); sv != saved.end()) {  // modules_to_save: the trained weight
+      const std::vector<float>* w = &weights[sv->second];
+      const DType t = e->dtype;
+      specs.push_back({e->name, t, e->shape, [w, t](void* dst, size_t) {
+                         tensor_from_f32(Tensor(dst, t, {static_cast<int64_t>(w->size())}), w->data());
+                       }});
+      continue;
+    }
     if (it == adapted.end()) {
       specs.push_back(passthrough_spec(*e));
       continue;
@@ -211,7 +267,7 @@ int64_t lora_merge_dirs(const std::string& base_dir, const std::string& adapter_
   opts.copy_files_from = base.dir;  // resolved (a hub id names a snapshot)
   opts.force = force;
   hf_save(out_dir, base.config.raw, specs, opts);
-  return static_cast<int64_t>(adapted.size());
+  return static_cast<int64_t>(adapted.size() + saved.size());
 }
 
 }  // namespace qt

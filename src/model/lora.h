@@ -20,6 +20,9 @@ struct LoraSpec {
   double alpha = 32;
   bool rslora = false;
   std::vector<std::string> targets;  // projection names (q_proj, in_proj_qkv, down_proj, ...)
+  // Modules trained fully beside the adapters (PEFT's modules_to_save): every base weight whose
+  // module path ends with one of these (PEFT's rule: "norm" names every norm, "lm_head" the head).
+  std::vector<std::string> modules_to_save;
   double scale() const;
 };
 
@@ -35,6 +38,11 @@ void lora_validate(const LoraSpec& lora);
 // The adapter tensors of a model, in the base table's order: for each targeted projection its A
 // then its B (role and layer of the projection; init KaimingUniform / Zeros).
 std::vector<ParamSpec> lora_param_table(const ModelConfig& cfg, const LoraSpec& lora);
+// Indices into param_table(cfg) of the weights modules_to_save trains. Errors name an entry that
+// matches no module, one that holds a LoRA target, and lm_head when it is tied to embed_tokens.
+std::vector<size_t> lora_saved_modules(const ModelConfig& cfg, const LoraSpec& lora);
+// The trainable table of a LoRA model: lora_param_table, then the saved modules' weights.
+std::vector<ParamSpec> lora_trainable_table(const ModelConfig& cfg, const LoraSpec& lora);
 // "model.layers.0.self_attn.q_proj.weight" -> "model.layers.0.self_attn.q_proj.lora_A.weight".
 std::string lora_tensor_name(const std::string& base_weight_name, bool b);
 // PEFT's key in adapter_model.safetensors for an engine adapter name, and back ("" if not one).

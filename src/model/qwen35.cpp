@@ -261,7 +261,7 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
 Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens, Checkpointing ckpt,
                          const LoraSpec* lora)
     : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), ckpt_(ckpt),
-      specs_(lora ? lora_param_table(cfg, *lora) : param_table(cfg)), base_specs_(param_table(cfg)),
+      specs_(lora ? lora_trainable_table(cfg, *lora) : param_table(cfg)), base_specs_(param_table(cfg)),
       lora_(lora != nullptr) {
   if (lora) {
     lora_validate(*lora);
@@ -280,12 +280,15 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     base_.push_back(planned(plan_.weights, at, base_specs_[i].shape));
     role_index_[static_cast<size_t>(base_specs_[i].layer + 1)][static_cast<int>(base_specs_[i].role)] = static_cast<int>(i);
   }
+  trainable_of_base_.assign(base_specs_.size(), -1);
   if (!lora_) {
     params_ = base_;
+    for (size_t i = 0; i < base_.size(); ++i) trainable_of_base_[i] = static_cast<int>(i);
   } else {
+    num_adapter_tensors_ = lora_param_table(cfg, lora_spec_).size();
     lora_index_.assign(static_cast<size_t>(cfg.num_hidden_layers), std::vector<int>(kNumRoles, -1));
     lora_t_.assign(static_cast<size_t>(cfg.num_hidden_layers), std::vector<Tensor>(kNumRoles));
-    for (size_t i = 0; i < specs_.size(); ++i) {
+    for (size_t i = 0; i < num_adapter_tensors_; ++i) {
       params_.push_back(planned(plan_.weights, at, specs_[i].shape));
       const auto l = static_cast<size_t>(specs_[i].layer);
       const int role = static_cast<int>(specs_[i].role);
@@ -295,6 +298,12 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
       }
     }
     lora_dt_ = planned(plan_.scratch, at, {max_tokens, lora_spec_.r});
+    // modules_to_save: trained in place, the base tensor itself.
+    const std::vector<size_t> saved = lora_saved_modules(cfg, lora_spec_);
+    for (size_t k = 0; k < saved.size(); ++k) {
+      params_.push_back(base_[saved[k]]);
+      trainable_of_base_[saved[k]] = static_cast<int>(num_adapter_tensors_ + k);
+    }
   }
   // All gradients live in one buffer (each view 256-byte aligned). They are fp32 on every backend:
   // micro-batches accumulate into them without bf16 rounding. The gradients whose first op of a
@@ -358,10 +367,10 @@ const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
 }
 
 const Tensor& Qwen35Model::g(ParamRole role, int layer) const {
-  if (lora_) return no_grad_;  // frozen: the ops skip optional weight gradients
   int i = role_index_[static_cast<size_t>(layer + 1)][static_cast<int>(role)];
   QT_CHECK(i >= 0, "model has no gradient for role ", static_cast<int>(role), " in layer ", layer);
-  return grads_[static_cast<size_t>(i)];
+  const int t = trainable_of_base_[static_cast<size_t>(i)];
+  return t < 0 ? no_grad_ : grads_[static_cast<size_t>(t)];  // frozen: the ops skip optional weight gradients
 }
 
 Tensor Qwen35Model::rows(const Tensor& t, int64_t T) const {
@@ -384,7 +393,7 @@ void Qwen35Model::load(const HfModelDir& dir, uint64_t lora_seed) {
     set_base_param_f32(i, values);
   }
   if (!lora_) return;
-  for (size_t i = 0; i < specs_.size(); ++i) {
+  for (size_t i = 0; i < num_adapter_tensors_; ++i) {
     std::vector<float> init(static_cast<size_t>(shape_numel(specs_[i].shape)));
     init_param(specs_[i], 0.0, lora_seed, DType::F32, init.data());
     set_param_f32(i, init);
@@ -764,7 +773,7 @@ void Qwen35Model::backward_layers(int64_t T) {
     }
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
   }
-  if (!lora_) be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
+  if (g(ParamRole::EmbedTokens, -1).data) be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
   grads_fresh_ = false;  // the written-first gradients now hold this backward's: accumulate from here
 }
 

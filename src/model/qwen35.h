@@ -106,6 +106,8 @@ class Qwen35Model {
   // The base model's parameters (param_table), trained or frozen.
   const std::vector<ParamSpec>& base_specs() const { return base_specs_; }
   const LoraSpec* lora() const { return lora_ ? &lora_spec_ : nullptr; }
+  // LoRA: specs() holds the adapters (A, B per projection) first, then the modules_to_save weights.
+  size_t num_adapter_tensors() const { return lora_ ? num_adapter_tensors_ : 0; }
   const Tensor& param(size_t i) const { return params_[i]; }
   const Tensor& grad(size_t i) const { return grads_[i]; }
   int64_t max_tokens() const { return max_tokens_; }
@@ -197,6 +199,8 @@ class Qwen35Model {
   std::vector<std::vector<Tensor>> lora_t_;      // [layer][role]: scale * x A^T kept for the backward [T, r]
   Tensor lora_dt_;                               // backward scratch [T, r]
   Tensor no_grad_;                               // what g() gives for a frozen parameter
+  size_t num_adapter_tensors_ = 0;
+  std::vector<int> trainable_of_base_;           // [base index] -> index into params_ (-1: frozen)
   Tensor grads_flat_;    // the one buffer every gradient views into
   Tensor grads_zeroed_;  // its front part: the gradients zero_grads() clears (see the constructor)
   bool grads_fresh_ = false;  // zero_grads() ran and no backward since: the written-first gradients overwrite

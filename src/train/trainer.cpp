@@ -160,7 +160,8 @@ RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, 
   f.model_config = mc.raw;
   f.method = cfg.method;
   if (cfg.method == "lora")
-    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"targets", cfg.lora.targets}};
+    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"targets", cfg.lora.targets},
+              {"modules_to_save", cfg.lora.modules_to_save}};
   return f;
 }
 
@@ -247,7 +248,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
   const bool lora = cfg.method == "lora";
   int64_t adapter_params = 0;
   if (lora)
-    for (const ParamSpec& p : lora_param_table(mc, cfg.lora)) adapter_params += shape_numel(p.shape);
+    for (const ParamSpec& p : lora_trainable_table(mc, cfg.lora)) adapter_params += shape_numel(p.shape);
   const Checkpointing ckpt = resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, pack.tokens_per_batch,
                                                    static_max_seqs, lora ? adapter_params : -1);
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch,
@@ -255,7 +256,9 @@ TrainSummary train_run(const TrainConfig& cfg) {
   run.model->load(run.src, cfg.seed);
   if (lora) {
     log_info("lora: r ", cfg.lora.r, ", alpha ", cfg.lora.alpha, cfg.lora.rslora ? " (rslora)" : "", ", scale ",
-             cfg.lora.scale(), ", ", run.model->specs().size() / 2, " adapted projections, ", adapter_params,
+             cfg.lora.scale(), ", ", run.model->num_adapter_tensors() / 2, " adapted projections, ",
+             run.model->specs().size() - run.model->num_adapter_tensors(), " weights trained fully (modules_to_save), ",
+             adapter_params,
              " trainable parameters (", 100.0 * double(adapter_params) / double(param_count(mc)), " % of the model)");
     if (!cfg.lora_adapter.empty()) {
       const PeftAdapter adapter = peft_adapter_open(cfg.lora_adapter);
@@ -265,7 +268,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
         return v;
       };
       QT_CHECK(found.r == cfg.lora.r && found.alpha == cfg.lora.alpha && found.rslora == cfg.lora.rslora &&
-                   sorted(found.targets) == sorted(cfg.lora.targets),
+                   sorted(found.targets) == sorted(cfg.lora.targets) &&
+                   sorted(found.modules_to_save) == sorted(cfg.lora.modules_to_save),
                cfg.lora_adapter, ": the adapter has r ", found.r, ", alpha ", found.alpha, ", ", found.targets.size(),
                " targets; the lora: section says r ", cfg.lora.r, ", alpha ", cfg.lora.alpha, ", ",
                cfg.lora.targets.size(), " targets (make them agree)");
