@@ -24,6 +24,7 @@ if [ "$phase" = check ]; then
   log "GPU tests"
   [ -n "${FIXTURES_ONLY:-}" ] || timeout 300 "$BIN/qwentune_tests" --gtest_filter='OpsTest.*:CudaTrainStep.*:Trainer.*:Lora*:CudaBackendEnv.*' >"$L/tests.log" 2>&1
   echo "tests exit $?"; grep -E "^\[  FAILED|tests ran|PASSED" "$L/tests.log" | tail -12
+  [ -n "${VERIFY_ONLY:-}" ] && grep -E "^\[  FAILED|Failure|Expected|Which is|max error" "$L/tests.log" | head -20
   log "PEFT golden fixtures"
   G=/tmp/golden && rm -rf $G && cp -r tests/testdata/golden $G
   timeout 120 python3 tools/make_lora_fixtures.py make --golden $G >"$L/golden.log" 2>&1; echo "rc $?"; summary golden.log 3
@@ -46,6 +47,11 @@ PY
     done
   done
   tar -C $G -cf "$OUT/lora_fixtures.tar" lora_untied lora_tied_rslora lora_untied_modules_to_save
+  if [ -n "${VERIFY_ONLY:-}" ]; then
+    timeout 150 "$BIN/qwentune" bench --preset 4b --method lora --steps 5 --warmup 2 >"$L/bench_4b_lora.log" 2>&1; echo "rc $?"; summary bench_4b_lora.log 1
+    timeout 150 "$BIN/qwentune" bench --preset 4b --method lora --lora-dropout 0.1 --steps 5 --warmup 2 >"$L/bench_4b_lora_dropout.log" 2>&1; echo "rc $?"; summary bench_4b_lora_dropout.log 1
+    tar -C $L -czf "$OUT/logs_verify.tgz" .; exit 0
+  fi
   [ -n "${FIXTURES_ONLY:-}" ] && { tar -C $L -czf "$OUT/logs_fixtures.tgz" .; cat "$L/parity.log"; exit 0; }
   log "PEFT loads qwentune's adapter"
   timeout 120 python3 tools/make_lora_fixtures.py check --base $CHECK/base --adapter $CHECK/adapter --merged $CHECK/merged \

@@ -296,6 +296,26 @@ TEST_F(OpsTest, Lora) {
   }
 }
 
+// Dropout: the GPU drops exactly the CPU reference's elements (one hash), written and accumulated.
+TEST_F(OpsTest, Dropout) {
+  QT_REQUIRE_GPU();
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(8 * 1021), int64_t(133 * 200 + 3)}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    Pair x = input({n}), seed = ints({2}, {987654321, 42});
+    for (bool acc : {false, true}) {
+      Pair out = output({n}, DType::BF16, acc);
+      g_->dropout(out.gpu, x.gpu, {seed.gpu, 17, 0.3}, acc);
+      c_->dropout(out.cpu, x.cpu, {seed.cpu, 17, 0.3}, acc);
+      expect_close(acc ? "out (+=)" : "out", out);
+      const std::vector<float> got = download(out.gpu);
+      if (!acc) {
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[size_t(i)] == 0.0f, out.cpu.ptr<float>()[i] == 0.0f) << "mask differs at " << i;
+      }
+    }
+  }
+}
+
 // A malformed QT_GEMM_CANDIDATES stops the backend's construction with a message naming it (the
 // environment is read before any device call, so this runs without a GPU too).
 TEST(CudaBackendEnv, BadGemmCandidatesNamed) {

@@ -70,6 +70,36 @@ TEST(LoraOp, BackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(LoraOp, DropoutKeepsOneMinusPScaledAndRedrawsTheSameMask) {
+  CpuBackend be;
+  const int64_t n = 200000;
+  Tensor x = be.alloc(DType::F32, {n}), a = be.alloc(DType::F32, {n}), b = be.alloc(DType::F32, {n});
+  Tensor seed = be.alloc(DType::I32, {2});
+  const int32_t sv[2] = {12345, -7};
+  be.copy_from_host(seed, sv);
+  for (int64_t i = 0; i < n; ++i) x.ptr<float>()[i] = 1.0f + float(i % 7);
+  be.dropout(a, x, {seed, 3, 0.25}, false);
+  be.dropout(b, x, {seed, 3, 0.25}, false);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = a.ptr<float>()[i];
+    ASSERT_EQ(v, b.ptr<float>()[i]) << "the same seed and stream must draw the same mask";
+    if (v != 0) {
+      ++kept;
+      ASSERT_FLOAT_EQ(v, x.ptr<float>()[i] / 0.75f);
+    }
+  }
+  EXPECT_NEAR(double(kept) / double(n), 0.75, 0.005);
+  be.dropout(b, x, {seed, 4, 0.25}, false);  // another stream: another mask
+  int64_t same = 0;
+  for (int64_t i = 0; i < n; ++i) same += (a.ptr<float>()[i] != 0) == (b.ptr<float>()[i] != 0);
+  EXPECT_LT(double(same) / double(n), 0.7);
+  be.dropout(b, x, {seed, 3, 0.25}, true);  // accumulate: b (stream 4's) + stream 3's
+  be.dropout(a, x, {seed, 4, 0.25}, true);
+  for (int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(a.ptr<float>()[i], b.ptr<float>()[i]);
+  EXPECT_ERROR_CONTAINS([&] { be.dropout(a, x, {seed, 3, 1.0}, false); }, "dropout", "p 1");
+}
+
 // A tiny model with LoRA on every projection: starts at the base model's loss (B = 0), and every
 // adapter gradient equals the finite difference of the packed row's loss.
 TEST(LoraModel, StartsAtTheBaseAndGradientsMatchFiniteDifferences) {
@@ -154,6 +184,7 @@ TEST(LoraTrain, WritesAPeftAdapterThatResumesAndMerges) {
   EXPECT_EQ(ac["r"], 4);
   EXPECT_EQ(ac["lora_alpha"], 8.0);
   EXPECT_EQ(ac["target_modules"].size(), 12u);
+  EXPECT_EQ(ac["lora_dropout"], 0.0);
   EXPECT_EQ(ac["base_model_name_or_path"], fs::absolute(dir.file("init")).lexically_normal().string());
   EXPECT_FALSE(fs::exists(s.final_dir + "/config.json"));
   EXPECT_FALSE(fs::exists(s.final_dir + "/model.safetensors"));
@@ -250,12 +281,72 @@ TEST_P(LoraGolden, LossAndAdapterGradientsMatchPeft) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraGolden,
                          ::testing::Values("lora_untied", "lora_tied_rslora", "lora_untied_modules_to_save"));
 
+// With dropout the training loss depends on the step's masks; for a fixed step they are fixed, so
+// the adapters' gradients are again the finite differences of that loss (checkpointing full
+// redraws the masks in its recompute: the same gradients).
+TEST(LoraModel, DropoutGradientsMatchFiniteDifferencesAndRecompute) {
+  ScratchDir dir("lora-dropout");
+  write_random_model_dir("tiny", dir.file("m"), 3, DType::F32);
+  const HfModelDir src = hf_load(dir.file("m"));
+  PackedRow row;
+  row.append_sample({5, 9, 14, 3, 22, 7, 8, 40, 2}, {-100, -100, 14, 3, 22, 7, 8, 40, 2});
+  LoraSpec lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.dropout = 0.3;
+  lora.targets = {"q_proj", "in_proj_qkv", "out_proj", "gate_proj", "down_proj"};
+  CpuBackend be;
+  std::vector<std::vector<float>> grads[2];
+  for (Checkpointing ck : {Checkpointing::None, Checkpointing::Full}) {
+    Qwen35Model m(src.config, be, row.num_tokens(), ck, &lora);
+    m.load(src, 11);
+    std::mt19937_64 rng(5);
+    for (size_t i = 1; i < m.num_adapter_tensors(); i += 2) {
+      auto v = rnd(rng, shape_numel(m.specs()[i].shape));
+      std::vector<float> f(v.begin(), v.end());
+      for (auto& x : f) x *= 0.05f;
+      m.set_param_f32(i, f);
+    }
+    auto train_loss = [&] {  // a training pass (dropout on) at step 7's masks
+      m.set_dropout_step(7);
+      m.zero_grads();
+      return m.step(row, true, 1.0).loss_sum;
+    };
+    const double with_dropout = train_loss();
+    auto& g = grads[ck == Checkpointing::Full];
+    for (size_t i = 0; i < m.specs().size(); ++i) g.push_back(m.grad_f32(i));
+    EXPECT_NE(with_dropout, m.step(row, false, 1.0).loss_sum) << "eval (no dropout) equals the training loss";
+    if (ck == Checkpointing::Full) continue;
+    for (size_t i = 0; i < m.specs().size(); ++i) {
+      std::vector<float> w = m.param_f32(i);
+      for (size_t k : {size_t(0), w.size() / 2, w.size() - 1}) {
+        const float s0 = w[k];
+        w[k] = s0 + 1e-2f;
+        m.set_param_f32(i, w);
+        const double lp = train_loss();
+        w[k] = s0 - 1e-2f;
+        m.set_param_f32(i, w);
+        const double lm = train_loss();
+        w[k] = s0;
+        m.set_param_f32(i, w);
+        const double fd = (lp - lm) / 2e-2;
+        EXPECT_NEAR(g[i][k], fd, 2e-3 + 2e-2 * std::abs(fd)) << m.specs()[i].name << "[" << k << "]";
+      }
+    }
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    for (size_t k = 0; k < grads[0][i].size(); ++k)
+      ASSERT_NEAR(grads[0][i][k], grads[1][i][k], 1e-5 + 1e-4 * std::abs(grads[0][i][k])) << i;
+}
+
 TEST(LoraTrain, ModulesToSaveAreTrainedSavedAndMerged) {
   ScratchDir dir("lora-mts");
-  const std::string cfg = make_lora_run(dir, "  modules_to_save: [model.norm, input_layernorm]\n");
+  const std::string cfg = make_lora_run(dir, "  modules_to_save: [model.norm, input_layernorm]\n  dropout: 0.1\n");
   const TrainSummary s = train_run(train_config_load(cfg, {}));
   const auto ac = nlohmann::json::parse(read_text_file(s.final_dir + "/adapter_config.json"));
   EXPECT_EQ(ac["modules_to_save"], nlohmann::json({"model.norm", "input_layernorm"}));
+  EXPECT_DOUBLE_EQ(ac["lora_dropout"].get<double>(), 0.1);
+  EXPECT_LT(s.last_loss, s.first_loss);
   auto st = SafetensorsFile::open(s.final_dir + "/adapter_model.safetensors");
   const SafetensorsEntry* norm = st->find("base_model.model.model.norm.weight");
   ASSERT_NE(norm, nullptr);
@@ -279,7 +370,7 @@ TEST(LoraTrain, ModulesToSaveAreTrainedSavedAndMerged) {
 TEST(LoraTrain, BadAdaptersAndSettingsAreNamed) {
   ScratchDir dir("lora-bad");
   const std::string cfg = make_lora_run(dir, "");
-  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.dropout=0.1"}); }, "lora.dropout", "not supported yet");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.dropout=1.0"}); }, "lora.dropout", "[0, 1)");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.targets=[qkv]"}); }, "lora.targets", "qkv");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"lora.r=0"}); }, "lora.r");
   fs::create_directories(dir.file("ad"));

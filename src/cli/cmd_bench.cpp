@@ -47,6 +47,7 @@ struct BenchArgs {
   std::string lengths = "chat";
   std::string method = "full";  // full | lora (lora_r, all projections, alpha = 2 r)
   int64_t lora_r = 16;
+  double lora_dropout = 0.0;
 };
 
 void run_bench(const BenchArgs& a) {
@@ -79,6 +80,7 @@ void run_bench(const BenchArgs& a) {
   spec.r = a.lora_r;
   spec.alpha = 2.0 * double(a.lora_r);
   spec.targets = lora_all_targets();
+  spec.dropout = a.lora_dropout;
   int64_t adapter_params = 0;
   if (lora)
     for (const ParamSpec& p : lora_param_table(cfg, spec)) adapter_params += shape_numel(p.shape);
@@ -147,6 +149,7 @@ void run_bench(const BenchArgs& a) {
   j["method"] = a.method;
   if (lora) {
     j["lora_r"] = a.lora_r;
+    j["lora_dropout"] = a.lora_dropout;
     j["trainable_params"] = adapter_params;
   }
   j["tokens_per_batch"] = a.tokens_per_batch;
@@ -198,6 +201,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "lora"}));
   cmd->add_option("--lora-r", a->lora_r, "LoRA rank (alpha = 2 r)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--lora-dropout", a->lora_dropout, "LoRA dropout on the adapters' inputs")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
   cmd->callback([=] { run_bench(*a); });
 }
 

@@ -210,11 +210,8 @@ const std::vector<ConfigKey>& config_keys() {
       // lora: PEFT's LoRA (model/lora.h), used when train.method is lora
       num("lora", "r", T::Int, "16", 1, 4096, "adapter rank"),
       num("lora", "alpha", T::Float, "32", 0, 1e6, "scale = alpha / r (rslora: alpha / sqrt(r))", true),
-      [] {
-        ConfigKey k = num("lora", "dropout", T::Float, "0.0", 0, 1, "dropout on the adapter input; only 0 for now", false, true);
-        k.only_default = "the fused adapter path has no dropout yet";
-        return k;
-      }(),
+      num("lora", "dropout", T::Float, "0.0", 0, 1, "dropout on each adapter's input while training (PEFT's lora_dropout)",
+          false, true),
       flag("lora", "rslora", "false", "rank-stabilized scale alpha / sqrt(r)"),
       ConfigKey{"lora", "targets", T::StrList,
                 "[q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj, gate_proj, up_proj, down_proj]",

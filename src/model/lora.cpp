@@ -51,6 +51,7 @@ bool lora_targets(const LoraSpec& lora, ParamRole role) {
 void lora_validate(const LoraSpec& lora) {
   QT_CHECK(lora.r > 0, "lora.r is ", lora.r, ", must be positive");
   QT_CHECK(lora.alpha > 0 && std::isfinite(lora.alpha), "lora.alpha is ", lora.alpha, ", must be a positive number");
+  QT_CHECK(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout is ", lora.dropout, ", must be in [0, 1)");
   QT_CHECK(!lora.targets.empty(), "lora.targets is empty: name at least one projection");
   for (const auto& t : lora.targets) {
     bool known = false;
@@ -167,6 +168,7 @@ LoraSpec lora_spec_from_peft(const PeftAdapter& adapter) {
   s.r = adapter.config.r;
   s.alpha = adapter.config.alpha;
   s.rslora = adapter.config.rslora;
+  s.dropout = adapter.config.dropout;
   s.modules_to_save = adapter.config.modules_to_save;
   const std::string cfg = adapter.dir + "/adapter_config.json";
   for (const auto& t : adapter.config.target_modules) {
@@ -188,6 +190,7 @@ PeftLoraConfig lora_peft_config(const LoraSpec& lora, const std::string& base_mo
   c.r = lora.r;
   c.alpha = lora.alpha;
   c.rslora = lora.rslora;
+  c.dropout = lora.dropout;
   c.target_modules = lora.targets;
   c.modules_to_save = lora.modules_to_save;
   c.base_model = base_model;

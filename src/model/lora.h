@@ -19,6 +19,7 @@ struct LoraSpec {
   int64_t r = 16;
   double alpha = 32;
   bool rslora = false;
+  double dropout = 0.0;  // on each adapter's input while training (PEFT's lora_dropout); 0 = none
   std::vector<std::string> targets;  // projection names (q_proj, in_proj_qkv, down_proj, ...)
   // Modules trained fully beside the adapters (PEFT's modules_to_save): every base weight whose
   // module path ends with one of these (PEFT's rule: "norm" names every norm, "lm_head" the head).

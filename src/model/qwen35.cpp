@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/init.h"
+#include "ops/dropout_hash.h"
 #include "profile/profiled_backend.h"
 
 namespace qt {
@@ -298,6 +299,12 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
       }
     }
     lora_dt_ = planned(plan_.scratch, at, {max_tokens, lora_spec_.r});
+    if (lora_spec_.dropout > 0) {
+      const int64_t widest = std::max({cfg.intermediate_size, cfg.hidden_size, cfg.value_dim(),
+                                       cfg.num_attention_heads * cfg.head_dim});
+      lora_xd_ = planned(plan_.scratch, at, {max_tokens * widest});
+      lora_u_ = planned(plan_.scratch, at, {max_tokens * widest});
+    }
     // modules_to_save: trained in place, the base tensor itself.
     const std::vector<size_t> saved = lora_saved_modules(cfg, lora_spec_);
     for (size_t k = 0; k < saved.size(); ++k) {
@@ -334,7 +341,7 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
   const int64_t Hq = cfg.num_attention_heads, D = cfg.head_dim;
-  inputs_ = planned(plan_.inputs, DType::I32, {4 * T + 1});
+  inputs_ = planned(plan_.inputs, DType::I32, {4 * T + 3});  // ids, targets, positions, cu_seqlens, dropout seed
   lay_out_activations(cfg, T, at, ckpt, work_, acts_,
                       [&](DType dt, const Shape& shape) { return planned(plan_.activations, dt, shape); });
   final_in_ = planned(plan_.activations, at, {T, H});
@@ -449,9 +456,36 @@ void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const T
   if (i < 0) return;
   const int64_t T = dy.size(0);
   const auto a = static_cast<size_t>(i);
-  be_.lora_backward(dx, {grads_[a], grads_[a + 1], !grads_fresh_}, rows(lora_dt_, T), dy, x,
-                    rows(lora_t_[static_cast<size_t>(l)][static_cast<int>(role)], T),
-                    {params_[a], params_[a + 1], lora_spec_.scale()});
+  const LoraArgs args{params_[a], params_[a + 1], lora_spec_.scale()};
+  const LoraGrads grads{grads_[a], grads_[a + 1], !grads_fresh_};
+  const Tensor t = rows(lora_t_[static_cast<size_t>(l)][static_cast<int>(role)], T);
+  if (!dropout_active_) {
+    be_.lora_backward(dx, grads, rows(lora_dt_, T), dy, x, t, args);
+    return;
+  }
+  // Dropout: the mask is drawn again; dA from dropout(x), and the adapter's dx term through it.
+  const Tensor xd = slab(lora_xd_, x.shape_vec()), u = slab(lora_u_, x.shape_vec());
+  const DropoutArgs d = lora_dropout_args(role, l);
+  be_.dropout(xd, x, d, false);
+  be_.lora_backward(none(), grads, rows(lora_dt_, T), dy, xd, t, args);
+  if (dx.data == nullptr) return;
+  be_.linear_backward(u, none(), rows(lora_dt_, T), xd, params_[a], false, false);  // u = dt A
+  be_.dropout(dx, u, d, true);
+}
+
+DropoutArgs Qwen35Model::lora_dropout_args(ParamRole role, int l) const {
+  return {dropout_seed_, static_cast<uint32_t>(l * kNumRoles + static_cast<int>(role)), lora_spec_.dropout};
+}
+
+void Qwen35Model::set_dropout_step(int64_t step) {
+  dropout_base_ = dropout_mix(static_cast<uint64_t>(step) * 0x2545f4914f6cdd1dull + 0x6a09e667f3bcc909ull);
+  dropout_calls_ = 0;
+}
+
+void Qwen35Model::write_dropout_seed(int32_t* dst, uint64_t salt) const {
+  const uint64_t seed = dropout_mix(dropout_base_ ^ (salt * 0x9e3779b97f4a7c15ull));
+  dst[0] = static_cast<int32_t>(static_cast<uint32_t>(seed));
+  dst[1] = static_cast<int32_t>(static_cast<uint32_t>(seed >> 32));
 }
 
 void Qwen35Model::proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
@@ -459,11 +493,16 @@ void Qwen35Model::proj_lora_forward(const Tensor& y, ParamRole role, int l, cons
   const int i = lora_index_[static_cast<size_t>(l)][static_cast<int>(role)];
   if (i < 0) return;
   const auto a = static_cast<size_t>(i);
-  be_.lora_forward(y, rows(lora_t_[static_cast<size_t>(l)][static_cast<int>(role)], y.size(0)), x,
+  Tensor in = x;
+  if (dropout_active_) {  // the adapter sees dropout(x), the frozen projection x itself
+    in = slab(lora_xd_, x.shape_vec());
+    be_.dropout(in, x, lora_dropout_args(role, l), false);
+  }
+  be_.lora_forward(y, rows(lora_t_[static_cast<size_t>(l)][static_cast<int>(role)], y.size(0)), in,
                    {params_[a], params_[a + 1], lora_spec_.scale()});
 }
 
-void Qwen35Model::use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T) {
+void Qwen35Model::use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T, int64_t seed_offset) {
   // Layout of every input buffer (capacity max_tokens_): ids, targets, positions, cu_seqlens.
   auto at = [&](int64_t off, int64_t n) {
     return Tensor(static_cast<int32_t*>(inputs.data) + off, DType::I32, {n}, inputs.device);
@@ -472,6 +511,7 @@ void Qwen35Model::use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen,
   targets_ = at(max_tokens_, T);
   positions_ = at(2 * max_tokens_, T);
   cu_seqlens_ = at(3 * max_tokens_, num_seqs + 1);
+  dropout_seed_ = at(seed_offset, 2);
   seqs_.cu_seqlens = cu_seqlens_;
   seqs_.num_seqs = num_seqs;
   seqs_.total_tokens = static_cast<int>(T);
@@ -486,7 +526,10 @@ void Qwen35Model::upload(const PackedRow& row) {
   int max_seqlen = 0;
   for (int s = 0; s < num_seqs; ++s)
     max_seqlen = std::max(max_seqlen, row.cu_seqlens[static_cast<size_t>(s) + 1] - row.cu_seqlens[static_cast<size_t>(s)]);
-  use_inputs(inputs_, num_seqs, max_seqlen, T);
+  use_inputs(inputs_, num_seqs, max_seqlen, T, 4 * max_tokens_ + 1);
+  int32_t seed[2];
+  write_dropout_seed(seed, 1000 + dropout_calls_++);
+  be_.copy_from_host(dropout_seed_, seed);
   be_.copy_from_host(ids_, row.input_ids.data());
   be_.copy_from_host(targets_, row.targets.data());
   be_.copy_from_host(positions_, row.positions.data());
@@ -501,7 +544,7 @@ void Qwen35Model::set_static_shape(int max_seqs, int slots) {
            " planned tokens");
   static_max_seqs_ = max_seqs;
   static_slots_ = slots;
-  const int64_t stride = 3 * max_tokens_ + max_seqs + 1;
+  const int64_t stride = 3 * max_tokens_ + max_seqs + 1 + 2;  // ... cu_seqlens, the dropout seed
   for (int s = 0; s < slots; ++s) {
     static_inputs_.push_back(be_.alloc(DType::I32, {stride}));
     staging_.push_back(static_cast<int32_t*>(be_.alloc_host(static_cast<size_t>(stride) * sizeof(int32_t))));
@@ -582,6 +625,7 @@ void Qwen35Model::stage(const PackedRow& row, int slot) {
   staged_longest_[static_cast<size_t>(slot)] = longest;
   // Empty samples at the end (cu repeating M): kernels see zero-length samples and skip them.
   for (int s = static_cast<int>(row.cu_seqlens.size()); s <= static_max_seqs_; ++s) cu[s] = static_cast<int32_t>(M);
+  write_dropout_seed(cu + static_max_seqs_ + 1, static_cast<uint64_t>(slot));
 }
 
 bool Qwen35Model::staged_may_split(int slots) const {
@@ -602,7 +646,7 @@ void Qwen35Model::enqueue_step(int slot, bool backward, double grad_scale, bool 
   // below the GDN's split for a step of short samples only.
   const int bound = may_split || static_split_seqlen_ > max_tokens_ ? static_cast<int>(max_tokens_)
                                                                      : static_split_seqlen_ - 1;
-  use_inputs(dev, static_max_seqs_, bound, max_tokens_);
+  use_inputs(dev, static_max_seqs_, bound, max_tokens_, 3 * max_tokens_ + static_max_seqs_ + 1);
   const Tensor sum(static_cast<double*>(loss_sums_.data) + slot, DType::F64, {1}, loss_sums_.device);
   forward_loss_backward(max_tokens_, backward, grad_scale, none(), &sum);
 }
@@ -793,6 +837,7 @@ LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_sc
 
 double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_scale, const Tensor& token_loss,
                                           const Tensor* loss_dev) {
+  dropout_active_ = backward && lora_ && lora_spec_.dropout > 0;  // training passes only (not eval)
   forward_layers(T);
   const bool tied = cfg_.tie_word_embeddings;
   const Tensor& head = tied ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
@@ -819,6 +864,7 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
 
 std::vector<float> Qwen35Model::logits(const PackedRow& row) {
   upload(row);
+  dropout_active_ = false;
   const int64_t T = row.num_tokens(), V = cfg_.vocab_size;
   forward_layers(T);
   const Tensor& head = cfg_.tie_word_embeddings ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);

@@ -120,6 +120,9 @@ class Qwen35Model {
   // Host f32 copy of a base parameter (the merged / frozen weights).
   std::vector<float> base_param_f32(size_t i) const;
   void set_base_param_f32(size_t i, const std::vector<float>& values);
+  // LoRA dropout: the masks of the next training rows derive from `step` (and the row's slot, or
+  // its order since this call), so they differ from step to step and recompute identically.
+  void set_dropout_step(int64_t step);
   // Host copies of one parameter / gradient as f32 (for saving, tests, the optimizer twin).
   std::vector<float> param_f32(size_t i) const;
   std::vector<float> grad_f32(size_t i) const;
@@ -169,7 +172,10 @@ class Qwen35Model {
   enum class LayerPass { Forward, Recompute, RecomputeCheap };
   void forward_layer(int l, int64_t T, LayerPass pass);
   void upload(const PackedRow& row);
-  void use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T);  // points ids_... into inputs
+  // Points ids_, targets_, positions_, cu_seqlens_ and dropout_seed_ (at seed_offset) into inputs.
+  void use_inputs(const Tensor& inputs, int num_seqs, int max_seqlen, int64_t T, int64_t seed_offset);
+  void write_dropout_seed(int32_t* dst, uint64_t salt) const;
+  DropoutArgs lora_dropout_args(ParamRole role, int l) const;
   // Forward from the uploaded inputs, the loss (returned, or into loss_dev when given: no sync),
   // and with backward the gradients.
   double forward_loss_backward(int64_t T, bool backward, double grad_scale, const Tensor& token_loss,
@@ -198,6 +204,11 @@ class Qwen35Model {
   std::vector<std::vector<int>> lora_index_;     // [layer][role] -> index of the adapter's A in params_ (B next), -1
   std::vector<std::vector<Tensor>> lora_t_;      // [layer][role]: scale * x A^T kept for the backward [T, r]
   Tensor lora_dt_;                               // backward scratch [T, r]
+  Tensor lora_xd_, lora_u_;                      // dropout: the adapter's input, dt A (scratch, [T, widest])
+  bool dropout_active_ = false;                  // this pass trains with lora.dropout > 0
+  uint64_t dropout_base_ = 0;
+  uint64_t dropout_calls_ = 0;
+  Tensor dropout_seed_;                          // i32 [2] in the current inputs
   Tensor no_grad_;                               // what g() gives for a frozen parameter
   size_t num_adapter_tensors_ = 0;
   std::vector<int> trainable_of_base_;           // [base index] -> index into params_ (-1: frozen)

@@ -51,6 +51,14 @@ struct LoraGrads {
   bool accumulate = false;
 };
 
+// Dropout (ops/dropout_hash.h): seed is i32 [2] (low, high words) in the backend's memory, so a
+// captured step reads each replay's seed; stream separates the masks of one step's call sites.
+struct DropoutArgs {
+  Tensor seed;
+  uint32_t stream = 0;
+  double p = 0.0;  // in [0, 1)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -98,6 +106,9 @@ class Backend {
   // dx[T,K] += dt A (dx already holds dy W from the frozen base, or is optional).
   virtual void lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy,
                              const Tensor& x, const Tensor& t, const LoraArgs& lora) = 0;
+
+  // out (= or += per accumulate) x * keep / (1 - p), keep from dropout_keep(seed, stream, element).
+  virtual void dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) = 0;
 
   // out[T,H] = table[ids[t]]. ids: i32 [T].
   virtual void embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;

@@ -254,4 +254,13 @@ LoraShape check_lora(const char* op, const Tensor& y_or_dy, const Tensor& t, con
   return {T, N, K, r};
 }
 
+int64_t check_dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, DType act, DeviceKind dev) {
+  const char* op = "dropout";
+  check_storage(op, "x", x, act, dev);
+  check_tensor(op, "out", out, act, x.shape_vec(), dev);
+  check_tensor(op, "seed", d.seed, DType::I32, {2}, dev);
+  QT_CHECK(d.p >= 0 && d.p < 1, op, ": p ", d.p, " is not in [0, 1)");
+  return x.numel();
+}
+
 }  // namespace qt::ops

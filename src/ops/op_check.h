@@ -32,6 +32,8 @@ struct LoraShape {
 };
 LoraShape check_lora(const char* op, const Tensor& y_or_dy, const Tensor& t, const Tensor& x, const LoraArgs& lora,
                      DType act, DeviceKind dev);
+// dropout: out and x alike (dtype act), seed i32 [2] on dev, p in [0, 1). Returns the element count.
+int64_t check_dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, DType act, DeviceKind dev);
 // What an op's entry point checks in every backend: `act` is the backend's activation dtype (f32 on
 // the CPU, bf16 on CUDA), `dev` its device. A backend's own rules (kernel limits, weight-gradient
 // dtypes, cu_seqlens) stay with it. The token-major ones return T.

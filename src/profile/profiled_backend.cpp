@@ -88,6 +88,11 @@ void ProfiledBackend::lora_forward(const Tensor& y, const Tensor& t, const Tenso
   inner_.lora_forward(y, t, x, lora);
 }
 
+void ProfiledBackend::dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) {
+  OpRange r(prof_, "dropout", true);
+  inner_.dropout(out, x, d, accumulate);
+}
+
 void ProfiledBackend::lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy,
                                     const Tensor& x, const Tensor& t, const LoraArgs& lora) {
   OpRange r(prof_, "lora_backward", true);

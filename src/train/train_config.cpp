@@ -63,6 +63,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
     c.lora.r = config_get<int64_t>(lo, "lora", "r", path);
     c.lora.alpha = config_get<double>(lo, "lora", "alpha", path);
     c.lora.rslora = config_get<bool>(lo, "lora", "rslora", path);
+    c.lora.dropout = config_get<double>(lo, "lora", "dropout", path);
     c.lora.targets = config_get<std::vector<std::string>>(lo, "lora", "targets", path);
     c.lora.modules_to_save = config_get<std::vector<std::string>>(lo, "lora", "modules_to_save", path);
     lora_validate(c.lora);

@@ -92,6 +92,7 @@ StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr,
     r.tokens += row.num_tokens();
   }
   const auto t0 = std::chrono::steady_clock::now();
+  model_.set_dropout_step(step);
   model_.zero_grads();
   // Each row's gradient is scaled by 1 / (trained tokens of the whole step): the accumulated
   // gradient is that of the step's mean loss.
@@ -126,6 +127,7 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
   StepResult r;
   r.trained = trained;
   const auto t0 = std::chrono::steady_clock::now();
+  model_.set_dropout_step(step);
   for (size_t i = 0; i < rows.size(); ++i) {
     model_.stage(rows[i], static_cast<int>(i));
     r.tokens += rows[i].num_tokens();

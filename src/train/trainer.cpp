@@ -160,7 +160,8 @@ RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, 
   f.model_config = mc.raw;
   f.method = cfg.method;
   if (cfg.method == "lora")
-    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"targets", cfg.lora.targets},
+    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"dropout", cfg.lora.dropout},
+              {"targets", cfg.lora.targets},
               {"modules_to_save", cfg.lora.modules_to_save}};
   return f;
 }
@@ -267,6 +268,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
         std::sort(v.begin(), v.end());
         return v;
       };
+      if (found.dropout != cfg.lora.dropout)
+        log_info("lora: the adapter was trained with dropout ", found.dropout, "; this run uses ", cfg.lora.dropout);
       QT_CHECK(found.r == cfg.lora.r && found.alpha == cfg.lora.alpha && found.rslora == cfg.lora.rslora &&
                    sorted(found.targets) == sorted(cfg.lora.targets) &&
                    sorted(found.modules_to_save) == sorted(cfg.lora.modules_to_save),

@@ -11,6 +11,7 @@
 #include "ops/cpu/cpu_check.h"
 #include "ops/cpu/cpu_util.h"
 #include "ops/cpu/reference_ops.h"
+#include "ops/dropout_hash.h"
 
 namespace qt {
 namespace ref {
@@ -240,6 +241,22 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
   const auto [T, N, K] = ops::check_linear("linear_forward", w, x, "y", y, F32, DeviceKind::CPU);
   ref::linear_forward(y.ptr<float>(), x.ptr<float>(), w.ptr<float>(), T, N, K);
+}
+
+void CpuBackend::dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) {
+  const int64_t n = ops::check_dropout(out, x, d, F32, DeviceKind::CPU);
+  const int32_t* sw = d.seed.ptr<int32_t>();
+  const uint64_t seed = (uint64_t(uint32_t(sw[1])) << 32) | uint32_t(sw[0]);
+  const uint32_t th = dropout_threshold(d.p);
+  const float scale = float(1.0 / (1.0 - d.p));
+  float* o = out.ptr<float>();
+  const float* in = x.ptr<float>();
+  parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float v = dropout_keep(seed, d.stream, uint64_t(i), th) ? in[i] * scale : 0.0f;
+      o[i] = accumulate ? o[i] + v : v;
+    }
+  }, 1 << 14);
 }
 
 void CpuBackend::lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) {

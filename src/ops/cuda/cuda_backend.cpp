@@ -392,6 +392,11 @@ void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tens
   }
 }
 
+void CudaBackend::dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) {
+  const int64_t n = ops::check_dropout(out, x, d, BF16, DeviceKind::CUDA);
+  cuda::launch_dropout(out.data, x.data, d.seed.ptr<int32_t>(), n, d.stream, d.p, accumulate, stream_);
+}
+
 // LoRA: four small GEMMs around the frozen projection's (r is 8-64, so each is a thin product);
 // scale rides on cuBLASLt's alpha.
 void CudaBackend::lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) {

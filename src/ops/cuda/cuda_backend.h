@@ -47,6 +47,7 @@ class CudaBackend final : public Backend {
 
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) override;
   void lora_forward(const Tensor& y, const Tensor& t, const Tensor& x, const LoraArgs& lora) override;
+  void dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) override;
   void lora_backward(const Tensor& dx, const LoraGrads& grads, const Tensor& dt, const Tensor& dy, const Tensor& x,
                      const Tensor& t, const LoraArgs& lora) override;
   void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,

@@ -10,6 +10,12 @@
 
 namespace qt::cuda {
 
+// ---- dropout.cu ----
+// out (= or += per accumulate) x * keep / (1 - p) over n bf16, the mask of ops/dropout_hash.h under the
+// device seed (i32 [2]).
+void launch_dropout(void* out, const void* x, const int32_t* seed, int64_t n, uint32_t stream, double p,
+                    bool accumulate, cudaStream_t s);
+
 // ---- ops_elementwise.cu ----
 void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s);
 // Ids outside [0, V) give zero rows (device ids are not checked on the host).
