@@ -527,9 +527,11 @@ void Qwen35Model::upload(const PackedRow& row) {
   for (int s = 0; s < num_seqs; ++s)
     max_seqlen = std::max(max_seqlen, row.cu_seqlens[static_cast<size_t>(s) + 1] - row.cu_seqlens[static_cast<size_t>(s)]);
   use_inputs(inputs_, num_seqs, max_seqlen, T, 4 * max_tokens_ + 1);
-  int32_t seed[2];
-  write_dropout_seed(seed, 1000 + dropout_calls_++);
-  be_.copy_from_host(dropout_seed_, seed);
+  if (lora_ && lora_spec_.dropout > 0) {  // only a dropout run reads the seed: no copy otherwise
+    int32_t seed[2];
+    write_dropout_seed(seed, 1000 + dropout_calls_++);
+    be_.copy_from_host(dropout_seed_, seed);
+  }
   be_.copy_from_host(ids_, row.input_ids.data());
   be_.copy_from_host(targets_, row.targets.data());
   be_.copy_from_host(positions_, row.positions.data());
