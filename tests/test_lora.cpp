@@ -35,6 +35,17 @@ std::vector<double> rnd(std::mt19937_64& rng, int64_t n) {
   return v;
 }
 
+// Small random B (PEFT starts it at zero, which would leave A's gradient zero).
+void give_b_values(Qwen35Model& m) {
+  std::mt19937_64 rng(5);
+  for (size_t i = 1; i < m.num_adapter_tensors(); i += 2) {
+    auto v = rnd(rng, shape_numel(m.specs()[i].shape));
+    std::vector<float> f(v.begin(), v.end());
+    for (auto& x : f) x *= 0.05f;
+    m.set_param_f32(i, f);
+  }
+}
+
 TEST(LoraOp, BackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(7);
   const int64_t T = 5, N = 6, K = 7, r = 3;
@@ -125,13 +136,7 @@ TEST(LoraModel, StartsAtTheBaseAndGradientsMatchFiniteDifferences) {
   EXPECT_DOUBLE_EQ(m.step(row, false, 1.0).loss_sum, base_loss);        // B = 0: exactly the base
   // Give B values so A's gradient is not zero, then compare with central differences (f32 model:
   // a step of 1e-2 and a loose tolerance, checked on a few elements of every adapter tensor).
-  std::mt19937_64 rng(5);
-  for (size_t i = 1; i < m.num_adapter_tensors(); i += 2) {
-    auto v = rnd(rng, shape_numel(m.specs()[i].shape));
-    std::vector<float> f(v.begin(), v.end());
-    for (auto& x : f) x *= 0.05f;
-    m.set_param_f32(i, f);
-  }
+  give_b_values(m);
   m.zero_grads();
   m.step(row, true, 1.0);
   size_t large = 0;
@@ -300,13 +305,7 @@ TEST(LoraModel, DropoutGradientsMatchFiniteDifferencesAndRecompute) {
   for (Checkpointing ck : {Checkpointing::None, Checkpointing::Full}) {
     Qwen35Model m(src.config, be, row.num_tokens(), ck, &lora);
     m.load(src, 11);
-    std::mt19937_64 rng(5);
-    for (size_t i = 1; i < m.num_adapter_tensors(); i += 2) {
-      auto v = rnd(rng, shape_numel(m.specs()[i].shape));
-      std::vector<float> f(v.begin(), v.end());
-      for (auto& x : f) x *= 0.05f;
-      m.set_param_f32(i, f);
-    }
+    give_b_values(m);
     auto train_loss = [&] {  // a training pass (dropout on) at step 7's masks
       m.set_dropout_step(7);
       m.zero_grads();
