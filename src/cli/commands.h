@@ -13,6 +13,7 @@ void add_train_commands(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_data_commands(CLI::App& app);  // data-stats, prepare
 void add_profile_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 // The status main() returns after a command ran without an error (a command sets it, e.g. train
 // stopped by a signal: 128 + the signal).

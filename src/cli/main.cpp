@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   qt::cli::add_bench_command(app);
   qt::cli::add_data_commands(app);
   qt::cli::add_profile_command(app);
+  qt::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
