@@ -1,12 +1,15 @@
-// The recipes in examples/ultrachat_200k load with train_config_load, so a renamed or dropped key
-// fails CI instead of a user's run. Parsing needs no hub cache: ids resolve where they are used.
+// The recipes in examples/ultrachat_200k load with train_config_load and pass `plan`, so a renamed
+// or dropped key, or a recipe that no longer fits one GPU, fails CI instead of a user's run. Parsing needs no hub cache: ids resolve where they are used.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "io/hub_cache.h"
+#include "model/plan.h"
+#include "model/presets.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -32,6 +35,16 @@ TEST(Recipes, UltrachatRecipesLoad) {
       EXPECT_EQ(c.data.eval_split, "test_sft");
       EXPECT_EQ(c.data.eval_data, c.data.data);
       EXPECT_EQ(c.eval_fraction, 0.0);
+      // And through `plan`, with the preset of the same shape as the recipe's model id: the recipe
+      // fits one H200 with what it sets (checkpointing, method, rows).
+      std::string preset = c.model.substr(c.model.rfind('-') + 1);
+      for (auto& ch : preset) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      PlanRequest req;
+      req.tokens_per_batch = c.data.pack.tokens_per_batch;
+      req.checkpointing = c.activation_checkpointing;
+      if (c.method == "lora") req.lora = &c.lora;
+      const Plan plan = plan_training(preset_config(preset), req);
+      EXPECT_TRUE(plan.fits_141) << plan_table(plan, req);
     } catch (const Error& e) {
       ADD_FAILURE() << e.what();
     }
