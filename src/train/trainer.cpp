@@ -20,6 +20,7 @@
 #include "io/hub_cache.h"
 #include "io/mapped_file.h"
 #include "model/flops.h"
+#include "model/plan.h"
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
 #include "profile/profile_run.h"
@@ -244,6 +245,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
              cfg.eval_fraction, "): no eval will run");
 
   run.backend->set_deterministic(cfg.deterministic);
+  const bool on_device = std::string(run.backend->name()) == "cuda";
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
   const int static_max_seqs = static_sample_bound(max_row_samples);
   const bool lora = cfg.method == "lora";
@@ -285,6 +287,15 @@ TrainSummary train_run(const TrainConfig& cfg) {
   TrainStep stepper(*run.model, *run.optimizer, accum, static_max_seqs, cfg.cuda_graph);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
+  {  // what `qwentune plan` predicts for this run on one H200, beside the allocation above
+    PlanRequest preq;
+    preq.tokens_per_batch = pack.tokens_per_batch;
+    preq.checkpointing = checkpointing_name(ckpt);
+    if (lora) preq.lora = &cfg.lora;
+    const Plan plan = plan_training(mc, preq);
+    log_info("qwentune plan for one H200: ", double(plan.total_bytes) / double(1 << 30), " GiB, ",
+             plan.tokens_per_s, " tokens/s at ", 100 * preq.compute_efficiency, " % of the bf16 peak");
+  }
   log_info("step: ", stepper.mode(), ", ", accum, " row(s) per step");
 
   // Resume: the checkpoint must come from this same run (fingerprint), then its optimizer state,
@@ -337,7 +348,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
 
   Loader loader(train, pack, start_pos, planned_epochs, 4);
   TrainSummary summary;
-  const bool on_gpu = std::string(run.backend->name()) == "cuda";
+  const bool on_gpu = on_device;
   const int64_t nparams = param_count(mc);  // MFU counts the frozen base's forward and dX too: 6 N per token
   double train_s = 0, eval_s = 0, save_s = 0, mfu = 0;
   int64_t tokens_done = 0, last_eval_step = -1;
