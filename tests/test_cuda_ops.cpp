@@ -11,7 +11,7 @@
 // gradient feeding its GEMMs, the tensor-core mixers). atol is a quarter bf16 ulp of the output's
 // scale, for outputs whose exact values are near zero (where the bf16 rounding error vanishes but
 // fp32 reordering does not). Every test GTEST_SKIPs when no CUDA device exists.
-// AdamW is checked bit-exact against train/optimizer.cpp.
+// AdamW is checked bit-exact against ops/cpu/adamw.cpp.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -29,7 +29,7 @@
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/cuda_backend.h"
 #include "test_util.h"
-#include "train/optimizer.h"
+#include "ops/cpu/adamw.h"
 
 namespace qt {
 namespace {
@@ -704,7 +704,7 @@ TEST_F(OpsTest, AttentionEntries) {
   }
 }
 
-// ---- AdamW: bit-exact with train/optimizer.cpp ----------------------------------------------------
+// ---- AdamW: bit-exact with ops/cpu/adamw.cpp ----------------------------------------------------
 
 TEST_F(OpsTest, AdamWBitExact) {
   QT_REQUIRE_GPU();

@@ -1,5 +1,5 @@
 // AdamW over every parameter of a Qwen35Model, wherever the model lives: on the host for the CPU
-// backend (fp32 arrays, train/optimizer.h), on the device for CUDA (fp32 master, m, v in device
+// backend (fp32 arrays, ops/cpu/adamw.h), on the device for CUDA (fp32 master, m, v in device
 // memory; bf16 working weights written by the fused kernel). Both clip by the global gradient norm
 // and stop on non-finite gradients naming the first bad tensor.
 #pragma once
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "model/qwen35.h"
-#include "train/optimizer.h"
+#include "ops/cpu/adamw.h"
 
 namespace qt {
 

@@ -15,7 +15,7 @@
 
 #include "data/data_job.h"
 #include "model/lora.h"
-#include "train/optimizer.h"
+#include "ops/cpu/adamw.h"
 #include "train/schedule.h"
 
 namespace qt {

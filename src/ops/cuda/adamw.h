@@ -1,5 +1,5 @@
 // Multi-tensor AdamW on the device: fp32 master weights, m and v; bf16 working weights written
-// from the updated master; bf16 gradients. The update is bit-exact with train/optimizer.cpp's
+// from the updated master; bf16 gradients. The update is bit-exact with ops/cpu/adamw.cpp's
 // adamw_update applied to the clipped gradient float(g * clip) (same float operations in the same
 // order, every one an explicitly rounded intrinsic, so nvcc cannot contract to FMA; the CPU side
 // is compiled without FMA: x86-64 baseline, no -march, so g++'s default -ffp-contract=fast has no
@@ -14,7 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "train/optimizer.h"
+#include "ops/cpu/adamw.h"
 
 namespace qt::cuda {
 

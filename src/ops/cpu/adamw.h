@@ -1,6 +1,6 @@
-// AdamW with decoupled weight decay and bias correction, on fp32 host arrays. This is the
-// reference the fused CUDA optimizer must match bit-for-bit: one fixed order of float operations
-// per element, no reductions.
+// AdamW with decoupled weight decay and bias correction, on fp32 host arrays: the CPU backend's
+// optimizer and the reference the fused CUDA one (ops/cuda/adamw.h) must match bit-for-bit: one
+// fixed order of float operations per element, no reductions.
 #pragma once
 #include <cstdint>
 #include <vector>

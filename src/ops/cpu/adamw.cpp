@@ -1,4 +1,4 @@
-#include "train/optimizer.h"
+#include "ops/cpu/adamw.h"
 
 #include <cmath>
 
