@@ -26,18 +26,6 @@
 namespace qt::cli {
 namespace {
 
-// Chat-like sample lengths (log-normal around ~700 tokens, 32..3000), filling `total` exactly.
-std::vector<int64_t> chat_like_lengths(int64_t total, std::mt19937_64& rng) {
-  std::lognormal_distribution<double> dist(6.5, 0.6);
-  std::vector<int64_t> out;
-  for (int64_t left = total; left > 0;) {
-    const int64_t n = std::min<int64_t>(left, std::clamp<int64_t>(static_cast<int64_t>(dist(rng)), 32, 3000));
-    out.push_back(n);
-    left -= n;
-  }
-  return out;
-}
-
 struct BenchArgs {
   std::string preset = "2b", backend = "auto";
   int64_t steps = 5, warmup = 2, tokens_per_batch = 8192;

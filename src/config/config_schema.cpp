@@ -83,13 +83,6 @@ void check_value(const ConfigKey& k, const YAML::Node& v, const ConfigSource& sr
     QT_FAIL(src.where(dotted, v), ": ", dotted, " ", what);
   };
   if (v.IsNull()) return;  // `key:` with no value = the default
-  if (k.only_default && k.def) {
-    const YAML::Node d = YAML::Load(k.def);
-    const bool same = (v.IsSequence() && d.IsSequence() && v.size() == d.size() && v.size() == 0) ||
-                      (v.IsScalar() && d.IsScalar() &&
-                       (v.Scalar() == d.Scalar() || (k.type == T::Float && v.as<double>(1) == d.as<double>(0))));
-    if (!same) fail(std::string("is not supported yet (only ") + k.def + "): " + k.only_default);
-  }
   switch (k.type) {
     case T::Str:
     case T::Path: {

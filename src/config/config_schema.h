@@ -25,9 +25,6 @@ struct ConfigKey {
   double lo = 0, hi = 0;  // numeric range (Int, Float) when lo < hi
   bool lo_open = false, hi_open = false;
   const char* choices = nullptr;  // Str: "a|b|c"
-  bool required = false;
-  // Not supported yet beyond the default: any other value is an error with this reason.
-  const char* only_default = nullptr;
 };
 
 const std::vector<ConfigKey>& config_keys();

@@ -163,7 +163,7 @@ std::string user_cache_dir() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   if (xdg && *xdg) return (fs::path(xdg) / "qwentune").string();
   const char* home = std::getenv("HOME");
-  return (fs::path(home && *home ? home : "/root") / ".cache" / "qwentune").string();
+  return ((home && *home ? fs::path(home) / ".cache" : fs::temp_directory_path()) / "qwentune").string();
 }
 
 }  // namespace

@@ -1,8 +1,21 @@
 #include "model/flops.h"
 
+#include <algorithm>
+
 #include "model/params.h"
 
 namespace qt {
+
+std::vector<int64_t> chat_like_lengths(int64_t total, std::mt19937_64& rng) {
+  std::lognormal_distribution<double> dist(6.5, 0.6);
+  std::vector<int64_t> out;
+  for (int64_t left = total; left > 0;) {
+    const int64_t n = std::min<int64_t>(left, std::clamp<int64_t>(static_cast<int64_t>(dist(rng)), 32, 3000));
+    out.push_back(n);
+    left -= n;
+  }
+  return out;
+}
 
 StepFlops step_flops(const ModelConfig& c, const std::vector<int64_t>& lengths) {
   StepFlops f;

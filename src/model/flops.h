@@ -2,6 +2,7 @@
 // leaves out (causal attention per sample, the chunked gated delta rule; KERNELS.md 1.8 and 3).
 #pragma once
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "model/config.h"
@@ -23,6 +24,10 @@ inline constexpr double kPeakBf16FlopsPerSecond = 790e12;
 inline double dense_mfu(int64_t params, double tokens_per_second) {
   return 6.0 * double(params) * tokens_per_second / kPeakBf16FlopsPerSecond;
 }
+
+// Chat-like sample lengths (log-normal around ~700 tokens, 32..3000) filling `total` exactly: the
+// mix `qwentune bench` trains on and `qwentune plan` estimates with.
+std::vector<int64_t> chat_like_lengths(int64_t total, std::mt19937_64& rng);
 
 StepFlops step_flops(const ModelConfig& cfg, const std::vector<int64_t>& sample_lengths);
 

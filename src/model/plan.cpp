@@ -12,7 +12,6 @@ namespace qt {
 namespace {
 
 constexpr double kGiB = 1073741824.0;
-constexpr int64_t kReserve = int64_t(4) << 30;
 
 // Bytes of the largest decoder layer's parameters (ZeRO-3's gathered layer buffer).
 int64_t largest_layer_params(const ModelConfig& cfg) {
@@ -23,19 +22,6 @@ int64_t largest_layer_params(const ModelConfig& cfg) {
     else outside = std::max(outside, shape_numel(p.shape));
   }
   return std::max(outside, *std::max_element(per_layer.begin(), per_layer.end()));
-}
-
-// Chat-like sample lengths (log-normal around ~700 tokens), as `qwentune bench` draws them.
-std::vector<int64_t> chat_lengths(int64_t total) {
-  std::mt19937_64 rng(0);
-  std::lognormal_distribution<double> dist(6.5, 0.6);
-  std::vector<int64_t> out;
-  for (int64_t left = total; left > 0;) {
-    const int64_t n = std::min<int64_t>(left, std::clamp<int64_t>(static_cast<int64_t>(dist(rng)), 32, 3000));
-    out.push_back(n);
-    left -= n;
-  }
-  return out;
 }
 
 Plan plan_for(const ModelConfig& cfg, const PlanRequest& req, int zero, Checkpointing ck) {
@@ -60,18 +46,17 @@ Plan plan_for(const ModelConfig& cfg, const PlanRequest& req, int zero, Checkpoi
     // per 64-token chunk, the q / k row scales), per GDN layer.
     acts += int64_t(cfg.num_linear_layers()) * T * cfg.linear_num_value_heads * (64 * 4 + 16);
   }
-  const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
-                                 2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
-  const int64_t scratch = T * (2 * cfg.hidden_size + 5 * wide) * 2;
+  const int64_t scratch = gradient_scratch_bytes(cfg, DType::BF16, T);
   const int64_t comm = zero == 3 && req.gpus > 1 ? largest_layer_params(cfg) * (2 * 2 + 4) : 0;  // 2 bf16 buffers, an f32 bucket
   p.parts = {{"weights (bf16)", weights}, {"gradients (fp32)", grads}, {"optimizer: master, m, v (fp32)", optimizer},
              {"activations", acts},       {"gradient scratch", scratch}, {"communication buffers", comm},
-             {"workspaces (reserve)", kReserve}};
+             {"workspaces (reserve)", kWorkspaceReserve}};
   for (const auto& part : p.parts) p.total_bytes += part.bytes;
   p.fits_80 = double(p.total_bytes) <= 74.0 * kGiB;    // an 80 GB H100's usable memory
   p.fits_141 = double(p.total_bytes) <= 139.0 * kGiB;  // an H200's
   // Time: FLOPs per GPU (its own row) at the stated efficiency; collectives per GPU.
-  StepFlops f = step_flops(cfg, chat_lengths(T));
+  std::mt19937_64 rng(0);
+  StepFlops f = step_flops(cfg, chat_like_lengths(T, rng));
   if (req.lora) f.dense = 4.0 * double(P) * double(T) + 6.0 * double(trained) * double(T);
   if (ck == Checkpointing::Full) f.dense += 2.0 * double(P) * double(T);  // the recomputed forward
   p.flops = f.total();

@@ -16,7 +16,6 @@ namespace {
 constexpr int kNumRoles = static_cast<int>(ParamRole::AttnKNorm) + 1;
 // What the memory plan leaves free beyond its own parts: the cross-entropy chunk, the GDN and
 // attention workspaces, cuBLASLt and fragmentation (choose_checkpointing_within, gdn_keep_fits).
-constexpr int64_t kWorkspaceReserve = int64_t(4) << 30;
 
 // Weights whose gradient comes from exactly one dW GEMM per backward (Qwen35Model::proj_backward).
 bool is_projection(ParamRole r) {
@@ -221,16 +220,13 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes) {
 
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
                                           int64_t free_bytes, std::string* why, int64_t trained_params) {
-  const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
-                                 2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
   // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
   // LoRA: the frozen base takes only its weights; the adapters weights, gradients and AdamW state.
   const int64_t act_bytes = static_cast<int64_t>(dtype_size(act));
   const int64_t trained = trained_params < 0 ? param_count(cfg) : trained_params;
   const int64_t fixed = param_count(cfg) * act_bytes + trained * (trained_params < 0 ? 16 : act_bytes + 16) +
-                        max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act)) +
-                        kWorkspaceReserve;
+                        gradient_scratch_bytes(cfg, act, max_tokens) + kWorkspaceReserve;
   std::string detail;
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
     int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
@@ -245,6 +241,12 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
           free_bytes >> 20, " MiB free (", param_count(cfg), " parameters take ", fixed >> 30,
           " GiB with bf16 weights, fp32 gradients and AdamW state before any activation); use a smaller model or "
           "fewer tokens per row, or set train.activation_checkpointing to full to try anyway");
+}
+
+int64_t gradient_scratch_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens) {
+  const int64_t wide = std::max({cfg.intermediate_size, cfg.conv_dim(), cfg.value_dim(),
+                                 2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size});
+  return max_tokens * (2 * cfg.hidden_size + 5 * wide) * static_cast<int64_t>(dtype_size(act));
 }
 
 int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt) {
@@ -286,7 +288,8 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     params_ = base_;
     for (size_t i = 0; i < base_.size(); ++i) trainable_of_base_[i] = static_cast<int>(i);
   } else {
-    num_adapter_tensors_ = lora_param_table(cfg, lora_spec_).size();
+    const std::vector<size_t> saved = lora_saved_modules(cfg, lora_spec_);
+    num_adapter_tensors_ = specs_.size() - saved.size();  // lora_trainable_table: adapters, then saved
     lora_index_.assign(static_cast<size_t>(cfg.num_hidden_layers), std::vector<int>(kNumRoles, -1));
     lora_t_.assign(static_cast<size_t>(cfg.num_hidden_layers), std::vector<Tensor>(kNumRoles));
     for (size_t i = 0; i < num_adapter_tensors_; ++i) {
@@ -306,7 +309,6 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
       lora_u_ = planned(plan_.scratch, at, {max_tokens * widest});
     }
     // modules_to_save: trained in place, the base tensor itself.
-    const std::vector<size_t> saved = lora_saved_modules(cfg, lora_spec_);
     for (size_t k = 0; k < saved.size(); ++k) {
       params_.push_back(base_[saved[k]]);
       trainable_of_base_[saved[k]] = static_cast<int>(num_adapter_tensors_ + k);
@@ -407,38 +409,28 @@ void Qwen35Model::load(const HfModelDir& dir, uint64_t lora_seed) {
   }
 }
 
+std::vector<float> Qwen35Model::download_f32(const Tensor& t) const {
+  HostTensor h(t.dtype, t.shape_vec());
+  be_.copy_to_host(h.t.data, t);
+  return tensor_to_f32(h.t);
+}
+
+void Qwen35Model::upload_f32(const Tensor& t, const std::vector<float>& values, const std::string& name) {
+  QT_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload: ", values.size(), " values for ", name, " ",
+           t.describe());
+  HostTensor h(t.dtype, t.shape_vec());
+  tensor_from_f32(h.t, values.data());
+  be_.copy_from_host(t, h.t.data);
+}
+
 void Qwen35Model::set_base_param_f32(size_t i, const std::vector<float>& values) {
-  QT_CHECK(static_cast<int64_t>(values.size()) == base_[i].numel(), "set_base_param_f32: ", values.size(),
-           " values for ", base_specs_[i].name, " ", base_[i].describe());
-  HostTensor h(base_[i].dtype, base_[i].shape_vec());
-  tensor_from_f32(h.t, values.data());
-  be_.copy_from_host(base_[i], h.t.data);
+  upload_f32(base_[i], values, base_specs_[i].name);
 }
-
-std::vector<float> Qwen35Model::base_param_f32(size_t i) const {
-  HostTensor h(base_[i].dtype, base_[i].shape_vec());
-  be_.copy_to_host(h.t.data, base_[i]);
-  return tensor_to_f32(h.t);
-}
-
-std::vector<float> Qwen35Model::param_f32(size_t i) const {
-  HostTensor h(params_[i].dtype, params_[i].shape_vec());
-  be_.copy_to_host(h.t.data, params_[i]);
-  return tensor_to_f32(h.t);
-}
-
-std::vector<float> Qwen35Model::grad_f32(size_t i) const {
-  HostTensor h(grads_[i].dtype, grads_[i].shape_vec());
-  be_.copy_to_host(h.t.data, grads_[i]);
-  return tensor_to_f32(h.t);
-}
-
+std::vector<float> Qwen35Model::base_param_f32(size_t i) const { return download_f32(base_[i]); }
+std::vector<float> Qwen35Model::param_f32(size_t i) const { return download_f32(params_[i]); }
+std::vector<float> Qwen35Model::grad_f32(size_t i) const { return download_f32(grads_[i]); }
 void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
-  QT_CHECK(static_cast<int64_t>(values.size()) == params_[i].numel(), "set_param_f32: ", values.size(),
-           " values for ", specs_[i].name, " ", params_[i].describe());
-  HostTensor h(params_[i].dtype, params_[i].shape_vec());
-  tensor_from_f32(h.t, values.data());
-  be_.copy_from_host(params_[i], h.t.data);
+  upload_f32(params_[i], values, specs_[i].name);
 }
 
 void Qwen35Model::zero_grads() {
@@ -486,6 +478,11 @@ void Qwen35Model::write_dropout_seed(int32_t* dst, uint64_t salt) const {
   const uint64_t seed = dropout_mix(dropout_base_ ^ (salt * 0x9e3779b97f4a7c15ull));
   dst[0] = static_cast<int32_t>(static_cast<uint32_t>(seed));
   dst[1] = static_cast<int32_t>(static_cast<uint32_t>(seed >> 32));
+}
+
+void Qwen35Model::proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
+  be_.linear_forward(y, x, p(role, l));
+  proj_lora_forward(y, role, l, x);
 }
 
 void Qwen35Model::proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
@@ -684,10 +681,10 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
     const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
     if (heavy) {
-      be_.linear_forward(mixed, xn, p(ParamRole::GdnInProjQkv, l)); proj_lora_forward(mixed, ParamRole::GdnInProjQkv, l, xn);
-      be_.linear_forward(z, xn, p(ParamRole::GdnInProjZ, l)); proj_lora_forward(z, ParamRole::GdnInProjZ, l, xn);
-      be_.linear_forward(b, xn, p(ParamRole::GdnInProjB, l)); proj_lora_forward(b, ParamRole::GdnInProjB, l, xn);
-      be_.linear_forward(a, xn, p(ParamRole::GdnInProjA, l)); proj_lora_forward(a, ParamRole::GdnInProjA, l, xn);
+      proj_forward(mixed, ParamRole::GdnInProjQkv, l, xn);
+      proj_forward(z, ParamRole::GdnInProjZ, l, xn);
+      proj_forward(b, ParamRole::GdnInProjB, l, xn);
+      proj_forward(a, ParamRole::GdnInProjA, l, xn);
     }
     const Tensor& cw = p(ParamRole::GdnConv1d, l);
     be_.conv1d_silu_forward(conv, mixed, cw.view({cw.size(0), cw.size(2)}), seqs_);
@@ -698,29 +695,23 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     }
     be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
                               p(ParamRole::GdnNorm, l), c.rms_norm_eps);
-    if (heavy) {
-      be_.linear_forward(mix_out, y, p(ParamRole::GdnOutProj, l));
-      proj_lora_forward(mix_out, ParamRole::GdnOutProj, l, y);
-    }
+    if (heavy) proj_forward(mix_out, ParamRole::GdnOutProj, l, y);
   } else {
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     const Tensor qg = rows(A.qg, T), kr = rows(A.kr, T), v = rows(A.v, T);
     const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
     const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
     if (heavy) {
-      be_.linear_forward(qg, xn, p(ParamRole::AttnQProj, l)); proj_lora_forward(qg, ParamRole::AttnQProj, l, xn);
-      be_.linear_forward(kr, xn, p(ParamRole::AttnKProj, l)); proj_lora_forward(kr, ParamRole::AttnKProj, l, xn);
-      be_.linear_forward(v, xn, p(ParamRole::AttnVProj, l)); proj_lora_forward(v, ParamRole::AttnVProj, l, xn);
+      proj_forward(qg, ParamRole::AttnQProj, l, xn);
+      proj_forward(kr, ParamRole::AttnKProj, l, xn);
+      proj_forward(v, ParamRole::AttnVProj, l, xn);
     }
     be_.attn_prep_forward(q, k, gate, slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), qg, kr,
                           p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l), rows(positions_, T), ad,
                           c.rms_norm_eps);
     if (heavy) be_.attention_forward(o, slab(A.lse, {Hq, T}), q, k, v.view({T, Hkv, D}), ad, seqs_);
     be_.attn_gate_forward(y, o.view({T, Hq * D}), gate);
-    if (heavy) {
-      be_.linear_forward(mix_out, y, p(ParamRole::AttnOProj, l));
-      proj_lora_forward(mix_out, ParamRole::AttnOProj, l, y);
-    }
+    if (heavy) proj_forward(mix_out, ParamRole::AttnOProj, l, y);
   }
   const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
   if (heavy)  // h = x + mixer (in place over the mixer output), then its norm
@@ -729,8 +720,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
   const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
   if (heavy) {
-    be_.linear_forward(mg, hn, p(ParamRole::MlpGate, l)); proj_lora_forward(mg, ParamRole::MlpGate, l, hn);
-    be_.linear_forward(mu, hn, p(ParamRole::MlpUp, l)); proj_lora_forward(mu, ParamRole::MlpUp, l, hn);
+    proj_forward(mg, ParamRole::MlpGate, l, hn);
+    proj_forward(mu, ParamRole::MlpUp, l, hn);
   }
   be_.swiglu_forward(act, mg, mu);
   if (pass != LayerPass::Forward) return;  // the backward needs neither the MLP output nor the next input
@@ -739,8 +730,7 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   const bool last = l + 1 == static_cast<int>(c.num_hidden_layers);
   const LayerActs* N = last ? nullptr : &acts_[static_cast<size_t>(l) + 1];
   const Tensor next = rows(last ? final_in_ : N->x, T);
-  be_.linear_forward(next, act, p(ParamRole::MlpDown, l));
-  proj_lora_forward(next, ParamRole::MlpDown, l, act);
+  proj_forward(next, ParamRole::MlpDown, l, act);
   be_.add_rmsnorm_forward(next, rows(last ? final_out_ : N->xn, T), rows(last ? final_rstd_ : N->rstd_in, T), h, next,
                           last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps);
 }

@@ -45,6 +45,11 @@ struct PackedRow {
 enum class Checkpointing { None, Selective, Full };
 const char* checkpointing_name(Checkpointing c);
 std::optional<Checkpointing> checkpointing_from_name(const std::string& name);  // none|selective|full
+// What a memory plan leaves free beyond its own parts: the cross-entropy chunk, the GDN and
+// attention workspaces, cuBLASLt and fragmentation (choose_checkpointing_within, gdn_keep_fits, plan).
+inline constexpr int64_t kWorkspaceReserve = int64_t(4) << 30;
+// Bytes of the gradient scratch shared by all layers (the residual, the norm output, five wide buffers).
+int64_t gradient_scratch_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens);
 // Activation bytes a model planned for max_tokens with this policy would allocate.
 int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, Checkpointing ckpt);
 // The policy for training cfg on backend at max_tokens per row (at most max_seqs samples): the
@@ -186,6 +191,10 @@ class Qwen35Model {
   void proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x, bool accumulate_dx);
   // With LoRA: after the projection of `role` in layer l wrote y from x, adds its adapter's term.
   void proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
+  // The projection of `role` in layer l: y = x W^T, plus its LoRA adapter's term where it has one.
+  void proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
+  std::vector<float> download_f32(const Tensor& t) const;
+  void upload_f32(const Tensor& t, const std::vector<float>& values, const std::string& name);
   const Tensor& p(ParamRole role, int layer) const;
   const Tensor& g(ParamRole role, int layer) const;
   Tensor rows(const Tensor& t, int64_t T) const;  // leading T rows of a [max_tokens, ...] buffer

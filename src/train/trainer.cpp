@@ -378,8 +378,9 @@ TrainSummary train_run(const TrainConfig& cfg) {
     const std::string dir = run.save(name);
     for (const std::string& gone : checkpoint_prune(cfg.output_dir, cfg.save_total_limit, dir))
       log_info("save_total_limit ", cfg.save_total_limit, ": removed ", gone);
-    write_run_summary(cfg.output_dir, summary_json(status));
-    write_run_report(cfg.output_dir, records, summary_json(status));
+    const nlohmann::ordered_json sj = summary_json(status);
+    write_run_summary(cfg.output_dir, sj);
+    write_run_report(cfg.output_dir, records, sj);
     save_s += seconds_since(t);
     return dir;
   };
