@@ -337,7 +337,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> tg(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) tg[size_t(t)] = t % 17 == 0 ? -100 : int32_t((t * 7919) % V);
     be.copy_from_host(targets, tg.data());
-    const size_t ws_before = be.workspace_bytes();
+    const int64_t ws_before = be.workspace_bytes();
     const double ms = time_ms(be, [&] { be.linear_cross_entropy(dh, dw, Tensor(), hidden, w, targets, 1.0 / T, true); },
                               quick ? 2 : 5, 1);
     const double extra = double(std::max(be.workspace_bytes(), ws_before));

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "model/presets.h"
 #include "ops/cpu/cpu_backend.h"
-#include "profile/profile_run.h"
+#include "train/step_runner.h"
 #include "profile/profiled_backend.h"
 
 namespace {
@@ -30,8 +30,8 @@ double time_steps(Mode mode, const std::vector<qt::PackedRow>& rows, int64_t ste
   qt::ProfiledBackend profiled(cpu);
   qt::Backend& be = mode == Mode::Plain ? static_cast<qt::Backend&>(cpu) : profiled;
   qt::Qwen35Model model(qt::preset_config("tiny"), be, tokens);
-  qt::profile::init_model_random(model, 1);
-  qt::profile::TrainStepRunner runner(model);
+  qt::init_model_random(model, 1);
+  qt::TrainStepRunner runner(model);
   qt::profile::Profiler& prof = profiled.profiler();
   prof.set_enabled(mode == Mode::Enabled);
   for (int64_t s = 0; s < 2; ++s) runner.step(rows[static_cast<size_t>(s) % rows.size()]);
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    const std::vector<qt::PackedRow> rows = qt::profile::synthetic_chat_rows(512, tokens, 8, 0);
+    const std::vector<qt::PackedRow> rows = qt::synthetic_chat_rows(512, tokens, 8, 0);
     std::vector<double> plain, disabled, enabled;
     for (int64_t r = 0; r < rounds; ++r) {
       plain.push_back(time_steps(Mode::Plain, rows, steps, tokens));

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/init.h"
 #include "model/presets.h"
 #include "model/random_model_dir.h"

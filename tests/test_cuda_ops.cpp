@@ -316,15 +316,17 @@ TEST_F(OpsTest, Dropout) {
   }
 }
 
-// A malformed QT_GEMM_CANDIDATES stops the backend's construction with a message naming it (the
-// environment is read before any device call, so this runs without a GPU too).
-TEST(CudaBackendEnv, BadGemmCandidatesNamed) {
-  for (const char* bad : {"abc", "0", "65", "8x", ""}) {
-    SCOPED_TRACE(std::string("QT_GEMM_CANDIDATES='") + bad + "'");
-    ::setenv("QT_GEMM_CANDIDATES", bad, 1);
-    EXPECT_ERROR_CONTAINS([] { CudaBackend be; }, "QT_GEMM_CANDIDATES", "from 1 to 64");
+// Out-of-range options stop the backend's construction with a message naming the config key (the
+// options are checked before any device call, so this runs without a GPU too).
+TEST(CudaBackendOptions, BadOptionsNamed) {
+  for (int bad : {0, 65, -3}) {
+    BackendOptions o;
+    o.gemm_candidates = bad;
+    EXPECT_ERROR_CONTAINS([&] { CudaBackend be(o); }, "train.cuda.gemm_candidates", "from 1 to 64");
   }
-  ::unsetenv("QT_GEMM_CANDIDATES");
+  BackendOptions o;
+  o.arena_mib = 8;
+  EXPECT_ERROR_CONTAINS([&] { CudaBackend be(o); }, "train.cuda.arena_mib", "at least 16");
 }
 
 // GEMM tuning (on in g_) only picks among cuBLASLt's candidates those that write the bits of the

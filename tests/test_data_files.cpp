@@ -16,7 +16,7 @@
 #include "data/data_job.h"
 #include "data/readers.h"
 #include "data/token_cache.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "io/hub_cache.h"
 #include "model/random_model_dir.h"
 #include "parquet_test_writer.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <random>
 
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/decoder.h"
 #include "model/qwen35.h"
 #include "ops/cpu/cpu_backend.h"

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config_schema.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "io/mapped_file.h"
 #include "model/generate.h"
 #include "model/random_model_dir.h"
@@ -236,6 +236,30 @@ TEST(ConfigRanges, DuplicatedKeyNamesBothLines) {
   write(dir.file("typo.yaml"), "model: init\ndata:\n  path: train.jsonl\ntrain:\n  lrate: 1\n");
   EXPECT_ERROR_CONTAINS([&] { train_config_load(dir.file("typo.yaml"), {}); }, "typo.yaml:5", "unknown key train.lrate",
                         "known: backend, lr");
+}
+
+// train.cuda is a section inside train: its keys are read, checked (range, unknown key, not a
+// section) and written back by --print-config under `  cuda:`.
+TEST(ConfigRanges, NestedCudaSection) {
+  ScratchDir dir("cfg-cuda");
+  const std::string cfg = make_run(dir, "  cuda:\n    gemm_candidates: 8\n    arena_mib: 64\n");
+  const TrainConfig c = train_config_load(cfg, {"train.cuda.gemm_tune=false"});
+  EXPECT_EQ(c.cuda.gemm_candidates, 8);
+  EXPECT_EQ(c.cuda.arena_mib, 64);
+  EXPECT_FALSE(c.cuda.gemm_tune);
+  EXPECT_TRUE(c.cuda.deterministic);
+  EXPECT_NE(c.resolved_yaml.find("\n  cuda:\n    gemm_tune: false"), std::string::npos) << c.resolved_yaml;
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.cuda.gemm_candidates=65"}); },
+                        "--set 'train.cuda.gemm_candidates=65'", "must be in [1, 64]");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.cuda.gemm_tunes=1"}); }, "unknown key train.cuda.gemm_tunes",
+                        "known: gemm_tune, gemm_candidates, arena_mib");
+  EXPECT_ERROR_CONTAINS([&] { train_config_load(cfg, {"train.cuda=3"}); }, "`cuda:` must be a section of keys");
+  write(dir.file("resolved.yaml"), c.resolved_yaml);
+  EXPECT_EQ(train_config_load(dir.file("resolved.yaml"), {}).cuda.gemm_candidates, 8);
+  const TrainConfig defaults = train_config_load(make_run(dir, ""), {});
+  EXPECT_TRUE(defaults.cuda.gemm_tune);
+  EXPECT_EQ(defaults.cuda.gemm_candidates, 32);
+  EXPECT_EQ(defaults.cuda.arena_mib, 1024);
 }
 
 TEST(ConfigRanges, PrintConfigListsEveryKeyAndReloads) {

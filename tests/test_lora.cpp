@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "io/mapped_file.h"
 #include "io/peft_adapter.h"
 #include "model/lora.h"

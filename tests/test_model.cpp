@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/qwen35.h"
 #include "ops/cpu/cpu_backend.h"
 #include "test_util.h"

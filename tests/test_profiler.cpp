@@ -11,7 +11,7 @@
 #include "model/presets.h"
 #include "model/qwen35.h"
 #include "ops/cpu/cpu_backend.h"
-#include "profile/profile_run.h"
+#include "train/step_runner.h"
 #include "profile/profiled_backend.h"
 #include "test_util.h"
 
@@ -70,7 +70,7 @@ struct Rig {
   Qwen35Model model;
   explicit Rig(const ModelConfig& c, int64_t tokens = 96, profile::DeviceTimer* timer = nullptr)
       : be(cpu, timer), model(c, be, tokens) {
-    profile::init_model_random(model, 3);
+    init_model_random(model, 3);
   }
   void step(int64_t n, const PackedRow& row) {
     be.profiler().begin_step(n);
@@ -89,7 +89,7 @@ std::map<std::string, int64_t> calls_of(const profile::Profiler& p) {
 TEST(Profiler, OpCallsEqualWhatTheModelExecutes) {
   for (const ModelConfig& c : {preset_config("tiny"), three_layer_config()}) {
     Rig rig(c);
-    const std::vector<PackedRow> rows = profile::synthetic_chat_rows(c.vocab_size, 96, 2, 7);
+    const std::vector<PackedRow> rows = synthetic_chat_rows(c.vocab_size, 96, 2, 7);
     rig.be.profiler().set_enabled(true);
     for (int s = 0; s < 2; ++s) rig.step(s + 1, rows[static_cast<size_t>(s)]);
     std::map<std::string, int64_t> want = expected_calls(c);
@@ -145,7 +145,7 @@ struct TraceEvent {
 TEST(Profiler, TraceParsesAndEventsNest) {
   const ModelConfig c = preset_config("tiny");
   Rig rig(c);
-  const std::vector<PackedRow> rows = profile::synthetic_chat_rows(c.vocab_size, 96, 2, 1);
+  const std::vector<PackedRow> rows = synthetic_chat_rows(c.vocab_size, 96, 2, 1);
   rig.be.profiler().set_enabled(true);
   rig.step(1, rows[0]);
   rig.step(2, rows[1]);
@@ -212,7 +212,7 @@ TEST(Profiler, TraceParsesAndEventsNest) {
 TEST(Profiler, DisabledRecordsNothing) {
   const ModelConfig c = preset_config("tiny");
   Rig rig(c);
-  const std::vector<PackedRow> rows = profile::synthetic_chat_rows(c.vocab_size, 96, 1, 1);
+  const std::vector<PackedRow> rows = synthetic_chat_rows(c.vocab_size, 96, 1, 1);
   EXPECT_FALSE(rig.be.profiler().enabled());
   rig.step(1, rows[0]);
   const profile::Profiler& p = rig.be.profiler();
@@ -260,7 +260,7 @@ TEST(Profiler, DeviceTimerGivesDeviceTimesAndLaunches) {
   FakeTimer timer;
   Rig rig(c, 96, &timer);
   ASSERT_TRUE(rig.be.profiler().has_device_timer());
-  const std::vector<PackedRow> rows = profile::synthetic_chat_rows(c.vocab_size, 96, 1, 1);
+  const std::vector<PackedRow> rows = synthetic_chat_rows(c.vocab_size, 96, 1, 1);
   rig.be.profiler().set_enabled(true);
   rig.step(1, rows[0]);
   const auto& s = rig.be.profiler().step_stats().at(0);

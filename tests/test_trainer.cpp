@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/random_model_dir.h"
 #include "ops/backend_factory.h"
 #include "test_util.h"

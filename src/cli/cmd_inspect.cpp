@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "io/mapped_file.h"
 
 namespace qt::cli {

@@ -17,7 +17,7 @@
 #include "io/peft_adapter.h"
 #include "model/lora.h"
 #include "core/log.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/qwen35.h"
 #include "data/data_job.h"
 #include "data/readers.h"

@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/plan.h"
 #include "model/presets.h"
 

@@ -14,11 +14,11 @@
 #include "data/data_job.h"
 #include "data/packer.h"
 #include "data/token_cache.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/params.h"
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
-#include "profile/profile_run.h"
+#include "train/step_runner.h"
 #include "profile/profiled_backend.h"
 #include "text/tokenizer.h"
 
@@ -61,12 +61,12 @@ void run_profile(const ProfileJob& job) {
   const HfModelDir dir = hf_load(job.model);
   const ModelConfig& cfg = dir.config;
   const std::vector<PackedRow> rows =
-      job.data.empty() ? profile::synthetic_chat_rows(cfg.vocab_size, job.tokens_per_batch, job.warmup + job.steps, job.seed)
+      job.data.empty() ? synthetic_chat_rows(cfg.vocab_size, job.tokens_per_batch, job.warmup + job.steps, job.seed)
                        : rows_from_data(job, cfg.vocab_size);
   ProfiledBackend be(*raw);
   Qwen35Model model(cfg, be, job.tokens_per_batch);
   model.load(dir);
-  profile::TrainStepRunner runner(model);
+  TrainStepRunner runner(model);
   profile::Profiler& prof = be.profiler();
   int64_t samples = 0;
   for (const PackedRow& r : rows) samples += static_cast<int64_t>(r.cu_seqlens.size()) - 1;

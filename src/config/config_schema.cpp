@@ -146,6 +146,65 @@ void emit_value(YAML::Emitter& e, const YAML::Node& v) {
   }
 }
 
+
+// The sections of the table in order ("" first): a section is any dotted path a key names, and
+// every prefix of it is a section too (train.cuda makes train one).
+std::vector<std::string> table_sections();
+
+bool is_section(const std::string& s) {
+  for (const std::string& x : table_sections())
+    if (x == s) return true;
+  return false;
+}
+std::vector<std::string> section_parts(const std::string& section) {
+  std::vector<std::string> parts;
+  for (size_t b = 0; !section.empty() && b <= section.size();) {
+    size_t e = section.find('.', b);
+    if (e == std::string::npos) e = section.size();
+    parts.push_back(section.substr(b, e - b));
+    b = e + 1;
+  }
+  return parts;
+}
+// The node of section parts[i..] under n (const lookups only: yaml-cpp's non-const operator[]
+// inserts, and Node assignment rebinds shared content), or a null node.
+YAML::Node find_section(const YAML::Node& n, const std::vector<std::string>& parts, size_t i) {
+  if (i == parts.size()) return n;
+  if (!n.IsDefined() || !n.IsMap()) return YAML::Node();
+  return find_section(n[parts[i]], parts, i + 1);
+}
+std::string join_key(const std::string& section, const std::string& name) {
+  return section.empty() ? name : section + "." + name;
+}
+// The keys and sub-sections of `section`, for "unknown key" messages.
+std::string known_in(const std::string& section) {
+  std::string list;
+  for (const ConfigKey& k : config_keys())
+    if (section == k.section) list += (list.empty() ? "" : ", ") + std::string(k.name);
+  for (const std::string& sub : table_sections()) {
+    const size_t dot = sub.rfind('.');
+    const std::string parent = dot == std::string::npos ? "" : sub.substr(0, dot);
+    if (!sub.empty() && parent == section) list += (list.empty() ? "" : ", ") + sub.substr(dot + 1) + ":";
+  }
+  return list;
+}
+
+void validate_section(const YAML::Node& map, const std::string& section, const ConfigSource& src) {
+  for (const auto& kv : map) {
+    const std::string name = kv.first.as<std::string>();
+    const std::string dotted = join_key(section, name);
+    if (is_section(dotted)) {
+      QT_CHECK(kv.second.IsMap() || kv.second.IsNull(), src.where(dotted, kv.first), ": `", name,
+               ":` must be a section of keys (", known_in(dotted), ")");
+      if (kv.second.IsMap()) validate_section(kv.second, dotted, src);
+      continue;
+    }
+    const ConfigKey* key = config_key(section, name);
+    QT_CHECK(key, src.where(dotted, kv.first), ": unknown key ", dotted, " (known: ", known_in(section), ")");
+    check_value(*key, kv.second, src);
+  }
+}
+
 }  // namespace
 
 const std::vector<ConfigKey>& config_keys() {
@@ -200,6 +259,11 @@ const std::vector<ConfigKey>& config_keys() {
       flag("train", "deterministic", "true", "CUDA: bitwise reproducible steps"),
       str("train", "activation_checkpointing", "auto", "auto = from free device memory", "auto|none|selective|full"),
       str("train", "method", "full", "full fine-tuning, or LoRA adapters on a frozen base (the lora: section)", "full|lora"),
+      // train.cuda: the CUDA backend's runtime (ops/cuda/cuda_backend.h)
+      flag("train.cuda", "gemm_tune", "true",
+           "time cuBLASLt's candidate algorithms per GEMM shape once, keep the fastest bit-identical one"),
+      num("train.cuda", "gemm_candidates", T::Int, "32", 1, 64, "candidates timed per GEMM shape"),
+      num("train.cuda", "arena_mib", T::Int, "1024", 16, 1 << 20, "device arena block size (MiB)"),
       // lora: PEFT's LoRA (model/lora.h), used when train.method is lora
       num("lora", "r", T::Int, "16", 1, 4096, "adapter rank"),
       num("lora", "alpha", T::Float, "32", 0, 1e6, "scale = alpha / r (rslora: alpha / sqrt(r))", true),
@@ -223,6 +287,26 @@ const ConfigKey* config_key(const std::string& section, const std::string& name)
   return nullptr;
 }
 
+namespace {
+std::vector<std::string> table_sections() {
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> out{""};
+    for (const ConfigKey& k : config_keys()) {
+      const std::string s = k.section;
+      for (size_t dot = s.find('.');; dot = s.find('.', dot + 1)) {
+        const std::string prefix = s.substr(0, dot);  // npos: the whole section
+        bool seen = false;
+        for (const std::string& x : out) seen = seen || x == prefix;
+        if (!seen) out.push_back(prefix);
+        if (dot == std::string::npos) break;
+      }
+    }
+    return out;
+  }();
+  return sections;
+}
+}  // namespace
+
 std::string ConfigSource::where(const std::string& dotted_key, const YAML::Node& node) const {
   for (auto it = overrides.rbegin(); it != overrides.rend(); ++it)
     if (it->compare(0, dotted_key.size() + 1, dotted_key + "=") == 0) return "--set '" + *it + "'";
@@ -234,44 +318,24 @@ void config_validate(const YAML::Node& root, const ConfigSource& src) {
   QT_CHECK(root.IsDefined() && !root.IsNull(), src.file, ": the config is empty");
   QT_CHECK(root.IsMap(), src.file, ": the config must be a mapping of keys (model, data, train, ...)");
   check_duplicates(root, src, "");
-  auto known_in = [](const std::string& section) {
-    std::string list;
-    for (const ConfigKey& k : config_keys())
-      if (section == k.section) list += (list.empty() ? "" : ", ") + std::string(k.name);
-    if (section.empty()) list += ", data, train, lora";
-    return list;
-  };
-  for (const auto& kv : root) {
-    const std::string k = kv.first.as<std::string>();
-    if (k == "data" || k == "train" || k == "lora") {
-      QT_CHECK(kv.second.IsMap() || kv.second.IsNull(), src.where(k, kv.first), ": `", k, ":` must be a section of keys");
-      if (kv.second.IsNull()) continue;
-      for (const auto& e : kv.second) {
-        const std::string name = e.first.as<std::string>();
-        const ConfigKey* key = config_key(k, name);
-        QT_CHECK(key, src.where(k + "." + name, e.first), ": unknown key ", k, ".", name, " (known: ", known_in(k), ")");
-        check_value(*key, e.second, src);
-      }
-      continue;
-    }
-    const ConfigKey* key = config_key("", k);
-    QT_CHECK(key, src.where(k, kv.first), ": unknown key '", k, "' (known: ", known_in(""), ")");
-    check_value(*key, kv.second, src);
-  }
+  validate_section(root, "", src);
 }
 
 std::string config_to_yaml(const YAML::Node& root) {
   std::ostringstream out;
   out << "# qwentune config: every key with its value; comments give the meaning and the default.\n";
-  const char* section = nullptr;
+  std::vector<std::string> open;  // the parts of the section being written
   for (const ConfigKey& k : config_keys()) {
-    if (!section || std::string(section) != k.section) {
-      section = k.section;
-      if (*section) out << section << ":\n";
-    }
-    const std::string indent = *k.section ? "  " : "";
+    const std::vector<std::string> parts = section_parts(k.section);
+    // Open the parts of this key's section the previous one did not (train -> train.cuda opens
+    // only cuda:).
+    size_t common = 0;
+    while (common < open.size() && common < parts.size() && open[common] == parts[common]) ++common;
+    for (size_t i = common; i < parts.size(); ++i) out << std::string(2 * i, ' ') << parts[i] << ":\n";
+    open = parts;
+    const std::string indent(2 * parts.size(), ' ');
     // Const lookups: a missing key yields an invalid node (only IsDefined may be asked of it).
-    const YAML::Node sec = *k.section ? root[k.section] : root;
+    const YAML::Node sec = find_section(root, parts, 0);
     const YAML::Node found = sec.IsDefined() && sec.IsMap() ? sec[k.name] : YAML::Node();
     const bool given = found.IsDefined() && !found.IsNull();
     std::string comment = k.help;

@@ -17,7 +17,7 @@ namespace qt {
 enum class ConfigType { Str, StrList, Path, PathList, Bool, Int, Float };
 
 struct ConfigKey {
-  const char* section;   // "" = top level, else "data", "train" or "lora"
+  const char* section;   // "" = top level, else a dotted section path: "data", "train", "train.cuda", "lora"
   const char* name;
   ConfigType type;
   const char* def;       // the default as YAML text; nullptr = no default (required or optional, see help)

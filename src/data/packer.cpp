@@ -4,25 +4,14 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 
 namespace qt {
 namespace {
 
 constexpr int32_t kIgnore = -100;
 
-// splitmix64: a small, portable generator so plans are identical across standard libraries
-// (std::shuffle and the std distributions are implementation-defined).
-struct Rng {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n) (Lemire's multiply; the bias is below 2^-64 * n, irrelevant here).
-  uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
-};
+using Rng = SplitMix64;
 
 template <typename T>
 void shuffle(std::vector<T>& v, Rng& rng) {

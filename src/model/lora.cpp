@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 
 namespace qt {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/params.h"

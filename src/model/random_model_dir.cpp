@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/log.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "io/mapped_file.h"
 #include "model/init.h"
 #include "model/presets.h"

@@ -27,8 +27,8 @@ std::string default_backend_name() {
   return "cpu";
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
+  if (name == "cpu") return std::make_unique<CpuBackend>();  // deterministic, nothing to set up
   if (name == "cuda") {
 #ifdef QT_HAVE_CUDA
     int n = 0;
@@ -36,8 +36,9 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
       cudaGetLastError();
       QT_FAIL("--backend cuda: no CUDA device is visible (HINT: use --backend cpu)");
     }
-    return std::make_unique<CudaBackend>(0);
+    return std::make_unique<CudaBackend>(options);
 #else
+    (void)options;
     QT_FAIL("--backend cuda: this build has no CUDA backend (nvcc/cuBLASLt were not found at configure time; "
             "HINT: install the CUDA toolkit and rebuild, or use --backend cpu)");
 #endif

@@ -7,7 +7,7 @@
 
 namespace qt {
 
-std::unique_ptr<Backend> make_backend(const std::string& name);
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
 bool cuda_backend_built();
 // "cuda" when the build has it and a device is present, else "cpu".
 std::string default_backend_name();

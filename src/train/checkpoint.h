@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/lora.h"
 #include "model/params.h"
 

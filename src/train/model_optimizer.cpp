@@ -3,11 +3,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "profile/profiled_backend.h"
-#ifdef QT_HAVE_CUDA
-#include "ops/cuda/adamw.h"
-#include "ops/cuda/cuda_backend.h"
-#endif
 
 namespace qt {
 namespace {
@@ -72,78 +67,67 @@ class HostOptimizer final : public ModelOptimizer {
   std::vector<std::vector<float>> master_, m_, v_;
 };
 
-#ifdef QT_HAVE_CUDA
-// Device AdamW: one fused multi-tensor kernel; the norm and clip factor stay on the device, and
-// only the norm (one double) comes back to the host per step.
+// The backend's fused AdamW (the weights' device): fp32 master, m and v in the backend's memory;
+// the norm and clip factor stay there, only the norm (one double) comes back per step.
 class DeviceOptimizer final : public ModelOptimizer {
  public:
-  DeviceOptimizer(Qwen35Model& model, CudaBackend& be, const AdamWConfig& cfg) : model_(model), be_(be), cfg_(cfg) {
-    std::vector<cuda::AdamWTensor> table;
-    for (size_t i = 0; i < model.specs().size(); ++i) {
-      const Tensor& p = model.param(i);
-      const DType gt = model.grad(i).dtype;
-      QT_CHECK(p.dtype == DType::BF16 && (gt == DType::BF16 || gt == DType::F32),
-               "device AdamW expects bf16 weights and bf16 or f32 gradients");
-      master_.push_back(be.alloc(DType::F32, p.shape_vec()));
-      m_.push_back(be.alloc(DType::F32, p.shape_vec()));
-      v_.push_back(be.alloc(DType::F32, p.shape_vec()));
+  // nullptr where the backend has no fused AdamW.
+  static std::unique_ptr<ModelOptimizer> try_create(Qwen35Model& model, const AdamWConfig& cfg) {
+    std::vector<FusedAdamWTensor> table;
+    for (size_t i = 0; i < model.specs().size(); ++i)
+      table.push_back({model.grad(i), model.param(i), param_decays(model.specs()[i])});
+    std::unique_ptr<FusedAdamW> adamw = model.backend().make_fused_adamw(table);
+    if (!adamw) return nullptr;
+    for (size_t i = 0; i < table.size(); ++i) {
       const std::vector<float> w = model.param_f32(i);
-      be.copy_from_host(master_.back(), w.data());
-      table.push_back({master_.back().ptr<float>(), m_.back().ptr<float>(), v_.back().ptr<float>(), model.grad(i).data,
-                       p.data, p.numel(), param_decays(model.specs()[i]), gt == DType::F32});
+      model.backend().copy_from_host(adamw->master(i), w.data());
     }
-    adamw_ = std::make_unique<cuda::AdamWMultiTensor>(table);
+    return std::unique_ptr<ModelOptimizer>(new DeviceOptimizer(model, cfg, std::move(adamw), table.size()));
   }
 
   double step(double lr, double max_grad_norm, int64_t step) override {
-    adamw_->grad_norm(max_grad_norm, be_.stream());
-    double norm_clip[2];
-    QT_CHECK(cudaMemcpyAsync(norm_clip, adamw_->norm_clip(), sizeof norm_clip, cudaMemcpyDeviceToHost, be_.stream()) ==
-                 cudaSuccess, "device AdamW: copying the gradient norm failed");
-    be_.synchronize();
-    if (!std::isfinite(norm_clip[0])) fail_non_finite_gradients(model_, step, norm_clip[0]);
-    adamw_->update(lr, cfg_.weight_decay, cfg_, step, be_.stream());
-    return norm_clip[0];
+    const double norm = adamw_->grad_norm(max_grad_norm);
+    if (!std::isfinite(norm)) fail_non_finite_gradients(model_, step, norm);
+    adamw_->update(lr, cfg_, step);
+    return norm;
   }
 
   int64_t state_bytes() const override {
     int64_t n = 0;
-    for (const Tensor& t : master_) n += t.numel();
+    for (size_t i = 0; i < count_; ++i) n += adamw_->master(i).numel();
     return 12 * n;
   }
 
   bool supports_enqueue() const override { return true; }
-  void set_step(double lr, int64_t step, double grad_mult) override {
-    adamw_->set_step(lr, cfg_.weight_decay, cfg_, step, grad_mult);
-  }
-  void enqueue_step(double max_grad_norm, double* host_norm) override {
-    adamw_->enqueue(max_grad_norm, be_.stream());
-    QT_CHECK(cudaMemcpyAsync(host_norm, adamw_->norm_clip(), sizeof(double), cudaMemcpyDeviceToHost, be_.stream()) ==
-                 cudaSuccess, "device AdamW: enqueueing the gradient-norm copy failed");
-  }
+  void set_step(double lr, int64_t step, double grad_mult) override { adamw_->set_step(lr, cfg_, step, grad_mult); }
+  void enqueue_step(double max_grad_norm, double* host_norm) override { adamw_->enqueue(max_grad_norm, host_norm); }
 
   void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
-    for (auto [dst, src] : {std::pair<std::vector<float>*, const Tensor*>{&master, &master_[i]}, {&m, &m_[i]}, {&v, &v_[i]}}) {
+    Backend& be = model_.backend();
+    for (auto [dst, src] : {std::pair<std::vector<float>*, const Tensor*>{&master, &adamw_->master(i)},
+                            {&m, &adamw_->m(i)}, {&v, &adamw_->v(i)}}) {
       dst->resize(static_cast<size_t>(src->numel()));
-      be_.copy_to_host(dst->data(), *src);
+      be.copy_to_host(dst->data(), *src);
     }
   }
   void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
                  const std::vector<float>& v) override {
-    be_.copy_from_host(master_[i], master.data());
-    be_.copy_from_host(m_[i], m.data());
-    be_.copy_from_host(v_[i], v.data());
+    Backend& be = model_.backend();
+    be.copy_from_host(adamw_->master(i), master.data());
+    be.copy_from_host(adamw_->m(i), m.data());
+    be.copy_from_host(adamw_->v(i), v.data());
     model_.set_param_f32(i, master);
   }
 
  private:
+  DeviceOptimizer(Qwen35Model& model, const AdamWConfig& cfg, std::unique_ptr<FusedAdamW> adamw, size_t count)
+      : model_(model), cfg_(cfg), adamw_(std::move(adamw)), count_(count) {}
+
   Qwen35Model& model_;
-  CudaBackend& be_;
   AdamWConfig cfg_;
-  std::vector<Tensor> master_, m_, v_;
-  std::unique_ptr<cuda::AdamWMultiTensor> adamw_;
+  std::unique_ptr<FusedAdamW> adamw_;
+  size_t count_;
 };
-#endif
 
 }  // namespace
 
@@ -162,11 +146,9 @@ void fail_non_finite_gradients(Qwen35Model& model, int64_t step, double norm) {
 }
 
 std::unique_ptr<ModelOptimizer> ModelOptimizer::create(Qwen35Model& model, const AdamWConfig& cfg) {
-#ifdef QT_HAVE_CUDA
-  // The profiler may wrap the backend: look through it.
-  if (auto* cuda_be = dynamic_cast<CudaBackend*>(&profile::unwrap_backend(model.backend())))
-    return std::make_unique<DeviceOptimizer>(model, *cuda_be, cfg);
-#endif
+  // The backend's fused AdamW where it has one (a profiling decorator forwards to the backend it
+  // wraps), else the host reference.
+  if (std::unique_ptr<ModelOptimizer> device = DeviceOptimizer::try_create(model, cfg)) return device;
   return std::make_unique<HostOptimizer>(model, cfg);
 }
 

@@ -56,6 +56,11 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.resume = get_s("resume");
   c.cuda_graph = get_b("cuda_graph");
   c.deterministic = get_b("deterministic");
+  const YAML::Node tc = t && t.IsMap() ? t["cuda"] : YAML::Node();
+  c.cuda.gemm_tune = config_get<bool>(tc, "train.cuda", "gemm_tune", path);
+  c.cuda.gemm_candidates = config_get<int>(tc, "train.cuda", "gemm_candidates", path);
+  c.cuda.arena_mib = config_get<int64_t>(tc, "train.cuda", "arena_mib", path);
+  c.cuda.deterministic = c.deterministic;
   c.activation_checkpointing = get_s("activation_checkpointing");
   c.method = get_s("method");
   const YAML::Node lo = root["lora"];

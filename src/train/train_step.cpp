@@ -6,24 +6,17 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "profile/profiled_backend.h"
-#ifdef QT_HAVE_CUDA
-#include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/cuda_graph.h"
-#endif
 
 namespace qt {
 
 struct TrainStep::GraphState {
-#ifdef QT_HAVE_CUDA
   struct Captured {
-    cuda::StepGraph graph;
+    std::unique_ptr<CapturedStep> graph;
     uint64_t ws_generation = 0;
     double max_grad_norm = 0;
     bool logged = false;
   };
-  CudaBackend* be = nullptr;
   Captured graphs[2];  // [may_split]
-#endif
 };
 
 Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig& cfg, const Backend& backend,
@@ -49,12 +42,9 @@ TrainStep::TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batc
   if (!static_) return;
   model.set_static_shape(std::max(2, max_seqs), static_cast<int>(micro_batches));
   host_results_ = static_cast<double*>(model.backend().alloc_host(sizeof(double) * static_cast<size_t>(micro_ + 1)));
-#ifdef QT_HAVE_CUDA
-  gs_->be = dynamic_cast<CudaBackend*>(&model.backend());
-  graph_ = graph && gs_->be != nullptr;
-#else
-  (void)graph;
-#endif
+  if (!graph) return;
+  for (GraphState::Captured& g : gs_->graphs) g.graph = model.backend().make_captured_step();
+  graph_ = gs_->graphs[0].graph != nullptr;  // the backend can capture a step
 }
 
 TrainStep::~TrainStep() = default;
@@ -65,23 +55,16 @@ std::string TrainStep::mode() const {
 }
 
 double TrainStep::device_memory_gib() const {
-#ifdef QT_HAVE_CUDA
-  if (dynamic_cast<CudaBackend*>(&profile::unwrap_backend(model_.backend())) != nullptr) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return double(total_b - free_b) / double(1ull << 30);
-  }
-#endif
-  return 0.0;
+  const int64_t used = model_.backend().device_memory_used_bytes();
+  return used < 0 ? 0.0 : double(used) / double(1ull << 30);
 }
 
 std::string TrainStep::memory_report() const {
   const double mib = 1.0 / double(1 << 20);
   std::string out = str("optimizer state ", double(opt_.state_bytes()) * mib, " MiB");
-#ifdef QT_HAVE_CUDA
-  if (auto* cuda_be = dynamic_cast<CudaBackend*>(&profile::unwrap_backend(model_.backend())))
-    out += str(" | kernel workspace ", double(cuda_be->workspace_bytes()) * mib, " MiB | device in use ",
+  if (model_.backend().device_memory_used_bytes() >= 0)
+    out += str(" | kernel workspace ", double(model_.backend().workspace_bytes()) * mib, " MiB | device in use ",
                device_memory_gib(), " GiB");
-#endif
   return out;
 }
 
@@ -136,30 +119,28 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
   // Rows of short samples only run the GDN's unsplit kernels: their own graph.
   const bool may_split = model_.staged_may_split(static_cast<int>(micro_));
   bool launched = false;
-#ifdef QT_HAVE_CUDA
   if (graph_ && warmed_[may_split]) {
     GraphState::Captured& g = gs_->graphs[may_split];
-    CudaBackend* be = gs_->be;
+    const Backend& be = model_.backend();
     // A workspace reallocated since the capture (an eval row, a larger shape) or a new clip
     // threshold invalidates the graph: capture again (no growth can happen now).
-    if (!g.graph.ready() || g.ws_generation != be->workspace_generation() || g.max_grad_norm != max_grad_norm) {
-      g.graph.capture(be->stream(), [&] { enqueue_all(max_grad_norm, may_split); });
-      g.ws_generation = be->workspace_generation();
+    if (!g.graph->ready() || g.ws_generation != be.workspace_generation() || g.max_grad_norm != max_grad_norm) {
+      g.graph->capture([&] { enqueue_all(max_grad_norm, may_split); });
+      g.ws_generation = be.workspace_generation();
       g.max_grad_norm = max_grad_norm;
       ++captures_;
-      graph_kernels_ = g.graph.kernel_nodes();
-      graph_nodes_ = g.graph.total_nodes();
+      graph_kernels_ = g.graph->kernel_nodes();
+      graph_nodes_ = g.graph->total_nodes();
       // Once per kind (a recapture after a workspace move says nothing new).
       if (!g.logged) {
         log_info("CUDA graph captured", may_split ? " for steps with a sample the GDN may split" : "", ": ",
-                 g.graph.kernel_nodes(), " kernels, ", g.graph.copy_nodes(), " copies/memsets; one launch per step");
+                 g.graph->kernel_nodes(), " kernels, ", g.graph->copy_nodes(), " copies/memsets; one launch per step");
         g.logged = true;
       }
     }
-    g.graph.launch(be->stream());
+    g.graph->launch();
     launched = true;
   }
-#endif
   if (!launched) {
     // The first step of each kind runs eagerly: it grows every workspace and caches every GEMM
     // plan and kernel attribute, which a capture cannot do.

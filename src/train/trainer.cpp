@@ -16,14 +16,14 @@
 #include "core/sysinfo.h"
 #include "io/peft_adapter.h"
 #include "data/loader.h"
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "io/hub_cache.h"
 #include "io/mapped_file.h"
 #include "model/flops.h"
 #include "model/plan.h"
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
-#include "profile/profile_run.h"
+#include "profile/step_window.h"
 #include "profile/profiled_backend.h"
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
@@ -117,7 +117,7 @@ struct Run {
   std::unique_ptr<ModelOptimizer> optimizer;
   TrainerState state;  // step, loader position, fingerprint, best eval: what the next save records
 
-  explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)), backend(make_backend(c.backend)) {}
+  explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)), backend(make_backend(c.backend, c.cuda)) {}
 
   double eval_loss(const TokenizedDataset& eval, const PackOptions& pack) {
     const PackPlan plan = pack_plan(eval, pack, 0);

@@ -15,6 +15,7 @@
 
 #include "data/data_job.h"
 #include "model/lora.h"
+#include "ops/backend.h"
 #include "ops/cpu/adamw.h"
 #include "train/schedule.h"
 
@@ -46,6 +47,7 @@ struct TrainConfig {
   bool overwrite = false;         // a fresh run may replace an earlier run's outputs (--overwrite)
   bool cuda_graph = true;
   bool deterministic = true;
+  BackendOptions cuda;  // train.cuda.* (deterministic above is copied into it at load)
   std::string activation_checkpointing = "auto";
   std::string method = "full";  // full | lora
   LoraSpec lora;                // train.method lora: the adapters (the lora: section)

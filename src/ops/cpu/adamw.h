@@ -5,15 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace qt {
+#include "ops/adamw_config.h"
 
-struct AdamWConfig {
-  double lr = 1e-4;  // peak; the schedule scales it each step
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
+namespace qt {
 
 // One parameter tensor's optimizer state.
 struct AdamWState {

@@ -86,19 +86,14 @@ void check_attn_kernel_dims(const char* op, const AttnDims& d) {
 
 // ---- lifetime and memory ---------------------------------------------------------------------
 
-CudaBackend::CudaBackend(int device) : device_(device) {
-  // The environment first: a bad setting fails before anything is acquired.
-  const char* tune = std::getenv("QT_GEMM_TUNE");
-  gemm_tune_ = tune == nullptr || std::strcmp(tune, "0") != 0;
-  if (const char* d = std::getenv("QT_ATTN_DETERMINISTIC")) deterministic_attention_ = std::strcmp(d, "0") != 0;
-  if (const char* w = std::getenv("QT_ATTN_WGMMA")) mma_sync_attention_ = std::strcmp(w, "0") == 0;
-  if (const char* n = std::getenv("QT_GEMM_CANDIDATES")) {
-    char* end = nullptr;
-    const long v = std::strtol(n, &end, 10);
-    QT_CHECK(end != n && *end == '\0' && v >= 1 && v <= kGemmMaxCandidates, "QT_GEMM_CANDIDATES is '", n,
-             "': expected an integer from 1 to ", kGemmMaxCandidates);
-    gemm_candidates_ = static_cast<int>(v);
-  }
+CudaBackend::CudaBackend(const BackendOptions& o)
+    : gemm_candidates_(o.gemm_candidates), device_(o.device), gemm_tune_(o.gemm_tune),
+      deterministic_attention_(o.deterministic) {
+  // The options first: a bad setting fails before anything is acquired.
+  QT_CHECK(o.gemm_candidates >= 1 && o.gemm_candidates <= kGemmMaxCandidates, "train.cuda.gemm_candidates is ",
+           o.gemm_candidates, ": expected an integer from 1 to ", kGemmMaxCandidates);
+  QT_CHECK(o.arena_mib >= 16, "train.cuda.arena_mib is ", o.arena_mib, ": expected at least 16 (MiB)");
+  const int device = o.device;
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
   QT_CHECK(device >= 0 && device < count, "CudaBackend: device ", device, " does not exist (", count, " found)");
@@ -107,9 +102,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   gemm_ws_bytes_ = kGemmWorkspace;
   CUDA_CHECK(cudaMalloc(&gemm_ws_, gemm_ws_bytes_));
-  size_t mb = 1024;
-  if (const char* env = std::getenv("QT_CUDA_ARENA_MB")) mb = std::max<size_t>(16, std::strtoull(env, nullptr, 10));
-  block_bytes_ = mb << 20;
+  block_bytes_ = static_cast<size_t>(o.arena_mib) << 20;
   alloc_scalars();
 }
 
@@ -554,8 +547,8 @@ cuda::GdnArgs gdn_args(const GdnDims& d, const SeqInfo& s) {
   a.v_head_dim = int(d.v_head_dim);
   return a;
 }
-// The kernels' arguments, with the backend's kernel choices (QT_ATTN_WGMMA, deterministic dQ).
-cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s, bool mma_sync, bool deterministic) {
+// The kernels' arguments, with the backend's choice of dQ (deterministic or by atomics).
+cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s, bool deterministic) {
   cuda::AttnArgs a{};
   a.cu_seqlens = s.cu_seqlens.ptr<int32_t>();
   a.num_seqs = s.num_seqs;
@@ -565,7 +558,7 @@ cuda::AttnArgs attn_args(const AttnDims& d, const SeqInfo& s, bool mma_sync, boo
   a.num_kv_heads = int(d.num_kv_heads);
   a.head_dim = int(d.head_dim);
   a.scale = float(1.0 / std::sqrt(double(d.head_dim)));
-  a.mma_sync = mma_sync;
+  a.mma_sync = false;  // head dim 256 on the wgmma kernels (the other head dims always run mma.sync)
   a.deterministic = deterministic;
   return a;
 }
@@ -590,13 +583,8 @@ int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int nu
 // The fp16 backward recomputing the chunk states matches the hi / lo one reading them (bench_gdn, a
 // layer's forward + backward: 0.613 against 0.664 ms at 2B, 1.640 against 1.740 at 27B; qwentune
 // bench even at 2b, +0.6 % at 4b, ~1 % slower on whole 8192-token rows; notes/gdn_kernels.md step 33).
-// QT_GDN_KEEP_STATES=1: the states, for A/B runs.
 bool CudaBackend::gdn_prefers_prep(const GdnDims& dims) const {
-  static const bool states = [] {
-    const char* v = std::getenv("QT_GDN_KEEP_STATES");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return !states && cuda::gdn_backward_fp16(static_cast<int>(dims.k_head_dim), static_cast<int>(dims.v_head_dim));
+  return cuda::gdn_backward_fp16(static_cast<int>(dims.k_head_dim), static_cast<int>(dims.v_head_dim));
 }
 
 int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const {
@@ -710,7 +698,7 @@ void CudaBackend::attention_forward(const Tensor& o, const Tensor& lse, const Te
   const int64_t T = ops::check_attention_forward(op, dims, o, lse, q, k, v, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
-  const cuda::AttnArgs args = attn_args(dims, seqs, mma_sync_attention_, deterministic_attention_);
+  const cuda::AttnArgs args = attn_args(dims, seqs, deterministic_attention_);
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_forward(o.data, lse.ptr<float>(), q.data, k.data, v.data, args, ws, stream_);
   QT_LAUNCH_CHECK("attention_forward");
@@ -724,7 +712,7 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
   const int64_t T = ops::check_attention_backward(op, dims, dq, dk, dv, d_o, q, k, v, o, lse, BF16, DeviceKind::CUDA);
   check_seqs(op, seqs, T);
   if (T == 0) return;
-  const cuda::AttnArgs args = attn_args(dims, seqs, mma_sync_attention_, deterministic_attention_);
+  const cuda::AttnArgs args = attn_args(dims, seqs, deterministic_attention_);
   void* ws = workspace(cuda::attention_workspace_bytes(args));
   cuda::attention_backward(dq.data, dk.data, dv.data, d_o.data, q.data, k.data, v.data, o.data, lse.ptr<float>(),
                            args, ws, stream_);

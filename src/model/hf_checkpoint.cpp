@@ -1,4 +1,4 @@
-#include "io/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 
 #include <unistd.h>
 

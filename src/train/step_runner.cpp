@@ -1,35 +1,20 @@
-#include "profile/profile_run.h"
+#include "train/step_runner.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/splitmix.h"
 #include "model/init.h"
 #include "profile/profiled_backend.h"
 
-namespace qt::profile {
-namespace {
-
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t x = (s += 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-  int64_t range(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo + 1)); }
-};
-
-}  // namespace
+namespace qt {
 
 std::vector<PackedRow> synthetic_chat_rows(int64_t vocab, int64_t tokens_per_row, int64_t count, uint64_t seed) {
   QT_CHECK(vocab > 0 && tokens_per_row >= 2 && count > 0, "synthetic rows: need vocab > 0, tokens_per_row >= 2, count > 0");
-  Rng rng{seed * 0x2545f4914f6cdd1dull + 1};
+  SplitMix64 rng{seed * 0x2545f4914f6cdd1dull + 1};
   std::vector<PackedRow> rows(static_cast<size_t>(count));
   for (PackedRow& row : rows) {
     int64_t left = tokens_per_row;
@@ -68,39 +53,9 @@ double TrainStepRunner::step(const PackedRow& row) {
   const int64_t trained = std::max<int64_t>(1, row.num_trained());
   model_.zero_grads();
   const LossResult r = model_.step(row, true, 1.0 / double(trained));
-  Scope scope(attached_profiler(model_.backend()), "optimizer");
+  profile::Scope scope(profile::attached_profiler(model_.backend()), "optimizer");
   optimizer_->step(adamw_.lr, max_grad_norm_, step_);
   return r.loss_sum / double(trained);
 }
 
-StepWindow::StepWindow(ProfiledBackend* backend, int64_t first, int64_t last, std::string trace_path, int top)
-    : backend_(backend), first_(first), last_(last), trace_path_(std::move(trace_path)), top_(top) {}
-
-void StepWindow::begin(int64_t step) {
-  if (backend_ == nullptr) return;
-  backend_->profiler().set_enabled(step >= first_ && step <= last_);
-  backend_->profiler().begin_step(step);
-}
-
-void StepWindow::end(int64_t step) {
-  if (backend_ == nullptr) return;
-  backend_->profiler().end_step();
-  if (step >= last_) report();
-}
-
-void StepWindow::finish() {
-  if (backend_ != nullptr && !backend_->profiler().step_stats().empty()) report();
-}
-
-void StepWindow::report() {
-  if (reported_) return;
-  reported_ = true;
-  Profiler& p = backend_->profiler();
-  p.set_enabled(false);
-  std::printf("\n%s", p.report(top_).c_str());
-  p.write_trace(trace_path_);
-  std::printf("trace: %s (open in https://ui.perfetto.dev)\n\n", trace_path_.c_str());
-  std::fflush(stdout);
-}
-
-}  // namespace qt::profile
+}  // namespace qt

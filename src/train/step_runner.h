@@ -1,21 +1,16 @@
-// What `qwentune profile` and bench/bench_profiler_overhead run: synthetic chat-like packed rows
-// and a training step with the trainer's arithmetic (forward + backward, global-norm clipping,
+// What `qwentune profile`, its tests and bench/bench_profiler_overhead run: synthetic chat-like
+// packed rows and a training step with the trainer's arithmetic (forward + backward, global-norm clipping,
 // AdamW on fp32 host master weights, parameters uploaded again).
 #pragma once
 #include <cstdint>
 #include <string>
-#include <vector>
-
 #include <memory>
+#include <vector>
 
 #include "model/qwen35.h"
 #include "train/model_optimizer.h"
 
 namespace qt {
-class ProfiledBackend;
-}
-
-namespace qt::profile {
 
 // `count` packed rows of exactly tokens_per_row tokens, seeded. Samples mimic chat data: a length
 // mix of short (32-256 tokens, 55%), medium (256-1024, 30%) and long (1024-4096, 15%) turns, cut
@@ -43,23 +38,4 @@ class TrainStepRunner {
   std::unique_ptr<ModelOptimizer> optimizer_;
 };
 
-// `train --profile-steps A:B`: profiles steps first..last of a run (1-based, inclusive), then prints
-// the tables to stdout and writes the Chrome trace. A null backend (no profiling asked) makes every
-// call a no-op.
-class StepWindow {
- public:
-  StepWindow(ProfiledBackend* backend, int64_t first, int64_t last, std::string trace_path, int top = 20);
-  void begin(int64_t step);  // call before the step's first op
-  void end(int64_t step);    // after its optimizer update; reports after step `last`
-  void finish();             // the run ended before `last`: reports the steps profiled so far
-
- private:
-  void report();
-  ProfiledBackend* backend_;
-  int64_t first_, last_;
-  std::string trace_path_;
-  int top_;
-  bool reported_ = false;
-};
-
-}  // namespace qt::profile
+}  // namespace qt
