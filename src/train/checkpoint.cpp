@@ -9,8 +9,10 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/mapped_file.h"
 #include "train/model_optimizer.h"
+#include "train/run_dir.h"
 
 namespace qt {
 namespace fs = std::filesystem;
@@ -276,6 +278,52 @@ void checkpoint_load_optimizer(const std::string& dir, const std::vector<ParamSp
     }
     opt.set_state(i, master, m, v);
   }
+}
+
+std::string checkpoint_prepare_start(const std::string& output_dir, const std::string& resume, bool overwrite) {
+  for (const std::string& line : hf_recover_interrupted_saves(output_dir)) log_warn("output_dir: ", line);
+  std::string dir = resume;
+  if (dir == "auto") {
+    dir = checkpoint_find_latest(output_dir);
+    if (dir.empty()) log_info("resume: auto found no complete checkpoint in ", output_dir, "; starting fresh");
+  }
+  if (!dir.empty()) {
+    QT_CHECK(fs::is_directory(dir), dir, ": checkpoint to resume from does not exist");
+    return dir;
+  }
+  std::vector<std::string> earlier;
+  for (const std::string& n : run_dir_outputs(output_dir))
+    if (n != "config.yaml") earlier.push_back(n);
+  if (earlier.empty()) return dir;
+  if (overwrite) {
+    log_warn(output_dir, ": --overwrite: removing the earlier run's outputs");
+    run_dir_clear(output_dir);
+    return dir;
+  }
+  std::string list;
+  for (size_t i = 0; i < earlier.size() && i < 6; ++i) list += (i ? ", " : "") + earlier[i];
+  QT_FAIL(output_dir, ": holds an earlier run (", list, earlier.size() > 6 ? ", ..." : "",
+          ") and this run would start fresh; resume it (--set train.resume=auto), pass --overwrite to replace it, "
+          "or choose another output_dir");
+}
+
+ResumePoint checkpoint_resume(const std::string& dir, const nlohmann::json& fingerprint,
+                              const std::vector<ParamSpec>& table, ModelOptimizer& opt) {
+  const TrainerState st = checkpoint_read_state(dir);
+  const std::vector<std::string> diffs = fingerprint_differences(st.fingerprint, fingerprint);
+  if (!diffs.empty()) {
+    std::string list;
+    for (const auto& d : diffs) list += "\n  " + d;
+    QT_FAIL(dir, ": cannot resume: this run differs from the one that wrote the checkpoint:", list,
+            "\n(start a new run in another output_dir, or restore the old settings)");
+  }
+  checkpoint_load_optimizer(dir, table, opt);
+  ResumePoint rp;
+  rp.step = st.step + 1;
+  rp.position = st.position;
+  rp.best_eval_loss = st.best_eval_loss;
+  rp.best_step = st.best_step;
+  return rp;
 }
 
 }  // namespace qt

@@ -83,6 +83,23 @@ std::vector<std::string> checkpoint_list(const std::string& output_dir);
 std::vector<std::string> checkpoint_prune(const std::string& output_dir, int64_t keep, const std::string& protect);
 
 TrainerState checkpoint_read_state(const std::string& dir);
+
+// Where a run starts (the run's output_dir locked by the caller): finishes or undoes interrupted
+// saves, then returns the checkpoint to resume from ("" = fresh): `resume` itself, or for "auto"
+// the newest complete checkpoint-N. A fresh run into an earlier run's outputs is refused unless
+// `overwrite` (which removes only run outputs).
+std::string checkpoint_prepare_start(const std::string& output_dir, const std::string& resume, bool overwrite);
+
+// A resume's starting point, read from a checkpoint whose fingerprint must equal `fingerprint`
+// (else an error lists every difference); the optimizer state is restored into `opt`.
+struct ResumePoint {
+  int64_t step = 1;  // the first step to run
+  LoaderPosition position;
+  double best_eval_loss = -1;
+  int64_t best_step = 0;
+};
+ResumePoint checkpoint_resume(const std::string& dir, const nlohmann::json& fingerprint,
+                              const std::vector<ParamSpec>& table, ModelOptimizer& opt);
 // Restores master, m, v of every parameter of `table` from dir/optimizer.safetensors.
 void checkpoint_load_optimizer(const std::string& dir, const std::vector<ParamSpec>& table, ModelOptimizer& opt);
 

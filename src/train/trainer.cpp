@@ -27,6 +27,7 @@
 #include "profile/profiled_backend.h"
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/metrics_log.h"
 #include "train/model_optimizer.h"
 #include "train/report.h"
 #include "train/run_dir.h"
@@ -99,15 +100,6 @@ std::string data_report(const TokenizeResult& tr, const PackStats& st, int64_t u
              st.trained_targets, " trained tokens");
 }
 
-// The scalars of a step record, in TensorBoard's tags (live and when a resume writes them again).
-void tb_record(TensorBoardWriter& tb, const nlohmann::json& r) {
-  const int64_t step = r.value("step", int64_t{0});
-  for (const auto& [key, tag] : {std::pair<const char*, const char*>{"loss", "train/loss"}, {"lr", "train/lr"},
-                                 {"grad_norm", "train/grad_norm"}, {"tok_s", "perf/tokens_per_s"}, {"mfu", "perf/mfu"},
-                                 {"eval_loss", "eval/loss"}})
-    if (r.contains(key) && r[key].is_number()) tb.scalar(tag, r[key].get<double>(), step);
-}
-
 struct Run {
   const TrainConfig& cfg;
   HfModelDir src;
@@ -145,90 +137,51 @@ struct Run {
   }
 };
 
-RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, const ModelConfig& mc) {
-  RunFingerprint f;
-  f.tokens_per_batch = cfg.data.pack.tokens_per_batch;
-  f.global_batch_tokens = cfg.global_batch_tokens;
-  f.thinking = thinking_mode_name(cfg.data.opts.chat.thinking);
-  f.train_on = train_on_name(cfg.data.opts.chat.train_on);
-  f.overflow = overflow_name(cfg.data.pack.overflow);
-  f.schema = data_schema_name(cfg.data.opts.read.schema);
-  f.pack_seed = cfg.data.pack.seed;
-  f.shuffle_window = cfg.data.pack.shuffle_window;
-  for (const auto& p : cfg.data.data) f.data_files.push_back(hub_looks_like_id(p) ? p : fs::absolute(p).lexically_normal().string());
-  f.data_key = tr.key;
-  f.tokenizer_hash = file_hash_hex(resolve_tokenizer(cfg.data.tokenizer));
-  f.model_config = mc.raw;
-  f.method = cfg.method;
-  if (cfg.method == "lora")
-    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"dropout", cfg.lora.dropout},
-              {"targets", cfg.lora.targets},
-              {"modules_to_save", cfg.lora.modules_to_save}};
-  return f;
-}
+// The run's data: tokenized (or from the token cache), split into train / eval, packed into rows
+// of the epochs the run reaches. Stops naming the counts when nothing is left to train on.
+struct RunData {
+  TokenizeResult tokenized;
+  TokenizedDataset split_train, eval;
+  bool eval_held_out = false;  // eval from data.eval_path / eval_split; train is all of tokenized
+  PackOptions pack;
+  int64_t accum = 1;           // rows per step
+  int64_t total_batches = 0, planned_epochs = 0, total_steps = 0;
+  int max_row_samples = 1;     // samples in the fullest row, for the static shape of the CUDA graph
+  const TokenizedDataset& train() const { return eval_held_out ? tokenized.data : split_train; }
+};
 
-}  // namespace
-
-TrainSummary train_run(const TrainConfig& cfg) {
-  const auto t_start = clock_type::now();
-  // One run per output directory; what an interrupted save left is finished or undone first.
-  RunLock lock(cfg.output_dir);
-  for (const std::string& line : hf_recover_interrupted_saves(cfg.output_dir)) log_warn("output_dir: ", line);
-  std::string resume_dir = cfg.resume;
-  if (resume_dir == "auto") {
-    resume_dir = checkpoint_find_latest(cfg.output_dir);
-    if (resume_dir.empty()) log_info("resume: auto found no complete checkpoint in ", cfg.output_dir, "; starting fresh");
-  }
-  if (resume_dir.empty()) {
-    std::vector<std::string> earlier;
-    for (const std::string& n : run_dir_outputs(cfg.output_dir))
-      if (n != "config.yaml") earlier.push_back(n);
-    if (!earlier.empty() && cfg.overwrite) {
-      log_warn(cfg.output_dir, ": --overwrite: removing the earlier run's outputs");
-      run_dir_clear(cfg.output_dir);
-    } else if (!earlier.empty()) {
-      std::string list;
-      for (size_t i = 0; i < earlier.size() && i < 6; ++i) list += (i ? ", " : "") + earlier[i];
-      QT_FAIL(cfg.output_dir, ": holds an earlier run (", list, earlier.size() > 6 ? ", ..." : "",
-              ") and this run would start fresh; resume it (--set train.resume=auto), pass --overwrite to replace it, "
-              "or choose another output_dir");
-    }
-  } else {
-    QT_CHECK(fs::is_directory(resume_dir), resume_dir, ": checkpoint to resume from does not exist");
-  }
-  write_text_file((fs::path(cfg.output_dir) / "config.yaml").string(), cfg.resolved_yaml);
-
-  Run run(cfg);
-  const ModelConfig& mc = run.src.config;
+RunData prepare_data(const TrainConfig& cfg, const ModelConfig& mc) {
   const Tokenizer tok = Tokenizer::load(resolve_tokenizer(cfg.data.tokenizer));
   QT_CHECK(tok.vocab_size() <= mc.vocab_size, cfg.data.tokenizer, ": tokenizer has ", tok.vocab_size(),
            " tokens but the model's vocab_size is ", mc.vocab_size);
   if (cfg.data.opts.read.schema != DataSchema::Tokenized) check_chat_tokenizer(tok);
-  TokenizeResult tr = tokenize_data_job(cfg.data, tok);
-  TokenizedDataset split_train, eval;
-  if (cfg.data.eval_data.empty()) split_dataset(tr.data, cfg.eval_fraction, cfg.seed, split_train, eval);
-  else eval = tokenize_eval_set(cfg.data, tok);  // data.eval_path / eval_split: held out, never trained on
-  const TokenizedDataset& train = cfg.data.eval_data.empty() ? split_train : tr.data;
+  RunData d;
+  TokenizeResult& tr = d.tokenized;
+  tr = tokenize_data_job(cfg.data, tok);
+  if (cfg.data.eval_data.empty()) split_dataset(tr.data, cfg.eval_fraction, cfg.seed, d.split_train, d.eval);
+  else d.eval = tokenize_eval_set(cfg.data, tok);  // data.eval_path / eval_split: held out, never trained on
+  d.eval_held_out = !cfg.data.eval_data.empty();
+  const TokenizedDataset& train = d.train();
   QT_CHECK(train.num_samples() > 0, "no training samples left (", tr.data.num_samples(), " read, eval_fraction ",
            cfg.eval_fraction, ")");
-  PackOptions pack = cfg.data.pack;
+  PackOptions& pack = d.pack;
+  pack = cfg.data.pack;
   pack.mode = PackMode::Packed;
   if (const auto pad = tok.token_to_id("<|endoftext|>")) pack.pad_id = *pad;
 
-  const int64_t accum = cfg.global_batch_tokens > 0
+  d.accum = cfg.global_batch_tokens > 0
                             ? std::max<int64_t>(1, (cfg.global_batch_tokens + pack.tokens_per_batch - 1) / pack.tokens_per_batch)
                             : 1;
   // Plan only the epochs the run reaches: with max_steps, planning stops once it has the batches.
   const int64_t wanted_batches =
-      cfg.max_steps > 0 ? cfg.max_steps * accum : std::numeric_limits<int64_t>::max();
-  int64_t total_batches = 0, planned_epochs = 0;
-  int max_row_samples = 1;  // samples in the fullest row, for the static shape of the CUDA graph
+      cfg.max_steps > 0 ? cfg.max_steps * d.accum : std::numeric_limits<int64_t>::max();
   PackStats first_epoch;
-  for (int64_t e = 0; e < cfg.epochs && total_batches < wanted_batches; ++e, ++planned_epochs) {
+  for (int64_t e = 0; e < cfg.epochs && d.total_batches < wanted_batches; ++e, ++d.planned_epochs) {
     const PackPlan plan = pack_plan(train, pack, e);
     if (e == 0) first_epoch = plan.stats;
-    total_batches += static_cast<int64_t>(plan.bins.size());
-    for (const PackedBin& bin : plan.bins) max_row_samples = std::max(max_row_samples, static_cast<int>(bin.items.size()));
+    d.total_batches += static_cast<int64_t>(plan.bins.size());
+    for (const PackedBin& bin : plan.bins)
+      d.max_row_samples = std::max(d.max_row_samples, static_cast<int>(bin.items.size()));
     if (plan.bins.empty()) break;
   }
   const int64_t untrained = untrained_samples(tr.data);
@@ -236,25 +189,28 @@ TrainSummary train_run(const TrainConfig& cfg) {
   QT_CHECK(first_epoch.trained_targets > 0, "nothing to train on: ", data_report(tr, first_epoch, untrained, pack),
            ". Every trained token vanished: check the labels (all -100?), data.train_on, and whether the assistant turns "
            "fit in data.tokens_per_batch (or use data.overflow: split)");
-  int64_t total_steps = (total_batches + accum - 1) / accum;
-  if (cfg.max_steps > 0) total_steps = std::min(total_steps, cfg.max_steps);
-  LrScheduleConfig sched = cfg.schedule;
-  sched.total_steps = total_steps;
-  if (cfg.eval_every > 0 && eval.num_samples() == 0)
+  d.total_steps = (d.total_batches + d.accum - 1) / d.accum;
+  if (cfg.max_steps > 0) d.total_steps = std::min(d.total_steps, cfg.max_steps);
+  if (cfg.eval_every > 0 && d.eval.num_samples() == 0)
     log_warn("train.eval_every is ", cfg.eval_every, " but there is no eval split (train.eval_fraction is ",
              cfg.eval_fraction, "): no eval will run");
+  return d;
+}
 
+// The model on the run's backend (profiled when steps are), loaded from the source model (and a
+// LoRA adapter to continue), with its optimizer. Returns the checkpointing policy it runs.
+Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs) {
+  const TrainConfig& cfg = run.cfg;
+  const ModelConfig& mc = run.src.config;
   run.backend->set_deterministic(cfg.deterministic);
-  const bool on_device = std::string(run.backend->name()) == "cuda";
   if (cfg.profile_last > 0) run.profiled = std::make_unique<ProfiledBackend>(*run.backend);
-  const int static_max_seqs = static_sample_bound(max_row_samples);
   const bool lora = cfg.method == "lora";
   int64_t adapter_params = 0;
   if (lora)
     for (const ParamSpec& p : lora_trainable_table(mc, cfg.lora)) adapter_params += shape_numel(p.shape);
-  const Checkpointing ckpt = resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, pack.tokens_per_batch,
+  const Checkpointing ckpt = resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, tokens_per_row,
                                                    static_max_seqs, lora ? adapter_params : -1);
-  run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, pack.tokens_per_batch,
+  run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, tokens_per_row,
                                             ckpt, lora ? &cfg.lora : nullptr);
   run.model->load(run.src, cfg.seed);
   if (lora) {
@@ -284,6 +240,54 @@ TrainSummary train_run(const TrainConfig& cfg) {
     }
   }
   run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
+  return ckpt;
+}
+
+RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, const ModelConfig& mc) {
+  RunFingerprint f;
+  f.tokens_per_batch = cfg.data.pack.tokens_per_batch;
+  f.global_batch_tokens = cfg.global_batch_tokens;
+  f.thinking = thinking_mode_name(cfg.data.opts.chat.thinking);
+  f.train_on = train_on_name(cfg.data.opts.chat.train_on);
+  f.overflow = overflow_name(cfg.data.pack.overflow);
+  f.schema = data_schema_name(cfg.data.opts.read.schema);
+  f.pack_seed = cfg.data.pack.seed;
+  f.shuffle_window = cfg.data.pack.shuffle_window;
+  for (const auto& p : cfg.data.data) f.data_files.push_back(hub_looks_like_id(p) ? p : fs::absolute(p).lexically_normal().string());
+  f.data_key = tr.key;
+  f.tokenizer_hash = file_hash_hex(resolve_tokenizer(cfg.data.tokenizer));
+  f.model_config = mc.raw;
+  f.method = cfg.method;
+  if (cfg.method == "lora")
+    f.lora = {{"r", cfg.lora.r}, {"alpha", cfg.lora.alpha}, {"rslora", cfg.lora.rslora}, {"dropout", cfg.lora.dropout},
+              {"targets", cfg.lora.targets},
+              {"modules_to_save", cfg.lora.modules_to_save}};
+  return f;
+}
+
+}  // namespace
+
+TrainSummary train_run(const TrainConfig& cfg) {
+  const auto t_start = clock_type::now();
+  // One run per output directory.
+  RunLock lock(cfg.output_dir);
+  const std::string resume_dir = checkpoint_prepare_start(cfg.output_dir, cfg.resume, cfg.overwrite);
+  write_text_file((fs::path(cfg.output_dir) / "config.yaml").string(), cfg.resolved_yaml);
+
+  Run run(cfg);
+  const ModelConfig& mc = run.src.config;
+  const RunData data = prepare_data(cfg, mc);
+  const PackOptions& pack = data.pack;
+  const TokenizedDataset& train = data.train();
+  const TokenizedDataset& eval = data.eval;
+  const int64_t accum = data.accum, total_batches = data.total_batches, total_steps = data.total_steps;
+  LrScheduleConfig sched = cfg.schedule;
+  sched.total_steps = total_steps;
+
+  const int static_max_seqs = static_sample_bound(data.max_row_samples);
+  const Checkpointing ckpt = build_model(run, pack.tokens_per_batch, static_max_seqs);
+  const bool on_gpu = std::string(run.backend->name()) == "cuda";
+  const bool lora = cfg.method == "lora";
   TrainStep stepper(*run.model, *run.optimizer, accum, static_max_seqs, cfg.cuda_graph);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
@@ -300,43 +304,23 @@ TrainSummary train_run(const TrainConfig& cfg) {
 
   // Resume: the checkpoint must come from this same run (fingerprint), then its optimizer state,
   // step and loader position; the step records after it are dropped (they are run again).
-  const nlohmann::json fingerprint = fingerprint_of(cfg, tr, mc).to_json();
+  const nlohmann::json fingerprint = fingerprint_of(cfg, data.tokenized, mc).to_json();
   int64_t start_step = 1;
   LoaderPosition start_pos;
   run.state.source_model = fs::absolute(run.src.dir).lexically_normal().string();  // a hub id's snapshot
   run.state.fingerprint = fingerprint;
-  const std::string metrics_path = (fs::path(cfg.output_dir) / "metrics.jsonl").string();
-  std::vector<nlohmann::json> records;
   if (!resume_dir.empty()) {
-    const TrainerState st = checkpoint_read_state(resume_dir);
-    const std::vector<std::string> diffs = fingerprint_differences(st.fingerprint, fingerprint);
-    if (!diffs.empty()) {
-      std::string list;
-      for (const auto& d : diffs) list += "\n  " + d;
-      QT_FAIL(resume_dir, ": cannot resume: this run differs from the one that wrote the checkpoint:", list,
-              "\n(start a new run in another output_dir, or restore the old settings)");
-    }
-    checkpoint_load_optimizer(resume_dir, run.model->specs(), *run.optimizer);
-    start_step = st.step + 1;
-    start_pos = st.position;
-    run.state.best_eval_loss = st.best_eval_loss;
-    run.state.best_step = st.best_step;
-    records = metrics_truncate(metrics_path, start_step);
+    const ResumePoint rp = checkpoint_resume(resume_dir, fingerprint, run.model->specs(), *run.optimizer);
+    start_step = rp.step;
+    start_pos = rp.position;
+    run.state.best_eval_loss = rp.best_eval_loss;
+    run.state.best_step = rp.best_step;
     log_info("resume: ", resume_dir, " at step ", start_step, " (epoch ", start_pos.epoch, ", batch ", start_pos.batch, ")");
-  } else {
-    std::error_code ec;
-    fs::remove(metrics_path, ec);
   }
-  const std::string tb_dir = (fs::path(cfg.output_dir) / "tb").string();
-  tensorboard_remove_event_files(tb_dir);  // a resume writes the kept history again, each step once
-  TensorBoardWriter tb(tb_dir);
-  for (const auto& r : records) tb_record(tb, r);
-  tb.flush();
-  std::ofstream metrics(metrics_path, std::ios::app);
-  QT_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
+  MetricsLog metrics(cfg.output_dir, start_step);
   log_info("train: ", train.num_samples(), " samples (", train.num_tokens(), " tokens), eval ", eval.num_samples(),
-           " samples; ", total_batches, " packed rows of ", pack.tokens_per_batch, " tokens over ", planned_epochs,
-           " epoch(s); ", accum, " row(s) per step; ", total_steps, " steps", tr.cache_hit ? " (token cache hit)" : "");
+           " samples; ", total_batches, " packed rows of ", pack.tokens_per_batch, " tokens over ", data.planned_epochs,
+           " epoch(s); ", accum, " row(s) per step; ", total_steps, " steps", data.tokenized.cache_hit ? " (token cache hit)" : "");
 
   auto prev_int = std::signal(SIGINT, on_stop_signal);
   auto prev_term = std::signal(SIGTERM, on_stop_signal);
@@ -346,9 +330,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
   } restore{prev_int, prev_term};
   g_stop_signal.store(0);
 
-  Loader loader(train, pack, start_pos, planned_epochs, 4);
+  Loader loader(train, pack, start_pos, data.planned_epochs, 4);
   TrainSummary summary;
-  const bool on_gpu = on_device;
   const int64_t nparams = param_count(mc);  // MFU counts the frozen base's forward and dX too: 6 N per token
   double train_s = 0, eval_s = 0, save_s = 0, mfu = 0;
   int64_t tokens_done = 0, last_eval_step = -1;
@@ -380,7 +363,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
       log_info("save_total_limit ", cfg.save_total_limit, ": removed ", gone);
     const nlohmann::ordered_json sj = summary_json(status);
     write_run_summary(cfg.output_dir, sj);
-    write_run_report(cfg.output_dir, records, sj);
+    write_run_report(cfg.output_dir, metrics.records(), sj);
     save_s += seconds_since(t);
     return dir;
   };
@@ -455,11 +438,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
     }
     mfu = on_gpu ? dense_mfu(nparams, tps) : 0.0;
     if (on_gpu) rec["mfu"] = mfu;
-    metrics << rec.dump() << "\n";
-    metrics.flush();
-    records.push_back(nlohmann::json::parse(rec.dump()));
-    tb_record(tb, records.back());
-    tb.flush();
+    metrics.write(rec);
     if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
       char gpu[96] = "";
       if (on_gpu) std::snprintf(gpu, sizeof gpu, " | MFU %.1f%% | mem %.1f GiB", 100 * mfu, stepper.device_memory_gib());
@@ -481,12 +460,7 @@ TrainSummary train_run(const TrainConfig& cfg) {
   profile_window.finish();
   if (eval.num_samples() > 0 && last_eval_step != summary.steps) {
     evaluate(summary.steps);
-    const nlohmann::ordered_json rec = {{"step", summary.steps}, {"eval_loss", summary.eval_loss}};
-    metrics << rec.dump() << "\n";
-    metrics.flush();
-    records.push_back(nlohmann::json::parse(rec.dump()));
-    tb_record(tb, records.back());
-    tb.flush();
+    metrics.write({{"step", summary.steps}, {"eval_loss", summary.eval_loss}});
   }
   if (summary.eval_loss >= 0) std::printf("eval loss %.4f\n", summary.eval_loss);
   summary.final_dir = (fs::path(cfg.output_dir) / "final").string();
