@@ -1,4 +1,4 @@
-// CUDA op benchmark (issue 5): in one run, the ceilings (a large device-to-device copy: TB/s; an
+// CUDA op benchmark: in one run, the ceilings (a large device-to-device copy: TB/s; an
 // 8192^3 bf16 GEMM: TFLOP/s), then Qwen3.5-2B shapes at T = 8192 tokens: the step's projection
 // GEMMs FLOP-weighted over forward + backward (one GDN layer, one attention layer, the MLP),
 // RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear

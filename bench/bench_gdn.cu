@@ -1,18 +1,19 @@
 // Benchmark of the CUDA gated delta rule (src/ops/cuda/gdn.cu) at the Qwen3.5 shapes: T = 8192
 // packed as 8 chat-like samples, dk = dv = 128, Hk = 16, Hv = 16 (2B), 32 (4B/9B), 48 (27B).
-// TFLOP/s by KERNELS.md 1.8 (executed FLOPs per token per value head, C = 64):
+// TFLOP/s by docs/gdn_kernels.md section 2.4 (executed FLOPs per token per value head, C = 64):
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
 // Usage: bench_gdn [iters] [shape]   (prints one `key value unit` row per figure; shape 2b, 4b or
 // 27b runs that one only, e.g. under a profiler)
 // Single long samples, where the scans' serial chains over chunks set the time unless the plan
-// splits them across CTAs (KERNELS.md 1.7), run only when named: 2b_one8k (one 8192-token sample, Hv = 16) and
-// 4b_one32k (one 32768-token sample, Hv = 32: the shape of KERNELS.md 1.9's FLA / FlashQLA
-// anchors), 2b_mix2600 and 4b_mix4400 (a chat row with one sample just long enough to split), or
-// all of them with shape "long".
-// The backward (gdn_bwd_*) reads what the forward saved as flash-linear-attention's does (KERNELS.md
-// 1.4: the gates' cumsum, T = (I + A)^-1, the q / k row scales; GdnKeep::Prep) and recomputes the
-// chunk states, the work 1.8's backward formula counts; gdn_bwd_recompute_* is the backward that
-// recomputes prep too (the triangular solve, which that formula counts in the forward only).
+// splits them across CTAs (docs/gdn_kernels.md section 4), run only when named: 2b_one8k (one
+// 8192-token sample, Hv = 16) and 4b_one32k (one 32768-token sample, Hv = 32: the shape of the FLA /
+// FlashQLA reference figures in docs/gdn_kernels.md section 4), 2b_mix2600 and 4b_mix4400 (a chat row
+// with one sample just long enough to split), or all of them with shape "long".
+// The backward (gdn_bwd_*) reads what the forward saved as flash-linear-attention's does
+// (docs/gdn_kernels.md section 6: the gates' cumsum, T = (I + A)^-1, the q / k row scales;
+// GdnKeep::Prep) and recomputes the chunk states, the work the backward count of section 2.4 there
+// counts; gdn_bwd_recompute_* is the backward that recomputes prep too (the triangular solve, which
+// that count holds in the forward only).
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
 // QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
 // QT_GDN_BENCH_STATIC_BOUND=1 passes max_seqlen = T, the bound a captured training step with static

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU correctness checks of the training engine (issue 8), printed as JSON lines:
+# GPU correctness checks of the training engine, printed as JSON lines:
 #  1. tiny preset, same init and data: 50 training steps on cuda track the cpu reference run
 #     (lr 1e-3: at the demo's 5e-3 both runs are at the edge of stability and bf16 rounding sends
 #     them down different paths, mean 4 % apart; at 1e-3 they agree to 0.2 %); the cuda run

@@ -7,7 +7,7 @@
 #   27b:   qwentune bench --preset 27b --method lora (full checkpointing: the 80 GiB target), then
 #          transformers + PEFT + flash-linear-attention and qwentune LoRA on 4b in the same call.
 #   BIN=dir-with-binaries LIB=dir-with-.so FLA=dir-with-fla CHECK=dir bench/run_lora_gpu.sh check|27b
-# FLA's gated backward guard (its issue #640: wrong gradients on Hopper with Triton 3.4-3.7.0) is
+# FLA's gated backward guard (it refuses Hopper with Triton 3.4-3.7.0, which gave wrong gradients) is
 # disabled in a scratch copy: the baseline is for speed only.
 set -u
 phase=${1:-check}
@@ -60,14 +60,14 @@ PY
   timeout 200 "$BIN/qwentune" bench --preset 4b --steps 5 --warmup 2 >"$L/bench_4b.log" 2>&1; echo "rc $?"; summary bench_4b.log 1
   timeout 200 "$BIN/qwentune" bench --preset 4b --method lora --steps 5 --warmup 2 >"$L/bench_4b_lora.log" 2>&1; echo "rc $?"; summary bench_4b_lora.log 1
   F=/tmp/fla && rm -rf $F && cp -r "$FLA" $F
-  sed -i 's/    if g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:/    if False:  # guard of issue #640 disabled: speed-only baseline/' $F/fla/ops/common/chunk_o.py
+  sed -i 's/    if g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:/    if False:  # the Hopper guard disabled: speed-only baseline/' $F/fla/ops/common/chunk_o.py
   FLA_TILELANG=0 timeout 330 python3 tools/hf_baseline.py --preset 4b --peft --fla $F --steps 2 --warmup 2 >"$L/hf_4b_peft_fla.log" 2>&1; echo "rc $?"; summary hf_4b_peft_fla.log 2
 else
   log "27b LoRA, full checkpointing (the 80 GiB target)"
   timeout 270 "$BIN/qwentune" bench --preset 27b --method lora --checkpointing full --steps 3 --warmup 1 >"$L/bench_27b_lora_full.log" 2>&1; echo "rc $?"; summary bench_27b_lora_full.log 1
   log "transformers + PEFT + flash-linear-attention, 4b; then qwentune 4b LoRA in the same call"
   F=/tmp/fla && rm -rf $F && cp -r "$FLA" $F
-  sed -i 's/    if g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:/    if False:  # guard of issue #640 disabled: speed-only baseline/' $F/fla/ops/common/chunk_o.py
+  sed -i 's/    if g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:/    if False:  # the Hopper guard disabled: speed-only baseline/' $F/fla/ops/common/chunk_o.py
   FLA_TILELANG=0 timeout 200 python3 tools/hf_baseline.py --preset 4b --peft --fla $F --steps 2 --warmup 2 >"$L/hf_4b_peft_fla.log" 2>&1; echo "rc $?"; summary hf_4b_peft_fla.log 2
   timeout 100 "$BIN/qwentune" bench --preset 4b --method lora --steps 5 --warmup 2 >"$L/bench_4b_lora.log" 2>&1; echo "rc $?"; summary bench_4b_lora.log 1
 fi

@@ -22,7 +22,7 @@ TEST(Config, Real08bNested) {
   EXPECT_EQ(c.hidden_size, 1024);
   EXPECT_EQ(c.num_hidden_layers, 24);
   EXPECT_EQ(c.num_full_layers(), 6);
-  EXPECT_EQ(c.conv_dim(), 6144);  // QWEN35_SPEC.md section 7
+  EXPECT_EQ(c.conv_dim(), 6144);  // docs/model_spec.md section 7
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(c.rotary_dim(), 64);
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e7);

@@ -7,7 +7,7 @@
 //          hopper/test_flash_attn.py builds out_pt): q * scale, the scores, the softmax
 //          probabilities, O, dP, dS and the final gradients rounded to bf16 where PyTorch would
 //          store a bf16 tensor; products accumulate in fp32 as in a bf16 GEMM.
-// Tolerance (flash-attention's rule, CONVENTIONS.md 2.6): for each output,
+// Tolerance (flash-attention's rule, docs/attention_kernels.md section 8): for each output,
 //   max|gpu - ref32| <= 2 * max|refbf - ref32| + floor + 1e-5 * max(1, max|ref32|),
 // where floor = max|bf16(ref32) - ref32| is the error any bf16 output must carry (half an ulp of
 // the largest element; lse is fp32, its floor is 0), and the last term only matters when an output

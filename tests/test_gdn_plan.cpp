@@ -81,12 +81,12 @@ TEST(GdnPlan, ChatMixIsNotSplit) {
   }
 }
 
-// KERNELS.md 1.9's anchor (one 32k-token sample, Hv = 32): 5 segments (estimate 327 chunk steps:
-// 224 first-phase items in two waves of 103-chunk segments, then 128 later ones, each with its
-// item overhead; unsplit: 518), measured 1.60 ms against 3.07 unsplit. CudaGdn.SplitFourBHeads*
-// (6000 tokens) plan 5 segments too, and so does 4100 (estimate 0.80 of unsplit). A 4400-token
-// sample among short ones, split in 3, measured even with the plain scans and 9 % faster than the
-// ticket instances left unsplit (notes/gdn_kernels.md step 23).
+// The reference shape of docs/gdn_kernels.md section 4 (one 32k-token sample, Hv = 32): 5 segments
+// (estimate 327 chunk steps: 224 first-phase items in two waves of 103-chunk segments, then 128
+// later ones, each with its item overhead; unsplit: 518), measured 1.60 ms against 3.07 unsplit.
+// CudaGdn.SplitFourBHeads* (6000 tokens) plan 5 segments too, and so does 4100 (estimate 0.80 of
+// unsplit). A 4400-token sample among short ones, split in 3, measured even with the plain scans and
+// 9 % faster than the ticket instances left unsplit (docs/gdn_kernels.md section 4).
 TEST(GdnPlan, LongSampleFourBHeads) {
   EXPECT_TRUE(gdn_plan::split_worth_trying(32768, 32768 / 64 + 1, {slots_for(32), 32, kSms}));
   EXPECT_EQ(plan({32768}, 32), std::vector<int>{5});

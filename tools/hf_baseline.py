@@ -9,7 +9,7 @@ recipe does), on the GPU machine.
 --peft: LoRA through PEFT (r 16, alpha 32, every linear projection, as `qwentune bench --method lora`).
 --fla DIR: flash-linear-attention's Triton kernels (a source tree on DIR, e.g. `git archive HEAD fla`)
         as the GDN layers' chunk_gated_delta_rule: the seed's best stack. Its gated backward refuses to
-        run on Hopper with Triton 3.4-3.7.0 (wrong gradients, its issue #640); for a speed-only baseline
+        run on Hopper with Triton 3.4-3.7.0 (it gave wrong gradients there); for a speed-only baseline
         the guard is to be disabled in the carried copy (bench/run_lora_gpu.sh does, and says so).
 
 packed: one row of tokens_per_batch tokens per step, samples concatenated, per-sample position_ids
@@ -29,7 +29,7 @@ import time
 import torch
 from transformers import AutoConfig, Qwen3_5ForCausalLM
 
-PRESETS = {  # QWEN35_SPEC.md section 7
+PRESETS = {  # docs/model_spec.md section 7
     "0.8b": (1024, 24, 3584, 8, 2, 16, True),
     "2b": (2048, 24, 6144, 8, 2, 16, True),
     "4b": (2560, 32, 9216, 16, 4, 32, True),

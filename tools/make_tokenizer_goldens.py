@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-# QWEN35_SPEC section 8 (tokenization_qwen3_5.py): marks count as letters.
+# docs/model_spec.md section 8 (transformers' tokenization_qwen3_5.py): marks count as letters.
 QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 

@@ -1,4 +1,4 @@
-// ModelConfig: every field of the Qwen3.5 text config (QWEN35_SPEC.md section 1) plus the
+// ModelConfig: every field of the Qwen3.5 text config (docs/model_spec.md section 1) plus the
 // per-layer kinds, parsed from an HF config.json in either layout:
 //   Qwen3_5ForConditionalGeneration (model_type qwen3_5): text fields under "text_config",
 //     parameters named "model.language_model.*";

@@ -1,7 +1,7 @@
 // Incremental decoding on the CPU: one token at a time with a recurrent state per Gated DeltaNet
 // layer (the K-1 previous conv inputs and the dk x dv state per value head) and a KV cache per
 // full-attention layer, so generating n tokens costs O(n) layer steps instead of re-running the
-// whole prefix. fp32, same math as the packed forward (QWEN35_SPEC.md section 3); the tests check
+// whole prefix. fp32, same math as the packed forward (docs/model_spec.md section 3); the tests check
 // its logits against Qwen35Model::logits at every position.
 #pragma once
 #include <cstdint>

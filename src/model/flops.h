@@ -1,5 +1,6 @@
 // FLOP counts for MFU: the dense 6 * parameters * tokens rule, and the token-mixing FLOPs it
-// leaves out (causal attention per sample, the chunked gated delta rule; KERNELS.md 1.8 and 3).
+// leaves out (causal attention per sample, the chunked gated delta rule: docs/attention_kernels.md section 6,
+// docs/gdn_kernels.md section 2.4).
 #pragma once
 #include <cstdint>
 #include <random>

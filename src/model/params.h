@@ -1,4 +1,4 @@
-// The parameter table of the Qwen3.5 text model: exact HF names and shapes (QWEN35_SPEC.md
+// The parameter table of the Qwen3.5 text model: exact HF names and shapes (docs/model_spec.md
 // section 2), with a role the model code dispatches on, a reporting group and the init rule.
 #pragma once
 #include <cstdint>

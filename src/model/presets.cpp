@@ -11,7 +11,7 @@ struct RealShape {
   bool tie;
 };
 
-// QWEN35_SPEC.md section 7.
+// docs/model_spec.md section 7.
 constexpr RealShape kReal[] = {
     {"0.8b", 1024, 24, 3584, 8, 2, 16, true},   {"2b", 2048, 24, 6144, 8, 2, 16, true},
     {"4b", 2560, 32, 9216, 16, 4, 32, true},    {"9b", 4096, 32, 12288, 16, 4, 32, false},

@@ -1,5 +1,5 @@
 // Named model shapes: "tiny" for CPU tests and the demo, and the real Qwen3.5 text shapes
-// (QWEN35_SPEC.md section 7).
+// (docs/model_spec.md section 7).
 #pragma once
 #include <string>
 #include <vector>

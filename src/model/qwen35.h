@@ -1,4 +1,4 @@
-// The Qwen3.5 text model (QWEN35_SPEC.md section 3): forward and backward over one packed row,
+// The Qwen3.5 text model (docs/model_spec.md section 3): forward and backward over one packed row,
 // written once against the Backend interface. Parameters, gradients and every activation buffer
 // are allocated at construction for `max_tokens`, so a training step allocates nothing; a batch
 // with fewer tokens uses the leading rows of each buffer.

@@ -1,7 +1,7 @@
 // The Backend interface: memory plus the op set the Qwen3.5 model is written against (once).
 // CpuBackend (ops/cpu) is the fp32 reference; the CUDA backend implements the same calls with bf16
 // storage and fused kernels. The ops are listed once in ops/backend_ops.def; their math is
-// docs/model_spec.md's.
+// docs/model_spec.md sections 3-6.
 //
 // Layout conventions: every tensor is contiguous, token-major ([T, ...], T = tokens in the packed
 // row). Activations use activation_dtype(); gate/statistics tensors marked f32 are always f32.

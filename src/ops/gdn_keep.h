@@ -9,7 +9,7 @@ enum class GdnKeep : int {
   // row scales, the chunk states h and D): the backward runs no forward stage. The largest.
   States,
   // Prep's results and the chunk plan: G, T and the row scales, what flash-linear-attention's
-  // forward saves (KERNELS.md 1.4). The backward recomputes the chunk states (the forward scan), not
+  // forward saves (docs/gdn_kernels.md section 6). The backward recomputes the chunk states (the forward scan), not
   // the plan or the triangular solve. About a seventh of States at dk = dv = 128.
   Prep,
 };

@@ -1,6 +1,6 @@
 // Qwen3.5 ChatML rendering of system/user/assistant conversations, with the loss mask.
 //
-// The rendering is the official Qwen3.5 chat template (QWEN35_SPEC.md section 8) restricted to
+// The rendering is the official Qwen3.5 chat template (docs/model_spec.md section 8) restricted to
 // those three roles (no tools, no images):
 //   - an optional system message, first only: `<|im_start|>system\n{content|trim}<|im_end|>\n`;
 //   - user: `<|im_start|>user\n{content|trim}<|im_end|>\n`;

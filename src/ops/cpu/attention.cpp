@@ -1,4 +1,4 @@
-// CPU reference: gated full attention (QWEN35_SPEC 3.3-3.4): q/k (1+w) RMSNorm + partial
+// CPU reference: gated full attention (docs/model_spec.md 3.3-3.4): q/k (1+w) RMSNorm + partial
 // rotate-half RoPE, causal varlen GQA softmax attention with saved log-sum-exp, and the sigmoid
 // output gate.
 #include <cmath>

@@ -1,4 +1,4 @@
-// CPU reference: the Gated DeltaNet ops (QWEN35_SPEC 3.5 and 4): causal conv1d + SiLU, the beta/g
+// CPU reference: the Gated DeltaNet ops (docs/model_spec.md 3.5 and 4): causal conv1d + SiLU, the beta/g
 // gates, the gated delta rule (per-token recurrence and its exact backward), gated RMSNorm.
 #include <cmath>
 #include <vector>

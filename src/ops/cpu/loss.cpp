@@ -1,4 +1,4 @@
-// CPU reference: fused lm_head + cross-entropy (QWEN35_SPEC 6), chunked over tokens so the [T, V]
+// CPU reference: fused lm_head + cross-entropy (docs/model_spec.md section 6), chunked over tokens so the [T, V]
 // logits never exist at once. Per row: log-softmax over all V logits with a double sum of
 // exponentials; the loss sum over tokens is accumulated in double, in token order.
 #include <algorithm>

@@ -84,7 +84,7 @@ template <typename S>
 void gdn_gates_backward(S* db, S* da, S* da_log, S* ddt_bias, const S* dbeta, const S* dg, const S* b, const S* a,
                         const S* a_log, const S* dt_bias, int64_t T, int64_t H);
 
-// The gated delta rule (QWEN35_SPEC 3.5 steps 7-9), per sample and value head j (key head
+// The gated delta rule (docs/model_spec.md 3.5 steps 7-9), per sample and value head j (key head
 // j / (Hv/Hk)), state S[dk,dv] = 0 at every sample start:
 //   q^ = q (|q|^2 + 1e-6)^-1/2 dk^-1/2,  k^ = k (|k|^2 + 1e-6)^-1/2
 //   S' = e^g S;  d = beta (v - S'^T k^);  S = S' + k^ d^T;  o = S^T q^
@@ -92,7 +92,7 @@ void gdn_gates_backward(S* db, S* da, S* da_log, S* ddt_bias, const S* dbeta, co
 template <typename S>
 void gdn_forward(S* o, const S* qkv, const S* g, const S* beta, const GdnDims& dims, int64_t T, const int32_t* cu,
                  int num_seqs);
-// The intra-sample split of the scans (KERNELS.md 1.7) in exact form, the reference for split
+// The intra-sample split of the scans (docs/gdn_kernels.md section 4) in exact form, the reference for split
 // kernels. Tokens [t0, t1) of value head j map the state entering them to S_end = M S_0 + E: M [dk, dk]
 // is the product of the per-token maps A_t = e^{g_t} (I - beta_t k^_t k^_t^T) (later tokens on the
 // left), E [dk, dv] the scan of those tokens from S_0 = 0. A sample cut into segments s = 0, 1, ..

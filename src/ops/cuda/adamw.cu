@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(1024) norm_kernel(double* norm_clip, const dou
   }
 }
 
-// The exact float operation sequence of adamw_update (optimizer.cpp), with g = float(g * clip)
+// The exact float operation sequence of adamw_update (ops/cpu/adamw.cpp), with g = float(g * clip)
 // as the trainer clips (a double product rounded to float) when clip != 1.
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const DevTensor* ts, const ChunkRef* map, const Hyper* hp,
                                                          const double* norm_clip) {

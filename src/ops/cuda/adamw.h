@@ -3,7 +3,7 @@
 // adamw_update applied to the clipped gradient float(g * clip) (same float operations in the same
 // order, every one an explicitly rounded intrinsic, so nvcc cannot contract to FMA; the CPU side
 // is compiled without FMA: x86-64 baseline, no -march, so g++'s default -ffp-contract=fast has no
-// FMA instruction to contract into — verified: no vfmadd in optimizer.cpp's -O3 assembly).
+// FMA instruction to contract into — verified: no vfmadd in its -O3 assembly).
 // The global gradient norm is a deterministic two-pass reduction in double (per-chunk partials,
 // then one block in a fixed order); the clip factor is computed on the device from it, so a step
 // needs no host synchronization.

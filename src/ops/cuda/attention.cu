@@ -1,5 +1,5 @@
-// Varlen causal flash attention with GQA for the gated full-attention layers (QWEN35_SPEC 3.3;
-// KERNELS.md section 3). bf16 in and out, fp32 accumulation, tensor cores through mma.sync
+// Varlen causal flash attention with GQA for the gated full-attention layers (docs/model_spec.md 3.3;
+// docs/attention_kernels.md). bf16 in and out, fp32 accumulation, tensor cores through mma.sync
 // m16n8k16 (bf16 -> fp32) fed by ldmatrix from XOR-swizzled shared memory, cp.async loads.
 //
 // Forward (attn_fwd_kernel): one CTA per (query tile, sample, query head); 8 warps, 16 query rows
@@ -37,7 +37,7 @@
 // order (fwd_item), and its load rings run on across items, so the next item's Q and first key
 // tiles load under the current item's last P V and epilogue (+7.6 % at the 27B shape; the same
 // for the backward kernels measured -2 % with this static deal, +0.6 / -0.5 % with items claimed
-// from a counter: notes/attention_kernels.md). Causal masking happens only in tiles that cross
+// from a counter: docs/attention_kernels.md section 3.2). Causal masking happens only in tiles that cross
 // the diagonal or the sample end.
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
 #include <cuda_bf16.h>

@@ -582,7 +582,7 @@ int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int nu
 
 // The fp16 backward recomputing the chunk states matches the hi / lo one reading them (bench_gdn, a
 // layer's forward + backward: 0.613 against 0.664 ms at 2B, 1.640 against 1.740 at 27B; qwentune
-// bench even at 2b, +0.6 % at 4b, ~1 % slower on whole 8192-token rows; notes/gdn_kernels.md step 33).
+// bench even at 2b, +0.6 % at 4b, ~1 % slower on whole 8192-token rows; docs/gdn_kernels.md section 6).
 bool CudaBackend::gdn_prefers_prep(const GdnDims& dims) const {
   return cuda::gdn_backward_fp16(static_cast<int>(dims.k_head_dim), static_cast<int>(dims.v_head_dim));
 }

@@ -57,7 +57,7 @@ class CudaBackend final : public Backend {
   void set_gemm_tuning(bool on) { gemm_tune_ = on; }
   // The attention backward's dQ from its own kernel instead of fp32 atomics: bitwise reproducible
   // steps (and so exactly resumable runs) at ~1.4x the backward's MMA work, which measured within
-  // noise end to end (docs/attention_kernels.md). On by default; set_deterministic(false)
+  // noise end to end (docs/attention_kernels.md section 5). On by default; set_deterministic(false)
   // (train.deterministic: false) turns it off.
   void set_deterministic(bool on) override { deterministic_attention_ = on; }
   int64_t cross_entropy_chunk_rows(int64_t V, int64_t T) const;
@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
   };
   static constexpr int kGemmMaxCandidates = 64;
   // Heuristic candidates a new plan's tuning times (train.cuda.gemm_candidates, 1..64): 32 found
-  // faster bit-identical algorithms than 8 (4b +0.8 % end to end).
+  // faster bit-identical algorithms than 8 (4b +0.8 % end to end, docs/dense_kernels.md section 2).
   int gemm_candidates_ = 32;
   bool capturing() const;  // the stream is being captured into a CUDA graph
   void alloc_scalars();

@@ -1,4 +1,4 @@
-// Gated DeltaNet (QWEN35_SPEC 3.5 / 4), chunked WY/UT form with C = 64 (KERNELS.md 1.3-1.5).
+// Gated DeltaNet (docs/model_spec.md 3.5 / 4), chunked WY/UT form with C = 64 (docs/gdn_kernels.md).
 // Products on bf16 tensor cores (mma m16n8k16, fp32 accumulation; gdn_mma.cuh): q, k, v, dO are
 // staged as their raw bf16 rows (exact operands, L2 scales applied per row), every fp32 operand is
 // split into bf16 hi + lo (~fp32 products, relative error <= ~3 2^-18), except those that feed only
@@ -11,7 +11,7 @@
 // QT_GDN_HILO=1 keeps the above) is fp16 instead: h, D, dh, dD stored as fp16 tiles, each (chunk,
 // head) tile times a power of two from its largest magnitude (so gradients far from 1 keep 11 bits),
 // and bwd_chunk's products f16 x f16, one per operand pair where hi / lo took two or three (dq, dk,
-// dv as before; dg, dbeta ~3e-4 rel RMS against ~5e-5; notes/gdn_kernels.md steps 32-33).
+// dv as before; dg, dbeta ~3e-4 rel RMS against ~5e-5; docs/gdn_kernels.md section 5).
 //
 // Per chunk of C rows (padded rows: q = k = v = dO = 0, beta = 0, g = 0, which makes them inert and
 // keeps G[C-1] equal to G at the last valid row):
@@ -287,7 +287,7 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x0, float x1) {
 
 // ---- chunk table and the intra-sample split plan ----------------------------------------------
 // The scans are serial over a sample's chunks, so one long sample with few heads leaves most SMs
-// idle (KERNELS.md 1.7). The plan splits the longest samples into chunk-aligned segments (virtual
+// idle (docs/gdn_kernels.md section 4). The plan splits the longest samples into chunk-aligned segments (virtual
 // samples: every table below is over segments) and the forward wgmma scan runs them as items:
 //   kItemOut: a sample's first segment from state 0 (every unsplit sample is one); when the sample
 //             is split, its leaving state is S_1;
@@ -2124,7 +2124,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_fwd_wgmma_kernel(float* h, bf
   // The plain forward's instance starts beside prep (gdn_forward, prep_done given): the table
   // kernel's results are visible once one prep CTA's flag is (it waited for that grid), each item's
   // chunks once theirs are. Prep's last wave then overlaps the first items. Not the kept instance:
-  // there the changed item start cost 7-9 % (notes/gdn_kernels.md step 23).
+  // there the changed item start cost 7-9 % (measured with bench_gdn 10).
   constexpr bool kBesidePrep = kOut && !kLoadsFirst && !kTickets;
   if constexpr (kBesidePrep) wait_prep_chunks(prep_done, 0, 1, Hk, 0);
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -2381,7 +2381,7 @@ constexpr size_t scan_bwd_wg_smem() {
   return 2 * kScanBwdBuf + (kFused ? 2 * kDlPanel : 0) + (2 * kWgRows + 48) * sizeof(float) + 1024;
 }
 
-// The reverse scan's split (the forward's transposed, notes/gdn_kernels.md step 22): the gradient
+// The reverse scan's split (the forward's transposed, docs/gdn_kernels.md section 4): the gradient
 // entering a segment is M_s^T (the gradient leaving it) + F_s. Items (gdn_chunk_table_kernel):
 //   kRevOut: a sample's last segment from 0 (every unsplit sample is one); a split sample's stores
 //            its entering gradient G_{k-1};
@@ -4642,7 +4642,7 @@ bool wgmma_scans(int K, int V) {
 // the default for tuning runs of bench_gdn. Default: 128 (one 16-warp CTA per (sample, head), W and k
 // read once per chunk) when there are at least 32 value heads and dk <= 128 (the state must fit
 // the 16 warps and the smem), else 32. Measured on the H200
-// (notes/gdn_kernels.md step 11): 128 is 4-5 % faster on the 4B / 27B training path (Hv = 32 / 48)
+// (docs/gdn_kernels.md section 3.3): 128 is 4-5 % faster on the 4B / 27B training path (Hv = 32 / 48)
 // but 5 % slower at Hv = 16, where 8 samples x 16 heads leave SMs idle at one CTA per SM.
 int column_block(int K, int V, int num_v_heads, bool backward) {
   static const int fwd = env_knob("QT_GDN_BV_FWD", {16, 32, 64, 128}),
@@ -4768,7 +4768,7 @@ void forward_common(const Workspace& w, const bf16* qkv, const float* g, const f
   // The plain forward (the wgmma scan forms the output, keeps nothing, no tickets) runs prep beside
   // the table kernel (waiting for it) and the scan beside prep, each scan CTA waiting for its own
   // chunks (prep_done). Elsewhere each kernel starts after the one before: the flags cost the 2B
-  // kept forward and backward 1-2 % (notes/gdn_kernels.md step 24). QT_GDN_PREP_AFTER=1: A/B.
+  // kept forward and backward 1-2 % (docs/gdn_kernels.md section 3.1). QT_GDN_PREP_AFTER=1: A/B.
   static const bool prep_after = env_knob("QT_GDN_PREP_AFTER", {1}) != 0;
   const bool keep = for_backward || !fuse;  // without the fused output, the output kernel reads h and D
   const bool tickets = sp.shape.max_slots >= 3;  // the plan may split a long sample

@@ -13,7 +13,7 @@
 
 namespace qt::cuda {
 
-// ---- Gated DeltaNet (QWEN35_SPEC.md 3.5 / 4; semantics of Backend::gdn_forward/backward) ----
+// ---- Gated DeltaNet (docs/model_spec.md 3.5 / 4, docs/gdn_kernels.md; as Backend::gdn_forward/backward) ----
 struct GdnArgs {
   const int32_t* cu_seqlens;  // [num_seqs + 1] on the device
   int num_seqs;

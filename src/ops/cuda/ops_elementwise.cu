@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(kConvWarps * 32) conv1d_bwd_kernel(bf16* __res
 // Used: VEC 4, G 4, R 8 (256 threads, 32-token tiles), 4 tiles per span, MINB 0 (61 registers; y
 // stored by one 8-byte st.global per token, SiLU by the .ftz SFU forms: 64.2 -> 58.5 us on the H200).
 // VEC 2 (4-byte columns, more warps) and minimum-block bounds of 3-6 measured slower on the H200
-// (notes/dense_kernels.md).
+// (docs/dense_kernels.md section 5).
 constexpr int kCtChan = 256;
 constexpr int kCtRowBytes = kCtChan * 2;
 constexpr int kCtChunks = kCtRowBytes / 16;
@@ -781,7 +781,7 @@ __global__ void __launch_bounds__(kCtChan / VEC * G, MINB)
 // Used: G 2, R 8, NSTEP 16 (128 threads, 128 tokens per group, 256-token spans = kCtSpanB * 32;
 // 128 registers with the .ftz SiLU, held at 3 blocks per SM by the smem request). G 4 x 64 tokens
 // (256 threads) and G 4, R 4 with a 3-blocks bound (spills) measured slower on the H200
-// (notes/dense_kernels.md).
+// (docs/dense_kernels.md section 5).
 template <int R>
 constexpr int cs_stage_bytes() { return (2 * R + 9) * kCtRowBytes + 64; }  // x: 3 + R + 3, dy: R + 3, dist
 
@@ -932,7 +932,7 @@ int64_t cs_bwd_launch(bf16* dx, float* partials, const bf16* dy, const bf16* x, 
   // Exactly 3 blocks per SM: the dynamic smem request is padded to 60 KB (4 x 61 KB > 228 KB).
   // At 128 registers 4 blocks would fit, and 4 blocks measured slower on the H200 each time (bwd+dw
   // 113 -> 120 us, 110 -> 124 us with a 128-register bound), 2 blocks slower still (133 us): more
-  // concurrent streams do not hide more latency here (notes/dense_kernels.md).
+  // concurrent streams do not hide more latency here (docs/dense_kernels.md section 5).
   const int smem = std::max(2 * G * cs_stage_bytes<R>(), 60 * 1024);
   auto kernel = conv1d_bwd_stream<G, R, NSTEP, MINB>;
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -582,7 +582,7 @@ void dispatch_narrow(int64_t cols, F&& f) {
 // are requested D ahead, the stage is handed back as soon as the row sits in registers, and dw is
 // summed in registers over the warp's rows, then over the block's warps in warp order into one
 // partial row per block. (1+w) is kept once per block in shared memory as fp32. Used with 8 warps
-// x 2 stages (34-35 us; 3 stages 36.5 us, 6 warps x 4 stages 37.5 us: notes/dense_kernels.md).
+// x 2 stages (34-35 us; 3 stages 36.5 us, 6 warps x 4 stages 37.5 us: docs/dense_kernels.md section 4).
 // Lane 0: x and dy of one row (bytes each) into dst, dst + bytes, completing on bar.
 __device__ __forceinline__ void rg_issue_row(char* dst, const bf16* xr, const bf16* dyr, unsigned bytes,
                                              uint64_t* bar) {
