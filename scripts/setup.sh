@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libsimdjson-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev
   libsnappy-dev libzstd-dev zlib1g-dev
+  libopenmpi-dev openmpi-bin
   chromium
 )
 # Packages that only need to provide a command (any install of it will do: e.g. Node.js from

@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/communicator.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"qwentune: native C++/CUDA fine-tuning for Qwen3.5 hybrid models"};
@@ -26,9 +27,11 @@ int main(int argc, char** argv) {
   } catch (const qt::Error& e) {
     std::fprintf(stderr, "qwentune: error: %s\n", e.what());
     if (qt::log_level() <= qt::LogLevel::Debug) std::fprintf(stderr, "  (raised at %s)\n", e.where().c_str());
+    qt::mpi_abort_job(1);  // the other ranks of an MPI job must not wait for this one
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qwentune: error: %s\n", e.what());
+    qt::mpi_abort_job(1);
     return 1;
   }
   return qt::cli::exit_status();

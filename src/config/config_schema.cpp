@@ -264,6 +264,13 @@ const std::vector<ConfigKey>& config_keys() {
            "time cuBLASLt's candidate algorithms per GEMM shape once, keep the fastest bit-identical one"),
       num("train.cuda", "gemm_candidates", T::Int, "32", 1, 64, "candidates timed per GEMM shape"),
       num("train.cuda", "arena_mib", T::Int, "1024", 16, 1 << 20, "device arena block size (MiB)"),
+      // dist: several ranks (mpirun, srun, torchrun; dist/launch_env.h)
+      str("dist", "zero", "auto", "ZeRO stage: 0 replicates, 1 shards optimizer state, 2 also gradients (auto = the "
+          "smallest that fits; 1 rank: 0)", "auto|0|1|2|3"),
+      str("dist", "communicator", "auto", "auto = nccl on GPUs, mpi on CPU ranks (mpi on GPUs stages through the host)",
+          "auto|mpi|nccl"),
+      num("dist", "timeout_s", T::Float, "600", 1, 1e6, "a collective unfinished after this ends the job naming the rank"),
+      str("dist", "reduce_dtype", "f32", "dtype gradients are summed in over the ranks", "f32|bf16"),
       // lora: PEFT's LoRA (model/lora.h), used when train.method is lora
       num("lora", "r", T::Int, "16", 1, 4096, "adapter rank"),
       num("lora", "alpha", T::Float, "32", 0, 1e6, "scale = alpha / r (rslora: alpha / sqrt(r))", true),

@@ -121,6 +121,12 @@ uint64_t checkpoint_bytes(const CheckpointWrite& w) {
 
 std::string checkpoint_save(const CheckpointWrite& w) {
   QT_CHECK(w.source && w.table && w.optimizer, "checkpoint_save: incomplete request for ", w.dir);
+  const auto& table = *w.table;
+  // Host copies of the optimizer state (gathered from every rank's shards in a sharded run): the
+  // weights are saved from the fp32 master.
+  std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
+  for (size_t i = 0; i < table.size(); ++i) w.optimizer->get_state(i, master[i], m[i], v[i]);
+  if (!w.write) return w.dir;
   const fs::path parent = fs::absolute(w.dir).parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
@@ -131,10 +137,6 @@ std::string checkpoint_save(const CheckpointWrite& w) {
              need >> 20, " MiB), ", avail, " bytes (", avail >> 20, " MiB) are free on ", parent.string(),
              "; the previous checkpoints are untouched");
   }
-  const auto& table = *w.table;
-  // Host copies of the optimizer state: the weights are saved from the fp32 master.
-  std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
-  for (size_t i = 0; i < table.size(); ++i) w.optimizer->get_state(i, master[i], m[i], v[i]);
   const ModelConfig& mc = w.source->config;
   std::vector<TensorWriteSpec> specs;
   for (size_t i = 0; i < table.size(); ++i) {

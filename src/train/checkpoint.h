@@ -64,6 +64,9 @@ struct CheckpointWrite {
   // LoRA: the trainable table holds adapters; the directory is a PEFT adapter (adapter_config.json,
   // adapter_model.safetensors with PEFT's keys) instead of a model directory.
   const LoraSpec* lora = nullptr;
+  // false: only take part in gathering the optimizer state (get_state is collective in a sharded
+  // run) and write nothing: every rank but the first.
+  bool write = true;
 };
 
 // Bytes a checkpoint takes on disk (weights in their save dtypes, optimizer state, passthrough).

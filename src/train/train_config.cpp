@@ -61,6 +61,11 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.cuda.gemm_candidates = config_get<int>(tc, "train.cuda", "gemm_candidates", path);
   c.cuda.arena_mib = config_get<int64_t>(tc, "train.cuda", "arena_mib", path);
   c.cuda.deterministic = c.deterministic;
+  const YAML::Node d = root["dist"];
+  c.dist.zero = config_get<std::string>(d, "dist", "zero", path);
+  c.dist.communicator = config_get<std::string>(d, "dist", "communicator", path);
+  c.dist.timeout_s = config_get<double>(d, "dist", "timeout_s", path);
+  c.dist.reduce_bf16 = config_get<std::string>(d, "dist", "reduce_dtype", path) == "bf16";
   c.activation_checkpointing = get_s("activation_checkpointing");
   c.method = get_s("method");
   const YAML::Node lo = root["lora"];

@@ -33,8 +33,9 @@ Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig
   return c;
 }
 
-TrainStep::TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph)
-    : model_(model), opt_(opt), micro_(micro_batches), gs_(std::make_unique<GraphState>()) {
+TrainStep::TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph,
+                     Communicator* comm)
+    : model_(model), opt_(opt), comm_(comm), micro_(micro_batches), gs_(std::make_unique<GraphState>()) {
   QT_CHECK(micro_batches >= 1, "TrainStep: micro_batches must be >= 1");
   // Static shapes need the sync-free optimizer (the device one); the profiler's decorator times
   // each op with host-side events, so profiled runs stay eager with exact shapes.
@@ -68,18 +69,21 @@ std::string TrainStep::memory_report() const {
   return out;
 }
 
-StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step) {
+StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step,
+                                  int64_t global_trained) {
   StepResult r;
   for (const PackedRow& row : rows) {
     r.trained += row.num_trained();
     r.tokens += row.num_tokens();
   }
+  if (global_trained >= 0) r.trained = global_trained;
   const auto t0 = std::chrono::steady_clock::now();
   model_.set_dropout_step(step);
   model_.zero_grads();
   // Each row's gradient is scaled by 1 / (trained tokens of the whole step): the accumulated
   // gradient is that of the step's mean loss.
   for (const PackedRow& row : rows) r.loss_sum += model_.step(row, true, 1.0 / double(r.trained)).loss_sum;
+  if (comm_ != nullptr) comm_->all_reduce_host(&r.loss_sum, 1);  // every rank's rows
   QT_CHECK(std::isfinite(r.loss_sum), "step ", step, ": loss is ", r.loss_sum, " (diverged; lower train.lr?)");
   r.grad_norm = opt_.step(lr, max_grad_norm, step);
   r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -93,10 +97,12 @@ void TrainStep::enqueue_all(double max_grad_norm, bool may_split) {
   model_.backend().copy_to_host_async(host_results_, model_.static_loss_sums());
 }
 
-StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step) {
-  QT_CHECK(!rows.empty(), "step ", step, ": no rows");
+StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step,
+                          int64_t global_trained) {
+  QT_CHECK(!rows.empty() || global_trained >= 0, "step ", step, ": no rows");
   int64_t trained = 0;
   for (const PackedRow& row : rows) trained += row.num_trained();
+  if (global_trained >= 0) trained = global_trained;
   QT_CHECK(trained > 0, "step ", step, ": no trained targets in its rows");
   bool fits = static_ && static_cast<int64_t>(rows.size()) == micro_;
   if (fits)
@@ -105,7 +111,7 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
     if (static_ && static_cast<int64_t>(rows.size()) == micro_)
       log_warn("step ", step, ": a row has more samples than the static bound ", model_.static_max_seqs(),
                "; this step runs eagerly with exact shapes");
-    return run_dynamic(rows, lr, max_grad_norm, step);
+    return run_dynamic(rows, lr, max_grad_norm, step, global_trained);
   }
   StepResult r;
   r.trained = trained;

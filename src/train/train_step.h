@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "model/qwen35.h"
 #include "train/model_optimizer.h"
 
@@ -41,14 +42,19 @@ class TrainStep {
  public:
   // micro_batches: rows per step; max_seqs: bound on samples per row incl. the padding sample
   // (static_sample_bound); a step with a row needing more runs eagerly with exact shapes.
-  TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph);
+  // comm (optional): the job's ranks, for a sharded run: each rank steps its own rows and the
+  // losses are summed over the ranks (the optimizer reduces the gradients).
+  TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batches, int max_seqs, bool graph,
+            Communicator* comm = nullptr);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
 
   // Zeroes the gradients, runs every row forward and backward, clips and applies AdamW at lr.
   // Throws naming the step (and the first bad tensor) on a non-finite loss or gradient norm.
-  StepResult run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);
+  // global_trained: the step's trained targets over every rank's rows (-1: these rows' own, one rank).
+  StepResult run(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step,
+                 int64_t global_trained = -1);
 
   std::string mode() const;          // "cuda-graph", "eager (static shapes)" or "eager"
   // Two graphs at most: one for steps whose rows may have a sample the GDN kernels split
@@ -63,11 +69,13 @@ class TrainStep {
   std::string memory_report() const;
 
  private:
-  StepResult run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step);
+  StepResult run_dynamic(const std::vector<PackedRow>& rows, double lr, double max_grad_norm, int64_t step,
+                         int64_t global_trained);
   void enqueue_all(double max_grad_norm, bool may_split);
 
   Qwen35Model& model_;
   ModelOptimizer& opt_;
+  Communicator* comm_ = nullptr;
   int64_t micro_;
   bool static_ = false, graph_ = false;
   // [may_split]: one eager static step of that kind ran (workspaces grown, GEMM plans cached)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,8 @@
 #include "core/sysinfo.h"
 #include "io/peft_adapter.h"
 #include "data/loader.h"
+#include "dist/communicator.h"
+#include "dist/launch_env.h"
 #include "model/hf_checkpoint.h"
 #include "io/hub_cache.h"
 #include "io/mapped_file.h"
@@ -31,6 +34,7 @@
 #include "train/model_optimizer.h"
 #include "train/report.h"
 #include "train/run_dir.h"
+#include "train/sharded_optimizer.h"
 #include "train/tensorboard.h"
 #include "train/train_step.h"
 
@@ -102,14 +106,27 @@ std::string data_report(const TokenizeResult& tr, const PackStats& st, int64_t u
 
 struct Run {
   const TrainConfig& cfg;
+  RankInfo rank;  // this process in the job (rank 0 of 1 when no launcher started it)
   HfModelDir src;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> comm;
+  int zero = 0;  // the ZeRO stage this run uses
   std::unique_ptr<ProfiledBackend> profiled;  // wraps backend when steps are profiled
   std::unique_ptr<Qwen35Model> model;
   std::unique_ptr<ModelOptimizer> optimizer;
   TrainerState state;  // step, loader position, fingerprint, best eval: what the next save records
 
-  explicit Run(const TrainConfig& c) : cfg(c), src(hf_load(c.model)), backend(make_backend(c.backend, c.cuda)) {}
+  explicit Run(const TrainConfig& c, const RankInfo& r)
+      : cfg(c), rank(r), src(hf_load(c.model)), backend(make_backend(c.backend, options_for(c, r))),
+        comm(make_communicator(r, *backend, c.dist.communicator, c.dist.timeout_s)) {}
+  bool first() const { return rank.rank == 0; }  // the rank that prints and writes the run's files
+
+  // The rank's GPU is its local rank.
+  static BackendOptions options_for(const TrainConfig& c, const RankInfo& r) {
+    BackendOptions o = c.cuda;
+    o.device = r.local_rank;
+    return o;
+  }
 
   double eval_loss(const TokenizedDataset& eval, const PackOptions& pack) {
     const PackPlan plan = pack_plan(eval, pack, 0);
@@ -133,6 +150,7 @@ struct Run {
     w.with_optimizer = with_optimizer;
     w.state = state;
     w.lora = model->lora();
+    w.write = first();  // the others take part in gathering the sharded state
     return checkpoint_save(w);
   }
 };
@@ -197,6 +215,34 @@ RunData prepare_data(const TrainConfig& cfg, const ModelConfig& mc) {
   return d;
 }
 
+// The ZeRO stage: one rank needs none; auto takes the smallest stage whose model states (bf16
+// weights, fp32 gradients, fp32 master + AdamW moments) fit in half the device's free memory.
+int resolve_zero(const Run& run, const ModelConfig& mc) {
+  const std::string& z = run.cfg.dist.zero;
+  const int W = run.rank.world;
+  if (W == 1) {
+    if (z != "auto" && z != "0") log_info("dist.zero ", z, " at one rank: nothing to shard, the single-rank step runs");
+    return 0;
+  }
+  const double n = double(param_count(mc));
+  auto states = [&](int stage) {  // bytes a rank holds
+    return 2 * n + (stage >= 2 ? 4 * n / W : 4 * n) + (stage >= 1 ? 12 * n / W : 12 * n);
+  };
+  if (z == "3")
+    QT_FAIL("dist.zero 3 (weights sharded and gathered per layer) is not built yet; use 2 (", states(2) / double(1 << 30),
+            " GiB of model states a rank here)");
+  if (z != "auto") return std::stoi(z);
+  const int64_t free_b = run.backend->free_memory_bytes();
+  for (int stage = 0; stage <= 2; ++stage)
+    if (free_b < 0 || states(stage) <= 0.5 * double(free_b)) {
+      log_info("dist.zero auto: stage ", stage, " (", states(stage) / double(1 << 30), " GiB of model states a rank",
+               free_b < 0 ? ", host memory" : "", ")");
+      return stage;
+    }
+  QT_FAIL("dist.zero auto: even ZeRO-2 needs ", states(2) / double(1 << 30), " GiB of model states a rank, more than "
+          "half of the ", double(free_b) / double(1 << 30), " GiB free; ZeRO-3 is not built yet (use more ranks)");
+}
+
 // The model on the run's backend (profiled when steps are), loaded from the source model (and a
 // LoRA adapter to continue), with its optimizer. Returns the checkpointing policy it runs.
 Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs) {
@@ -239,7 +285,10 @@ Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs)
       log_info("lora: continuing from the adapter in ", cfg.lora_adapter);
     }
   }
-  run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
+  if (run.rank.distributed())
+    run.optimizer = std::make_unique<ShardedOptimizer>(*run.model, cfg.adamw, *run.comm, run.zero, cfg.dist.reduce_bf16);
+  else
+    run.optimizer = ModelOptimizer::create(*run.model, cfg.adamw);
   return ckpt;
 }
 
@@ -269,14 +318,28 @@ RunFingerprint fingerprint_of(const TrainConfig& cfg, const TokenizeResult& tr, 
 
 TrainSummary train_run(const TrainConfig& cfg) {
   const auto t_start = clock_type::now();
-  // One run per output directory.
-  RunLock lock(cfg.output_dir);
-  const std::string resume_dir = checkpoint_prepare_start(cfg.output_dir, cfg.resume, cfg.overwrite);
-  write_text_file((fs::path(cfg.output_dir) / "config.yaml").string(), cfg.resolved_yaml);
+  const RankInfo rank = launch_env();
+  if (rank.rank != 0 && log_level() < LogLevel::Warn) set_log_level(LogLevel::Warn);  // the first rank reports
+  Run run(cfg, rank);
+  Communicator& comm = *run.comm;
+  if (rank.distributed())
+    log_info("dist: rank ", rank.rank, " of ", rank.world, " (", rank.launcher, ", local rank ", rank.local_rank,
+             "), communicator ", comm.kind());
+  // One run per output directory: the first rank holds and prepares it; the others learn from it
+  // where the run starts.
+  std::optional<RunLock> lock;
+  std::string resume_dir;
+  if (run.first()) {
+    lock.emplace(cfg.output_dir);
+    resume_dir = checkpoint_prepare_start(cfg.output_dir, cfg.resume, cfg.overwrite);
+    write_text_file((fs::path(cfg.output_dir) / "config.yaml").string(), cfg.resolved_yaml);
+  }
+  comm.broadcast_host(resume_dir, 0);
 
-  Run run(cfg);
   const ModelConfig& mc = run.src.config;
+  if (!run.first()) comm.barrier();  // the first rank fills the token cache, the others then read it
   const RunData data = prepare_data(cfg, mc);
+  if (run.first()) comm.barrier();
   const PackOptions& pack = data.pack;
   const TokenizedDataset& train = data.train();
   const TokenizedDataset& eval = data.eval;
@@ -284,11 +347,16 @@ TrainSummary train_run(const TrainConfig& cfg) {
   LrScheduleConfig sched = cfg.schedule;
   sched.total_steps = total_steps;
 
+  run.zero = resolve_zero(run, mc);
+  QT_CHECK(accum % rank.world == 0, "train.global_batch_tokens ", cfg.global_batch_tokens, " makes ", accum,
+           " rows of ", pack.tokens_per_batch, " tokens per step, which ", rank.world,
+           " ranks cannot share evenly: make it a multiple of ", rank.world * pack.tokens_per_batch);
   const int static_max_seqs = static_sample_bound(data.max_row_samples);
   const Checkpointing ckpt = build_model(run, pack.tokens_per_batch, static_max_seqs);
   const bool on_gpu = std::string(run.backend->name()) == "cuda";
   const bool lora = cfg.method == "lora";
-  TrainStep stepper(*run.model, *run.optimizer, accum, static_max_seqs, cfg.cuda_graph);
+  TrainStep stepper(*run.model, *run.optimizer, accum / rank.world, static_max_seqs, cfg.cuda_graph,
+                    rank.distributed() ? &comm : nullptr);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
   {  // what `qwentune plan` predicts for this run on one H200, beside the allocation above
@@ -317,7 +385,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
     run.state.best_step = rp.best_step;
     log_info("resume: ", resume_dir, " at step ", start_step, " (epoch ", start_pos.epoch, ", batch ", start_pos.batch, ")");
   }
-  MetricsLog metrics(cfg.output_dir, start_step);
+  std::optional<MetricsLog> metrics;
+  if (run.first()) metrics.emplace(cfg.output_dir, start_step);
   log_info("train: ", train.num_samples(), " samples (", train.num_tokens(), " tokens), eval ", eval.num_samples(),
            " samples; ", total_batches, " packed rows of ", pack.tokens_per_batch, " tokens over ", data.planned_epochs,
            " epoch(s); ", accum, " row(s) per step; ", total_steps, " steps", data.tokenized.cache_hit ? " (token cache hit)" : "");
@@ -359,11 +428,13 @@ TrainSummary train_run(const TrainConfig& cfg) {
   auto save_checkpoint = [&](const std::string& name, const char* status) {
     const auto t = clock_type::now();
     const std::string dir = run.save(name);
-    for (const std::string& gone : checkpoint_prune(cfg.output_dir, cfg.save_total_limit, dir))
-      log_info("save_total_limit ", cfg.save_total_limit, ": removed ", gone);
+    if (run.first())
+      for (const std::string& gone : checkpoint_prune(cfg.output_dir, cfg.save_total_limit, dir))
+        log_info("save_total_limit ", cfg.save_total_limit, ": removed ", gone);
+    if (!run.first()) return dir;
     const nlohmann::ordered_json sj = summary_json(status);
     write_run_summary(cfg.output_dir, sj);
-    write_run_report(cfg.output_dir, metrics.records(), sj);
+    write_run_report(cfg.output_dir, metrics->records(), sj);
     save_s += seconds_since(t);
     return dir;
   };
@@ -404,10 +475,12 @@ TrainSummary train_run(const TrainConfig& cfg) {
       continue;
     }
     profile_window.begin(step);
+    // Every rank loads the step's rows (the same plan); rank r trains rows r, r + world, ...
     std::vector<PackedRow> rows;
-    for (const Batch& b : batches) rows.push_back(to_row(b));
+    for (size_t i = 0; i < batches.size(); ++i)
+      if (static_cast<int>(i % static_cast<size_t>(rank.world)) == rank.rank) rows.push_back(to_row(batches[i]));
     const double lr = cfg.adamw.lr * lr_multiplier(sched, step);
-    const StepResult sr = stepper.run(rows, lr, cfg.max_grad_norm, step);
+    const StepResult sr = stepper.run(rows, lr, cfg.max_grad_norm, step, rank.distributed() ? trained : -1);
     if (step == start_step) log_info("memory after the first step: ", stepper.memory_report());
     const double loss = sr.loss_sum / double(trained);
     const double norm = sr.grad_norm;
@@ -438,8 +511,8 @@ TrainSummary train_run(const TrainConfig& cfg) {
     }
     mfu = on_gpu ? dense_mfu(nparams, tps) : 0.0;
     if (on_gpu) rec["mfu"] = mfu;
-    metrics.write(rec);
-    if (cfg.log_every > 0 && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
+    if (run.first()) metrics->write(rec);
+    if (cfg.log_every > 0 && run.first() && (step % cfg.log_every == 0 || step == total_steps || step == start_step)) {
       char gpu[96] = "";
       if (on_gpu) std::snprintf(gpu, sizeof gpu, " | MFU %.1f%% | mem %.1f GiB", 100 * mfu, stepper.device_memory_gib());
       std::printf("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s%s | ETA %s%s\n", (long long)step,
@@ -447,7 +520,9 @@ TrainSummary train_run(const TrainConfig& cfg) {
                   do_eval ? (" | eval " + std::to_string(summary.eval_loss)).c_str() : "");
       std::fflush(stdout);
     }
-    if (int sig = g_stop_signal.load()) {
+    int64_t stop = g_stop_signal.load();
+    if (rank.distributed()) comm.all_reduce_max_host(&stop, 1);  // one rank's signal stops them all
+    if (const int sig = static_cast<int>(stop)) {
       summary.stop_signal = sig;
       summary.final_dir = save_checkpoint("checkpoint-" + std::to_string(step), "stopped");
       log_warn("signal ", sig, " (", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "?", "): saved ",
@@ -460,15 +535,16 @@ TrainSummary train_run(const TrainConfig& cfg) {
   profile_window.finish();
   if (eval.num_samples() > 0 && last_eval_step != summary.steps) {
     evaluate(summary.steps);
-    metrics.write({{"step", summary.steps}, {"eval_loss", summary.eval_loss}});
+    if (run.first()) metrics->write({{"step", summary.steps}, {"eval_loss", summary.eval_loss}});
   }
-  if (summary.eval_loss >= 0) std::printf("eval loss %.4f\n", summary.eval_loss);
+  if (summary.eval_loss >= 0 && run.first()) std::printf("eval loss %.4f\n", summary.eval_loss);
   summary.final_dir = (fs::path(cfg.output_dir) / "final").string();
   save_checkpoint("final", "finished");
-  std::printf("saved %s (%lld steps, loss %.4f -> %.4f, %.0f tok/s; train %s, eval %s, save %s)\n",
-              summary.final_dir.c_str(), (long long)summary.steps, summary.first_loss, summary.last_loss,
-              summary.tokens_per_second, format_duration(train_s).c_str(), format_duration(eval_s).c_str(),
-              format_duration(save_s).c_str());
+  if (run.first())
+    std::printf("saved %s (%lld steps, loss %.4f -> %.4f, %.0f tok/s; train %s, eval %s, save %s)\n",
+                summary.final_dir.c_str(), (long long)summary.steps, summary.first_loss, summary.last_loss,
+                summary.tokens_per_second, format_duration(train_s).c_str(), format_duration(eval_s).c_str(),
+                format_duration(save_s).c_str());
   return summary;
 }
 

@@ -48,6 +48,12 @@ struct TrainConfig {
   bool cuda_graph = true;
   bool deterministic = true;
   BackendOptions cuda;  // train.cuda.* (deterministic above is copied into it at load)
+  struct Dist {
+    std::string zero = "auto";        // auto | 0 | 1 | 2 | 3
+    std::string communicator = "auto";
+    double timeout_s = 600;
+    bool reduce_bf16 = false;
+  } dist;
   std::string activation_checkpointing = "auto";
   std::string method = "full";  // full | lora
   LoraSpec lora;                // train.method lora: the adapters (the lora: section)
