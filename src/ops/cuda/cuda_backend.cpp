@@ -1,5 +1,5 @@
 // CudaBackend: memory, validation at the API boundary, cuBLASLt GEMMs, and the entry points that
-// call the launchers of ops_launch.h (own kernels) and kernels.h (GDN, attention).
+// call the launchers of ops_launch.h (own kernels), kernels.h (attention) and gdn/gdn.h (GDN).
 #include "ops/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/gdn/gdn.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_check.h"
@@ -552,6 +553,8 @@ cuda::GdnArgs gdn_args(const GdnDims& d, const SeqInfo& s) {
   a.num_v_heads = int(d.num_v_heads);
   a.k_head_dim = int(d.k_head_dim);
   a.v_head_dim = int(d.v_head_dim);
+  a.split = true;      // long samples split across scan CTAs where the plan finds it faster
+  a.mma_sync = false;  // the wgmma kernels at dk = dv = 128
   return a;
 }
 // The kernels' arguments, with the backend's kernel choices (QT_ATTN_WGMMA, deterministic dQ).
@@ -589,14 +592,9 @@ int64_t CudaBackend::gdn_state_bytes(const GdnDims& dims, int64_t tokens, int nu
 
 // The fp16 backward recomputing the chunk states matches the hi / lo one reading them (bench_gdn, a
 // layer's forward + backward: 0.613 against 0.664 ms at 2B, 1.640 against 1.740 at 27B; qwentune
-// bench even at 2b, +0.6 % at 4b, ~1 % slower on whole 8192-token rows; notes/gdn_kernels.md step 33).
-// QT_GDN_KEEP_STATES=1: the states, for A/B runs.
+// bench even at 2b, +0.6 % at 4b, ~1 % slower on whole 8192-token rows).
 bool CudaBackend::gdn_prefers_prep(const GdnDims& dims) const {
-  static const bool states = [] {
-    const char* v = std::getenv("QT_GDN_KEEP_STATES");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return !states && cuda::gdn_backward_fp16(static_cast<int>(dims.k_head_dim), static_cast<int>(dims.v_head_dim));
+  return cuda::gdn_backward_fp16(static_cast<int>(dims.k_head_dim), static_cast<int>(dims.v_head_dim));
 }
 
 int CudaBackend::gdn_split_seqlen(const GdnDims& dims, int64_t tokens, int num_seqs) const {
