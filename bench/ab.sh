@@ -2,7 +2,7 @@
 # Same-call A/B of qwentune builds or settings, end to end (machine starts differ by up to ~2 %, so
 # only runs alternated within one device call compare). Each variant is "label|ENV=V ...|binary";
 # every round runs them all in the given order and prints one line per run.
-#   bench/ab.sh PRESET ROUNDS 'base||.device/bin/qwentune' 'new|QT_GDN_BV_FWD=128 QT_GDN_BV_BWD=128|.device/new/qwentune'
+#   bench/ab.sh PRESET ROUNDS 'base||.device/bin/qwentune' 'new||.device/new/qwentune'
 set -u
 preset=$1 rounds=$2
 shift 2

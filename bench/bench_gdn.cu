@@ -1,38 +1,38 @@
-// Benchmark of the CUDA gated delta rule (src/ops/cuda/gdn.cu) at the Qwen3.5 shapes: T = 8192
+// Benchmark of the CUDA gated delta rule (src/ops/cuda/gdn/) at the Qwen3.5 shapes: T = 8192
 // packed as 8 chat-like samples, dk = dv = 128, Hk = 16, Hv = 16 (2B), 32 (4B/9B), 48 (27B).
-// TFLOP/s by docs/gdn_kernels.md section 2.4 (executed FLOPs per token per value head, C = 64):
+// TFLOP/s from the executed FLOPs per token per value head (C = 64; docs/gdn_kernels.md):
 //   fwd 6CK + 4CV + 6KV + C^2/3,  bwd 18CK + 10CV + 16KV + 4C^2.
-// Usage: bench_gdn [iters] [shape]   (prints one `key value unit` row per figure; shape 2b, 4b or
-// 27b runs that one only, e.g. under a profiler)
+// Usage: bench_gdn [iters] [shape] [--stage-times] [--static-bound]
+//   (prints one `key value unit` row per figure; shape 2b, 4b or 27b runs that one only, e.g. under
+//   a profiler)
 // Single long samples, where the scans' serial chains over chunks set the time unless the plan
-// splits them across CTAs (docs/gdn_kernels.md section 4), run only when named: 2b_one8k (one
-// 8192-token sample, Hv = 16) and 4b_one32k (one 32768-token sample, Hv = 32: the shape of the FLA /
-// FlashQLA reference figures in docs/gdn_kernels.md section 4), 2b_mix2600 and 4b_mix4400 (a chat row
-// with one sample just long enough to split), or all of them with shape "long".
-// The backward (gdn_bwd_*) reads what the forward saved as flash-linear-attention's does
-// (docs/gdn_kernels.md section 6: the gates' cumsum, T = (I + A)^-1, the q / k row scales;
-// GdnKeep::Prep) and recomputes the chunk states, the work the backward count of section 2.4 there
-// counts; gdn_bwd_recompute_* is the backward that recomputes prep too (the triangular solve, which
-// that count holds in the forward only).
+// splits them across CTAs, run only when named: 2b_one8k (one 8192-token sample, Hv = 16) and
+// 4b_one32k (one 32768-token sample, Hv = 32: the shape of the flash-linear-attention / FlashQLA
+// comparisons in docs/gdn_kernels.md), 2b_mix2600 and 4b_mix4400 (a chat row with one sample just
+// long enough to split), or all of them with shape "long".
+// The backward (gdn_bwd_*) reads what the forward saved as flash-linear-attention's does (the
+// gates' cumsum, T = (I + A)^-1, the q / k row scales; GdnKeep::Prep) and recomputes the chunk
+// states, the work the backward formula above counts; gdn_bwd_recompute_* is the backward that
+// recomputes prep too (the triangular solve, which that formula counts in the forward only).
 // Also times the training path (gdn_train_ms: forward keeping its state + backward reading it).
-// QT_GDN_STAGE_TIMES=1 adds a per-kernel breakdown (each launch timed with events, synchronized).
-// QT_GDN_BENCH_STATIC_BOUND=1 passes max_seqlen = T, the bound a captured training step with static
-// shapes passes (the host then always allows a split, and the plan on the device decides).
+// --stage-times adds a per-stage breakdown: each stage of gdn/gdn_stages.h run alone, timed with
+// events and synchronized (so the kernels launched beside one another do not overlap: use it for the
+// breakdown, never for the totals).
+// --static-bound passes max_seqlen = T, the bound a captured training step with static shapes passes
+// (the host then always allows a split, and the plan on the device decides).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "ops/cuda/kernels.h"
-
-namespace qt::cuda {  // benchmark hooks defined in src/ops/cuda/gdn.cu
-void gdn_stage_timing(bool on);
-void gdn_stage_report(const char* label, int calls);
-}  // namespace qt::cuda
+#include "ops/cuda/gdn/gdn.h"
+#include "ops/cuda/gdn/gdn_stages.h"
 
 #define BCHECK(x)                                                                        \
   do {                                                                                   \
@@ -66,11 +66,81 @@ __global__ void fill_f32(float* x, size_t n, uint32_t seed, float lo, float hi) 
   }
 }
 
+// Per-stage device times of gdn_forward / gdn_backward calls (--stage-times): each stage of the call
+// that launches work runs between two events and is waited for.
+struct StageTimes {
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  std::vector<std::pair<std::string, double>> ms;  // in the order first seen
+  using Stage = bool (*)(const qt::cuda::gdn::Call&, cudaStream_t);
+  void run(const char* name, Stage stage, const qt::cuda::gdn::Call& c) {
+    if (e0 == nullptr) {
+      BCHECK(cudaEventCreate(&e0));
+      BCHECK(cudaEventCreate(&e1));
+    }
+    BCHECK(cudaEventRecord(e0));
+    if (!stage(c, nullptr)) return;
+    BCHECK(cudaEventRecord(e1));
+    BCHECK(cudaEventSynchronize(e1));
+    float t = 0.f;
+    BCHECK(cudaEventElapsedTime(&t, e0, e1));
+    for (auto& kv : ms)
+      if (kv.first == name) {
+        kv.second += t;
+        return;
+      }
+    ms.emplace_back(name, t);
+  }
+  // gdn_forward's and gdn_backward's sequences of stages (gdn.cu).
+  void forward(const qt::cuda::gdn::Call& c) {
+    namespace g = qt::cuda::gdn;
+    qt::cuda::gdn::reset_flags(c, nullptr);
+    run("chunk_table", g::chunk_table, c);
+    run("prep", g::prep, c);
+    run("scan_fwd", g::scan_fwd, c);
+    run("output", g::output, c);
+  }
+  void backward(const qt::cuda::gdn::Call& c) {
+    namespace g = qt::cuda::gdn;
+    qt::cuda::gdn::reset_flags(c, nullptr);
+    run("chunk_table", g::chunk_table, c);
+    run("prep", g::prep, c);
+    run("scan_fwd", g::scan_fwd, c);
+    run("dlocal", g::dlocal, c);
+    run("scan_bwd", g::scan_bwd, c);
+    run("bwd_chunk", g::bwd_chunk, c);
+    run("qk_grad", g::qk_grad, c);
+  }
+  void report(const std::string& label, int calls) {
+    double total = 0;
+    for (const auto& kv : ms) total += kv.second;
+    for (const auto& kv : ms)
+      std::printf("# stage %s %-24s %8.3f ms  %5.1f%%\n", label.c_str(), kv.first.c_str(), kv.second / calls,
+                  100.0 * kv.second / (total > 0 ? total : 1));
+    ms.clear();
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
-  const std::string only = argc > 2 ? argv[2] : "";
+  // Positional: iterations, shape; flags anywhere.
+  bool stage_times = false, static_bound = false;
+  std::vector<std::string> pos;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--stage-times") == 0) {
+      stage_times = true;
+    } else if (std::strcmp(argv[i], "--static-bound") == 0) {
+      static_bound = true;
+    } else if (argv[i][0] == '-' && argv[i][1] == '-') {
+      std::fprintf(stderr, "bench_gdn: unknown flag %s\nusage: bench_gdn [iters] [shape] [--stage-times] [--static-bound]\n",
+                   argv[i]);
+      return 2;
+    } else {
+      pos.emplace_back(argv[i]);
+    }
+  }
+  const int iters = pos.size() > 0 ? std::atoi(pos[0].c_str()) : 20;
+  const std::string only = pos.size() > 1 ? pos[1] : "";
   // A fixed chat-like mix of 8 samples summing to 8192.
   const std::vector<int> mix = {1187, 412, 1603, 256, 977, 1420, 731, 1606};
   const int Hk = 16, K = 128, V = 128, C = 64;
@@ -110,10 +180,6 @@ int main(int argc, char** argv) {
       max_len = l > max_len ? l : max_len;
     }
     const int T = cu.back(), N = static_cast<int>(s.lens.size());
-    static const bool static_bound = [] {
-      const char* e = std::getenv("QT_GDN_BENCH_STATIC_BOUND");
-      return e != nullptr && e[0] == '1';
-    }();
     if (static_bound) max_len = T;
     int32_t* cu_d = nullptr;
     BCHECK(cudaMalloc(&cu_d, cu.size() * sizeof(int32_t)));
@@ -187,21 +253,27 @@ int main(int argc, char** argv) {
     std::printf("# %s: workspace %.1f MiB (kept state %.1f MiB), forward scan segments %d, kept forward's %d%s\n",
                 s.name, ws_bytes / 1048576.0, qt::cuda::gdn_state_bytes(a) / 1048576.0, fwd_segments, kept_segments,
                 static_bound ? " (max_seqlen = T)" : "");
-    const char* st = std::getenv("QT_GDN_STAGE_TIMES");
-    if (st && st[0] == '1') {
-      qt::cuda::gdn_stage_timing(true);
-      for (int i = 0; i < iters; ++i) qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr);
-      qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd").c_str(), iters);
-      for (int i = 0; i < iters; ++i) qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr);
-      qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd_recompute").c_str(), iters);
-      for (int i = 0; i < iters; ++i)  // prep's results as the timed forward above left them
-        qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, prep, qt::GdnKeep::Prep);
-      qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd").c_str(), iters);
-      for (int i = 0; i < iters; ++i) qt::cuda::gdn_forward(o, qkv, g, beta, a, ws, nullptr, kept);
-      qt::cuda::gdn_stage_report((std::string(s.name) + "_fwd_keep").c_str(), iters);
-      for (int i = 0; i < iters; ++i) qt::cuda::gdn_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, kept);
-      qt::cuda::gdn_stage_report((std::string(s.name) + "_bwd_kept").c_str(), iters);
-      qt::cuda::gdn_stage_timing(false);
+    if (stage_times) {
+      namespace gdn = qt::cuda::gdn;
+      StageTimes st;
+      const std::string name = s.name;
+      const gdn::Call fwd = gdn::plan_forward(o, qkv, g, beta, a, ws, nullptr, qt::GdnKeep::States);
+      for (int i = 0; i < iters; ++i) st.forward(fwd);
+      st.report(name + "_fwd", iters);
+      const gdn::Call bwd_rec =
+          gdn::plan_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, nullptr, qt::GdnKeep::States);
+      for (int i = 0; i < iters; ++i) st.backward(bwd_rec);
+      st.report(name + "_bwd_recompute", iters);
+      // prep's results as the timed forward above left them
+      const gdn::Call bwd = gdn::plan_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, prep, qt::GdnKeep::Prep);
+      for (int i = 0; i < iters; ++i) st.backward(bwd);
+      st.report(name + "_bwd", iters);
+      const gdn::Call fwd_keep = gdn::plan_forward(o, qkv, g, beta, a, ws, kept, qt::GdnKeep::States);
+      for (int i = 0; i < iters; ++i) st.forward(fwd_keep);
+      st.report(name + "_fwd_keep", iters);
+      const gdn::Call bwd_kept = gdn::plan_backward(dqkv, dg, dbeta, d_o, qkv, g, beta, a, ws, kept, qt::GdnKeep::States);
+      for (int i = 0; i < iters; ++i) st.backward(bwd_kept);
+      st.report(name + "_bwd_kept", iters);
     }
     BCHECK(cudaFree(qkv));
     BCHECK(cudaFree(dqkv));

@@ -1,4 +1,4 @@
-// The CUDA gated delta rule (src/ops/cuda/gdn.cu) against the CPU per-token recurrence
+// The CUDA gated delta rule (src/ops/cuda/gdn/) against the CPU per-token recurrence
 // (qt::ref::gdn_forward/gdn_backward, the math CpuBackend runs), on the same bf16-rounded inputs.
 //
 // Tolerances, from precision (relative RMS error over a whole tensor, ||x - truth|| / ||truth||;
@@ -35,7 +35,7 @@
 
 #include "ops/backend.h"
 #include "ops/cpu/reference_ops.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/gdn/gdn.h"
 
 namespace {
 
@@ -118,6 +118,8 @@ struct Case {
   int min_segments = 0;     // the forward's plan must split into at least this many segments
   float do_scale = 1.f;     // dO's magnitude (the fp16 backward scales each tile into range)
   float v_scale = 1.f;      // v's magnitude (the states' and D's)
+  bool split = true;        // GdnArgs::split (off: no sample is split, whatever its length)
+  bool mma_sync = false;    // GdnArgs::mma_sync (the mma.sync kernels at dk = dv = 128 too)
 };
 
 void check_tensor(const char* name, bool bf16_out, const Err& gpu, const Err& floor) {
@@ -197,11 +199,13 @@ void run_case(const Case& c) {
   CK(cudaMemcpy(beta.p, b_h.data(), beta.bytes, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(cu_d.p, cu.data(), cu_d.bytes, cudaMemcpyHostToDevice));
   qt::cuda::GdnArgs a{static_cast<const int32_t*>(cu_d.p), N, max_len, T, Hk, Hv, K, V};
+  a.split = c.split;
+  a.mma_sync = c.mma_sync;
   ws.alloc(qt::cuda::gdn_workspace_bytes(a));
   DevBuf state;
   if (c.keep_state) state.alloc(qt::cuda::gdn_state_bytes(a, c.keep));
   const bool prep_only = c.keep_state && c.keep == qt::GdnKeep::Prep;
-  if (prep_only && K == 128 && V == 128) {
+  if (prep_only && K == 128 && V == 128 && !c.mma_sync) {
     EXPECT_GT(state.bytes, 0u) << "the wgmma path keeps prep's results";
     EXPECT_LT(state.bytes * 4, qt::cuda::gdn_state_bytes(a)) << "prep's part is a small part of the whole state";
   }
@@ -213,6 +217,9 @@ void run_case(const Case& c) {
     const int segs = qt::cuda::gdn_planned_segments(a, ws.p, state.p, c.keep);
     std::printf("  forward scan segments %d (samples %d)\n", segs, N);
     EXPECT_GE(segs, c.min_segments) << "the forward did not split the long samples";
+  }
+  if (!c.split) {
+    EXPECT_EQ(qt::cuda::gdn_planned_segments(a, ws.p, state.p, c.keep), N) << "a sample split with the split off";
   }
   CK(cudaMemset(ws.p, 0xFF, ws.bytes));  // the backward must not rely on what the forward left there
   // A kept state may be read more than once (the second backward's results are checked).
@@ -303,15 +310,29 @@ TEST(CudaGdn, GroupOfThree) { run_case({1, 3, 16, 32, {70, 1, 130}, Gate::Normal
 // norm's one-warp-per-row path, non-power-of-two cp.async row pieces).
 TEST(CudaGdn, HeadDimsNotPowersOfTwo) { run_case({1, 2, 48, 80, {70, 1, 130}, Gate::Normal, Beta::Normal, 23}); }
 TEST(CudaGdn, RealHeadDims) { run_case({1, 2, 128, 128, {65, 200, 1}, Gate::Normal, Beta::Normal, 14}); }
-// dk = dv = 128 with the segment edges and strong gates: the shape where QT_GDN_BV_FWD / _BWD = 128
-// (one 512-thread scan CTA per head) can run, so a run with those set covers that path too.
+// dk = dv = 128 with the segment edges and strong gates; and the same on the mma.sync kernels
+// (GdnArgs::mma_sync): at 4 value heads their scans run 32 columns per CTA and dD_local by its own
+// kernel.
 TEST(CudaGdn, RealHeadDimsSegmentEdgesStrongGates) {
   run_case({2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 21});
+}
+TEST(CudaGdn, RealHeadDimsSegmentEdgesStrongGatesMmaSync) {
+  Case c{2, 4, 128, 128, {1, 2, 3, 63, 64, 65, 127, 129, 300}, Gate::Strong, Beta::NearOne, 21};
+  c.mma_sync = true;
+  run_case(c);
 }
 // The 4B / 9B head layout (16 key heads, 32 value heads, dk = dv = 128): the default scans then run
 // at bv = 128 (column_block), one 512-thread CTA per (sample, head).
 TEST(CudaGdn, FourBHeadsDefaultScanOneCtaPerHead) {
   run_case({16, 32, 128, 128, {1, 65, 300, 2, 129}, Gate::Normal, Beta::Normal, 22});
+}
+// The same layout on the mma.sync kernels, with the state kept: their scans at bv = 128 (one
+// 512-thread CTA per (sample, head)), the reverse scan forming dD_local itself.
+TEST(CudaGdn, FourBHeadsMmaSyncKeptState) {
+  Case c{16, 32, 128, 128, {1, 65, 300, 2, 129}, Gate::Normal, Beta::Normal, 22};
+  c.keep_state = true;
+  c.mma_sync = true;
+  run_case(c);
 }
 // The training path: the forward keeps its state (h, D, W, T, ...) and the backward reads it. With
 // 9 samples x 32 heads (more scan CTAs than SMs) the wgmma forward scan forms the output and stores
@@ -404,7 +425,13 @@ TEST(CudaGdn, RealHeadDimsOneLongSegment8192) {
   c.min_segments = 3;  // the forward and the backward split it
   run_case(c);
 }
-// The intra-sample split (gdn.cu's plan): a long sample among short ones, its state kept for
+// The same sample with the split off (GdnArgs::split): one plain scan CTA per head through it.
+TEST(CudaGdn, RealHeadDimsOneLongSegment8192SplitOff) {
+  Case c{1, 2, 128, 128, {8192}, Gate::Normal, Beta::Normal, 24};
+  c.split = false;
+  run_case(c);
+}
+// The intra-sample split (gdn/plan.cu's plan): a long sample among short ones, its state kept for
 // thousands of rows (gates near 0), so every segment's entering state S_s = M S + E matters; and
 // two long samples split at once (their state slots side by side), at the 4B head layout too.
 TEST(CudaGdn, SplitLongSampleAmongShortGatesNearZero) {

@@ -1,4 +1,4 @@
-// The intra-sample split's plan (src/ops/cuda/gdn_plan.h), run on the CPU as the chunk table kernel
+// The intra-sample split's plan (src/ops/cuda/gdn/gdn_plan.h), run on the CPU as the chunk table kernel
 // runs it: every candidate's estimate, the pick, the chosen segment counts. The CUDA tests check
 // that the forward splits and stays exact (CudaGdn.Split*); these pin what the plan decides for the
 // shapes bench_gdn measures and the limits it must keep.
@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "ops/cuda/gdn_plan.h"
+#include "ops/cuda/gdn/gdn_plan.h"
 
 namespace qt {
 namespace {
@@ -21,7 +21,7 @@ using gdn_plan::SplitShape;
 constexpr int kSms = 132;  // the H200's
 
 int chunks(int len) { return (len + 63) / 64; }
-// As gdn.cu's split_slots: about two scan CTAs per SM's worth of segments.
+// As gdn/gdn.cu's split_slots: about two scan CTAs per SM's worth of segments.
 int slots_for(int hv) { return std::min(32, 2 * kSms / hv); }
 
 // The plan for samples of these lengths (tokens) at hv value heads: segment counts, longest first.
@@ -81,12 +81,12 @@ TEST(GdnPlan, ChatMixIsNotSplit) {
   }
 }
 
-// The reference shape of docs/gdn_kernels.md section 4 (one 32k-token sample, Hv = 32): 5 segments
-// (estimate 327 chunk steps: 224 first-phase items in two waves of 103-chunk segments, then 128
-// later ones, each with its item overhead; unsplit: 518), measured 1.60 ms against 3.07 unsplit.
-// CudaGdn.SplitFourBHeads* (6000 tokens) plan 5 segments too, and so does 4100 (estimate 0.80 of
-// unsplit). A 4400-token sample among short ones, split in 3, measured even with the plain scans and
-// 9 % faster than the ticket instances left unsplit (docs/gdn_kernels.md section 4).
+// The flash-linear-attention comparison's shape (one 32k-token sample, Hv = 32): 5 segments (estimate 327 chunk steps:
+// 224 first-phase items in two waves of 103-chunk segments, then 128 later ones, each with its
+// item overhead; unsplit: 518), measured 1.60 ms against 3.07 unsplit. CudaGdn.SplitFourBHeads*
+// (6000 tokens) plan 5 segments too, and so does 4100 (estimate 0.80 of unsplit). A 4400-token
+// sample among short ones, split in 3, measured even with the plain scans and 9 % faster than the
+// ticket instances left unsplit.
 TEST(GdnPlan, LongSampleFourBHeads) {
   EXPECT_TRUE(gdn_plan::split_worth_trying(32768, 32768 / 64 + 1, {slots_for(32), 32, kSms}));
   EXPECT_EQ(plan({32768}, 32), std::vector<int>{5});

@@ -1,4 +1,4 @@
-// The GDN prep kernel's blocked triangular solve (src/ops/cuda/gdn_solve.h), run on the CPU: its
+// The GDN prep kernel's blocked triangular solve (src/ops/cuda/gdn/gdn_solve.h), run on the CPU: its
 // phases for all 256 threads (phase 0) and 8 warps (the block products of phases 1, 2, here as fp32
 // sums: the kernel runs them on the tensor cores), phase by phase as the barriers order them, then
 // combine_t30 (which the prep kernel folds into its T stores), against a float64 forward
@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/cuda/gdn_solve.h"
+#include "ops/cuda/gdn/gdn_solve.h"
 
 namespace qt {
 namespace {

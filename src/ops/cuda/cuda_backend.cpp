@@ -1,5 +1,5 @@
 // CudaBackend: memory, validation at the API boundary, cuBLASLt GEMMs, and the entry points that
-// call the launchers of ops_launch.h (own kernels) and kernels.h (GDN, attention).
+// call the launchers of ops_launch.h (own kernels), kernels.h (attention) and gdn/gdn.h (GDN).
 #include "ops/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/gdn/gdn.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_check.h"
@@ -545,6 +546,8 @@ cuda::GdnArgs gdn_args(const GdnDims& d, const SeqInfo& s) {
   a.num_v_heads = int(d.num_v_heads);
   a.k_head_dim = int(d.k_head_dim);
   a.v_head_dim = int(d.v_head_dim);
+  a.split = true;      // long samples split across scan CTAs where the plan finds it faster
+  a.mma_sync = false;  // the wgmma kernels at dk = dv = 128
   return a;
 }
 // The kernels' arguments, with the backend's choice of dQ (deterministic or by atomics).

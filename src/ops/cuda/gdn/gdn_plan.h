@@ -1,5 +1,5 @@
-// The intra-sample split's plan (docs/gdn_kernels.md section 4; gdn.cu's chunk table kernel makes it on
-// the device): which of the longest samples the forward scan splits into how many
+// The intra-sample split's plan (docs/gdn_kernels.md; the chunk table kernel, gdn/plan.cu, makes it
+// on the device): which of the longest samples the forward scan splits into how many
 // chunk-aligned segments. The functions compile for the host too, so a CPU test runs the plan the
 // kernel runs (tests/test_gdn_plan.cpp).
 //
@@ -12,7 +12,7 @@
 // largest of the work over the SMs, the longest chain, and the waves of equal segments (items that
 // do not pack).
 //
-// The two overheads were fitted to the H200 (docs/gdn_kernels.md section 4): without them the model
+// The two overheads were fitted to the H200: without them the model
 // split a 2600-token sample among short ones at 2B heads into 9 segments of 5 chunks and a 1603-token
 // one into 6, and the chat row's training path went 0.81 -> 1.08 ms; one 8192-token sample there
 // gains 1.73x, one 32768-token sample at 4B heads 1.9x, and those still split.
@@ -30,7 +30,7 @@
 
 namespace qt::gdn_plan {
 
-constexpr int kChunkRows = 64;    // rows per chunk (gdn.cu's kC)
+constexpr int kChunkRows = 64;    // rows per chunk (the kernels' kC)
 constexpr int kSplitTop = 8;      // the longest samples the plan may split
 constexpr int kSplitCand = 32;    // candidate segment counts of the longest sample: 3 .. kSplitCand + 2
 constexpr int kMinSegChunks = 4;  // no segment shorter than 256 rows
@@ -90,8 +90,8 @@ QT_HD float split_cost(int c, const int* top_n, int n_top, int rest_work, int re
 
 // The candidate to take from the estimates cost[0..kSplitCand]: the cheapest, where it saves a
 // tenth of the unsplit estimate; else 0. The plan runs only where the ticket instances already run,
-// and a row they run unsplit costs 7-9 % more than on the plain ones (docs/gdn_kernels.md
-// section 4), so a split that only evens with the plain scan still gains there.
+// and a row they run unsplit costs 7-9 % more than on the plain ones (measured on the H200), so a
+// split that only evens with the plain scan still gains there.
 QT_HD int split_pick(const float* cost) {
   int best = 0;
   for (int c = 1; c <= kSplitCand; ++c)

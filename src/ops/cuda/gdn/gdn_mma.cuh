@@ -1,4 +1,4 @@
-// Warp-level tensor-core helpers for gdn.cu: mma.sync m16n8k16 bf16 with fp32 accumulation. Operands
+// Warp-level tensor-core helpers for the GDN kernels (gdn/*.cu): mma.sync m16n8k16 bf16 with fp32 accumulation. Operands
 // come either from raw bf16 smem tiles by ldmatrix (Ld<..>, exact: q, k, v, dO as staged), or are
 // gathered elementwise (or pairwise along k: Gk) through functors from fp32 shared (or global)
 // memory, or read from a fragment-native fp32 matrix in global memory (Nt: the chunk states), so

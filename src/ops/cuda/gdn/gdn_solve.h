@@ -17,7 +17,7 @@
 //    on its way out) adds. The prep kernel runs them on the tensor cores (mma m16n8k8 tf32, each
 //    operand split in two tf32 parts: 3 products, ~fp32). As scalar FMAs (16 threads per block, a
 //    4 x 4 tile each) the two phases' 16-step chains on 3 and 2 warps left the CTA's other warps at
-//    the barriers: 25 % of prep's stall samples at 27B (Nsight Compute, tools/ncu_phase_summary.py).
+//    the barriers: 25 % of prep's stall samples at 27B.
 // Every sum runs in a fixed order: deterministic. As and Ts are 64 x 64 fp32 with row stride ld
 // (a multiple of 4, so rows stay 16-byte aligned; ld = 8 mod 32 spreads rows over the banks).
 #pragma once
