@@ -304,8 +304,8 @@ const std::vector<OpRow>& op_rows() {
                  [](CaseSpec& s) {
                    s.in("b", {s.T(), 6}, -3, 3);
                    s.in("a", {s.T(), 6}, -3, 3);
-                   s.in("a_log", {6}, -1, 1, DType::F32);
-                   s.in("dt_bias", {6}, -1, 1, DType::F32);
+                   s.in("a_log", {6}, -1, 1);
+                   s.in("dt_bias", {6}, -1, 1);
                    s.out("beta", {s.T(), 6}, DType::F32);
                    s.out("g", {s.T(), 6}, DType::F32);
                    s.grad_in("beta");
