@@ -32,7 +32,7 @@ else
   timeout 240 "$BIN/qwentune" bench --preset 2b --steps 5 --warmup 2 >"$OUT/bench_2b.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_2b.log"
   timeout 240 "$BIN/qwentune" bench --preset 2b --steps 3 --warmup 2 --no-graph >"$OUT/bench_2b_eager.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_2b_eager.log"
   timeout 240 "$BIN/qwentune" bench --preset 4b --steps 5 --warmup 2 >"$OUT/bench_4b.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_4b.log"
-  QT_GEMM_TUNE=0 timeout 240 "$BIN/qwentune" bench --preset 4b --steps 5 --warmup 2 >"$OUT/bench_4b_untuned.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_4b_untuned.log"
+  timeout 240 "$BIN/qwentune" bench --preset 4b --steps 5 --warmup 2 --no-gemm-tune >"$OUT/bench_4b_untuned.log" 2>&1; echo "rc $?"; tail -1 "$OUT/bench_4b_untuned.log"
   timeout 200 bash bench/gpu_correctness.sh "$BIN/qwentune" /tmp/qt_gpu_correctness >"$OUT/correctness.log" 2>&1; echo "rc $?"; grep -E "check|loss" "$OUT/correctness.log" | tail -4
   timeout 150 python3 tools/hf_baseline.py --preset 2b --steps 3 --warmup 1 >"$OUT/hf_2b.log" 2>&1; echo "rc $?"; tail -2 "$OUT/hf_2b.log"
   timeout 90 python3 tools/bench_sdpa.py --iters 10 >"$OUT/bench_sdpa.log" 2>&1; echo "rc $?"; tail -3 "$OUT/bench_sdpa.log"

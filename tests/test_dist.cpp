@@ -97,16 +97,21 @@ struct Job {
         << "model: init\ndata:\n  path: train.jsonl\n  thinking: off\n  tokens_per_batch: 128\ntrain:\n"
            "  backend: cpu\n  lr: 3.0e-3\n  log_every: 0\n  max_steps: 4\n  global_batch_tokens: 512\n";
   }
-  // Runs `qwentune train` on `ranks` ranks (1: without mpirun) into output_dir `out`.
-  void run(int ranks, const std::string& out, const std::string& sets = "") const {
+  // Runs `qwentune train` on `ranks` ranks (1: without mpirun) into output_dir `out`; returns the
+  // exit status, the output in *log.
+  int launch(int ranks, const std::string& out, const std::string& sets, std::string* log) const {
     std::string cmd = "cd '" + dir.path() + "' && ";
     if (ranks > 1) cmd += "mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) + " ";
     cmd += std::string(QT_QWENTUNE_BIN) + " train --config train.yaml --set output_dir=" + out + " " + sets + " > '" +
            out + ".log' 2>&1";
     const int rc = std::system(cmd.c_str());
-    std::ifstream log(dir.file(out + ".log"));
-    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-    ASSERT_EQ(rc, 0) << cmd << "\n" << text;
+    std::ifstream in(dir.file(out + ".log"));
+    *log = cmd + "\n" + std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return rc;
+  }
+  void run(int ranks, const std::string& out, const std::string& sets = "") const {
+    std::string log;
+    ASSERT_EQ(launch(ranks, out, sets, &log), 0) << log;
   }
   std::map<int64_t, double> losses(const std::string& out) const {
     std::map<int64_t, double> by_step;
@@ -194,18 +199,11 @@ TEST(Dist, ResumeAcrossWorldSizes) {
 TEST(Dist, UnevenStepsAndZero3AreErrors) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";
   Job job;
-  const std::string base = "cd '" + job.dir.path() + "' && mpirun --oversubscribe --allow-run-as-root -np 3 " +
-                           QT_QWENTUNE_BIN + " train --config train.yaml --set output_dir=x";
-  EXPECT_NE(std::system((base + " > uneven.log 2>&1").c_str()), 0);
-  std::ifstream u(job.dir.file("uneven.log"));
-  const std::string text((std::istreambuf_iterator<char>(u)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("3 ranks cannot share evenly: make it a multiple of 384"), std::string::npos) << text;
-  const std::string z3 = "cd '" + job.dir.path() + "' && mpirun --oversubscribe --allow-run-as-root -np 2 " +
-                         QT_QWENTUNE_BIN + " train --config train.yaml --set output_dir=y --set dist.zero=3";
-  EXPECT_NE(std::system((z3 + " > z3.log 2>&1").c_str()), 0);
-  std::ifstream z(job.dir.file("z3.log"));
-  const std::string t3((std::istreambuf_iterator<char>(z)), std::istreambuf_iterator<char>());
-  EXPECT_NE(t3.find("dist.zero 3"), std::string::npos) << t3;
+  std::string log;
+  EXPECT_NE(job.launch(3, "uneven", "", &log), 0);
+  EXPECT_NE(log.find("3 ranks cannot share evenly: make it a multiple of 384"), std::string::npos) << log;
+  EXPECT_NE(job.launch(2, "z3", "--set dist.zero=3", &log), 0);
+  EXPECT_NE(log.find("dist.zero 3"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ struct BenchArgs {
   int64_t steps = 5, warmup = 2, tokens_per_batch = 8192;
   uint64_t seed = 0;
   bool no_graph = false;
+  bool no_gemm_tune = false;  // = train.cuda.gemm_tune: false
   std::string checkpointing = "auto";
   std::string lengths = "chat";
   std::string method = "full";  // full | lora (lora_r, all projections, alpha = 2 r)
@@ -41,7 +42,9 @@ struct BenchArgs {
 void run_bench(const BenchArgs& a) {
   const ModelConfig cfg = preset_config(a.preset);
   const std::string backend_name = a.backend == "auto" ? default_backend_name() : a.backend;
-  auto be = make_backend(backend_name);
+  BackendOptions opts;
+  opts.gemm_tune = !a.no_gemm_tune;
+  auto be = make_backend(backend_name, opts);
   // Rows first: their sample counts bound the static shape (and the kept GDN state).
   std::mt19937_64 rng(a.seed);
   std::vector<PackedRow> rows;
@@ -182,6 +185,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"chat", "whole-row"}));
   cmd->add_flag("--no-graph", a->no_graph, "CUDA: launch every kernel eagerly instead of replaying a captured graph");
+  cmd->add_flag("--no-gemm-tune", a->no_gemm_tune, "CUDA: keep cuBLASLt's first heuristic per GEMM shape (= train.cuda.gemm_tune: false)");
   cmd->add_option("--checkpointing", a->checkpointing, "activation checkpointing: auto, none, selective, full")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
