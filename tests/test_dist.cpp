@@ -1,6 +1,6 @@
 // Distributed training on CPU ranks: the launcher environments, and real `mpirun -np N qwentune
 // train` jobs of the tiny model checked against one rank (losses per step, final weights) for ZeRO
-// 0, 1 and 2 at 2 and 4 ranks, and a resume that moves from 2 to 4 to 1 ranks on the same curve.
+// 0 to 3 at 2 and 4 ranks, and a resume that moves from 2 to 4 to 1 ranks on the same curve.
 // The jobs need mpirun and an MPI build (skipped otherwise); oversubscription lets 4 ranks share
 // CI's 2 cores.
 #include <gtest/gtest.h>
@@ -159,13 +159,22 @@ TEST(Dist, ZeroStagesMatchOneRank) {
   const auto want = job.losses("one");
   ASSERT_EQ(want.size(), 4u);
   for (int ranks : {2, 4})
-    for (int zero : {0, 1, 2}) {
+    for (int zero : {0, 1, 2, 3}) {
       const std::string out = "w" + std::to_string(ranks) + "z" + std::to_string(zero);
       SCOPED_TRACE(out);
       job.run(ranks, out, "--set dist.zero=" + std::to_string(zero));
       expect_same_losses(job.losses(out), want, out);
       expect_same_weights(job.dir.file("one/final"), job.dir.file(out + "/final"));
     }
+  // ZeRO-3 keeping the gathered layers through the step, and at one rank (the same machinery).
+  for (const auto& [ranks, sets] : std::vector<std::pair<int, std::string>>{
+           {2, "--set dist.zero=3 --set dist.reshard_after_forward=false"}, {1, "--set dist.zero=3"}}) {
+    const std::string out = "z3r" + std::to_string(ranks);
+    SCOPED_TRACE(out + " " + sets);
+    job.run(ranks, out, sets);
+    expect_same_losses(job.losses(out), want, out);
+    expect_same_weights(job.dir.file("one/final"), job.dir.file(out + "/final"));
+  }
   // Gradients summed in bf16 follow the same curve, a little off.
   job.run(2, "bf16", "--set dist.zero=2 --set dist.reduce_dtype=bf16");
   const auto bf = job.losses("bf16");
@@ -196,14 +205,16 @@ TEST(Dist, ResumeAcrossWorldSizes) {
 }
 
 // What cannot work is said before anything runs.
-TEST(Dist, UnevenStepsAndZero3AreErrors) {
+TEST(Dist, UnsupportedCombinationsAreErrors) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";
   Job job;
   std::string log;
   EXPECT_NE(job.launch(3, "uneven", "", &log), 0);
   EXPECT_NE(log.find("3 ranks cannot share evenly: make it a multiple of 384"), std::string::npos) << log;
-  EXPECT_NE(job.launch(2, "z3", "--set dist.zero=3", &log), 0);
-  EXPECT_NE(log.find("dist.zero 3"), std::string::npos) << log;
+  EXPECT_NE(job.launch(2, "z3lora", "--set dist.zero=3 --set train.method=lora", &log), 0);
+  EXPECT_NE(log.find("dist.zero 3 shards full fine-tuning"), std::string::npos) << log;
+  EXPECT_NE(job.launch(2, "z3bf16", "--set dist.zero=3 --set dist.reduce_dtype=bf16", &log), 0);
+  EXPECT_NE(log.find("dist.reduce_dtype bf16 is not built for ZeRO-3"), std::string::npos) << log;
 }
 
 }  // namespace

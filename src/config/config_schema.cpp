@@ -265,8 +265,11 @@ const std::vector<ConfigKey>& config_keys() {
       num("train.cuda", "gemm_candidates", T::Int, "32", 1, 64, "candidates timed per GEMM shape"),
       num("train.cuda", "arena_mib", T::Int, "1024", 16, 1 << 20, "device arena block size (MiB)"),
       // dist: several ranks (mpirun, srun, torchrun; dist/launch_env.h)
-      str("dist", "zero", "auto", "ZeRO stage: 0 replicates, 1 shards optimizer state, 2 also gradients (auto = the "
-          "smallest that fits; 1 rank: 0)", "auto|0|1|2|3"),
+      str("dist", "zero", "auto", "ZeRO stage: 0 replicates, 1 shards optimizer state, 2 also gradients, 3 also the "
+          "weights, gathered per layer (auto = the smallest that fits; 1 rank: 0)", "auto|0|1|2|3"),
+      flag("dist", "reshard_after_forward", "true",
+           "ZeRO-3: free each layer's gathered weights after its forward and gather them again for its backward "
+           "(false: keep every layer whole from the step's first forward to its end)"),
       str("dist", "communicator", "auto", "auto = nccl on GPUs, mpi on CPU ranks (mpi on GPUs stages through the host)",
           "auto|mpi|nccl"),
       num("dist", "timeout_s", T::Float, "600", 1, 1e6, "a collective unfinished after this ends the job naming the rank"),

@@ -262,7 +262,7 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
 }
 
 Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens, Checkpointing ckpt,
-                         const LoraSpec* lora)
+                         const LoraSpec* lora, const Zero3Options* zero3)
     : cfg_(cfg), be_(be), prof_(profile::attached_profiler(be)), max_tokens_(max_tokens), ckpt_(ckpt),
       specs_(lora ? lora_trainable_table(cfg, *lora) : param_table(cfg)), base_specs_(param_table(cfg)),
       lora_(lora != nullptr) {
@@ -278,9 +278,17 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     return be.alloc(t, shape);
   };
   const DType at = be.activation_dtype();
+  if (zero3 != nullptr) {
+    QT_CHECK(zero3->comm != nullptr, "ZeRO-3: no communicator");
+    QT_CHECK(!lora, "ZeRO-3 shards full fine-tuning; LoRA keeps its frozen base whole on every rank (use dist.zero 0-2)");
+    shards_ = std::make_unique<WeightShards>(base_specs_, cfg.num_hidden_layers, be, *zero3->comm,
+                                             zero3->reshard_after_forward);
+    plan_.weights += shards_->shard_bytes() + shards_->buffer_bytes();
+  }
   role_index_.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), std::vector<int>(kNumRoles, -1));
   for (size_t i = 0; i < base_specs_.size(); ++i) {
-    base_.push_back(planned(plan_.weights, at, base_specs_[i].shape));
+    if (shards_ && shards_->sharded(i)) base_.push_back(shards_->weight(i));
+    else base_.push_back(planned(plan_.weights, at, base_specs_[i].shape));
     role_index_[static_cast<size_t>(base_specs_[i].layer + 1)][static_cast<int>(base_specs_[i].role)] = static_cast<int>(i);
   }
   trainable_of_base_.assign(base_specs_.size(), -1);
@@ -327,9 +335,11 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
   const DType gt = DType::F32;
   std::vector<int64_t> offsets(specs_.size());
   int64_t grad_bytes = 0, zeroed_bytes = 0;
+  // ZeRO-3's sharded gradients live in its layer buffers instead.
+  auto in_shards = [&](size_t i) { return shards_ && shards_->sharded(i); };
   for (const bool written : {false, true}) {  // accumulated ones first, then the written ones
     for (size_t i = 0; i < specs_.size(); ++i) {
-      if (written_first(specs_[i]) != written) continue;
+      if (written_first(specs_[i]) != written || in_shards(i)) continue;
       offsets[i] = grad_bytes;
       grad_bytes += (shape_numel(specs_[i].shape) * static_cast<int64_t>(dtype_size(gt)) + kGradAlign - 1) /
                     kGradAlign * kGradAlign;
@@ -339,7 +349,9 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
   grads_flat_ = planned(plan_.grads, DType::U8, {grad_bytes});
   grads_zeroed_ = Tensor(grads_flat_.data, DType::U8, {zeroed_bytes}, grads_flat_.device);
   for (size_t i = 0; i < specs_.size(); ++i)
-    grads_.push_back(Tensor(static_cast<char*>(grads_flat_.data) + offsets[i], gt, specs_[i].shape, grads_flat_.device));
+    grads_.push_back(in_shards(i) ? shards_->grad(i)
+                                  : Tensor(static_cast<char*>(grads_flat_.data) + offsets[i], gt, specs_[i].shape,
+                                           grads_flat_.device));
   const int64_t T = max_tokens, H = cfg.hidden_size, I = cfg.intermediate_size, C = cfg.conv_dim();
   const int64_t Hv = cfg.linear_num_value_heads, VD = cfg.value_dim();
   const int64_t Hq = cfg.num_attention_heads, D = cfg.head_dim;
@@ -424,25 +436,81 @@ void Qwen35Model::upload_f32(const Tensor& t, const std::vector<float>& values, 
 }
 
 void Qwen35Model::set_base_param_f32(size_t i, const std::vector<float>& values) {
-  upload_f32(base_[i], values, base_specs_[i].name);
+  if (!(shards_ && shards_->sharded(i))) {
+    upload_f32(base_[i], values, base_specs_[i].name);
+    return;
+  }
+  // This rank's rows of the whole tensor.
+  const ShardLayout& L = shards_->layout(i);
+  QT_CHECK(static_cast<int64_t>(values.size()) == L.rows * L.cols, "upload: ", values.size(), " values for ",
+           base_specs_[i].name, " ", base_[i].describe());
+  const auto b = static_cast<std::ptrdiff_t>(L.begin * L.cols), e = static_cast<std::ptrdiff_t>(L.end * L.cols);
+  upload_f32(shards_->shard_weight(i), std::vector<float>(values.begin() + b, values.begin() + e), base_specs_[i].name);
 }
-std::vector<float> Qwen35Model::base_param_f32(size_t i) const { return download_f32(base_[i]); }
-std::vector<float> Qwen35Model::param_f32(size_t i) const { return download_f32(params_[i]); }
-std::vector<float> Qwen35Model::grad_f32(size_t i) const { return download_f32(grads_[i]); }
+std::vector<float> Qwen35Model::base_param_f32(size_t i) const {
+  if (!(shards_ && shards_->sharded(i))) return download_f32(base_[i]);
+  shards_->gather(shards_->group_of(i));  // between steps: the buffer is gathered again before its next use
+  return download_f32(base_[i]);
+}
+std::vector<float> Qwen35Model::param_f32(size_t i) const { return base_param_f32(i); }
+std::vector<float> Qwen35Model::grad_f32(size_t i) const {
+  if (!(shards_ && shards_->sharded(i))) return download_f32(grads_[i]);
+  // The summed gradient's rows from every rank, padded rows dropped.
+  const ShardLayout& L = shards_->layout(i);
+  const std::vector<float> mine = download_f32(shards_->shard_grad(i));
+  std::vector<float> padded(static_cast<size_t>(L.padded_numel()), 0.0f);
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  std::vector<float> all(padded.size() * static_cast<size_t>(shards_->world()));
+  shards_->comm().all_gather(Tensor(all.data(), DType::F32, {static_cast<int64_t>(all.size())}, Device::cpu()),
+                             Tensor(padded.data(), DType::F32, {static_cast<int64_t>(padded.size())}, Device::cpu()));
+  all.resize(static_cast<size_t>(L.rows * L.cols));
+  return all;
+}
 void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
-  upload_f32(params_[i], values, specs_[i].name);
+  if (lora_) upload_f32(params_[i], values, specs_[i].name);
+  else set_base_param_f32(i, values);
+}
+
+const Tensor& Qwen35Model::optimizer_param(size_t i) const {
+  return shards_ && shards_->sharded(i) ? shards_->shard_weight(i) : params_.at(i);
+}
+const Tensor& Qwen35Model::optimizer_grad(size_t i) const {
+  return shards_ && shards_->sharded(i) ? shards_->shard_grad(i) : grads_.at(i);
 }
 
 void Qwen35Model::zero_grads() {
   be_.zero(grads_zeroed_);
   grads_fresh_ = true;
+  micro_ = 0;
+}
+
+bool Qwen35Model::grad_overwrites(int base_index) const {
+  // A sharded gradient is reduced after each micro-batch's backward, so each backward writes it anew.
+  return grads_fresh_ || (shards_ && shards_->sharded(static_cast<size_t>(base_index)));
+}
+
+void Qwen35Model::zero3_gather(int group, bool in_backward) {
+  if (!shards_) return;
+  if (group >= 0 && !shards_->reshard_after_forward()) {
+    // Each layer has its own buffer: gathered by the step's first forward (after the optimizer
+    // changed the shards), kept through the step's backwards. A forward-only pass always gathers.
+    if (in_backward || (pass_backward_ && micro_ > 0)) return;
+  } else if (in_backward && group >= static_cast<int>(cfg_.num_hidden_layers) - 2) {
+    return;  // the last two layers' buffers still hold them from this pass's forward
+  }
+  shards_->gather(group);
+}
+
+void Qwen35Model::zero3_reduce(int group) {
+  if (shards_) shards_->reduce(group, micro_ > 0);
 }
 
 void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x,
                                 bool accumulate_dx) {
   // Keeps is_projection (which gradients zero_grads() skips) in step with the roles written here.
   QT_CHECK(is_projection(role), "proj_backward: role ", static_cast<int>(role), " is not a projection");
-  be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grads_fresh_);
+  const int bi = role_index_[static_cast<size_t>(l + 1)][static_cast<int>(role)];
+  be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grad_overwrites(bi));
   if (!lora_) return;
   const int i = lora_index_[static_cast<size_t>(l)][static_cast<int>(role)];
   if (i < 0) return;
@@ -653,12 +721,16 @@ void Qwen35Model::enqueue_step(int slot, bool backward, double grad_scale, bool 
 void Qwen35Model::forward_layers(int64_t T) {
   const ModelConfig& c = cfg_;
   profile::Scope phase(prof_, "forward");
+  zero3_gather(WeightShards::kEmbed, false);
   be_.embedding_forward(rows(acts_[0].x, T), p(ParamRole::EmbedTokens, -1), rows(ids_, T));
   // The first layer normalizes its input; every later norm (layer inputs, the final norm) is fused
   // with the residual add that ends the layer before it.
   be_.rmsnorm_forward(rows(acts_[0].xn, T), rows(acts_[0].rstd_in, T), rows(acts_[0].x, T),
                       p(ParamRole::InputNorm, 0), c.rms_norm_eps);
-  for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) forward_layer(l, T, LayerPass::Forward);
+  for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) {
+    zero3_gather(l, false);
+    forward_layer(l, T, LayerPass::Forward);
+  }
 }
 
 void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
@@ -745,6 +817,7 @@ void Qwen35Model::backward_layers(int64_t T) {
   const Tensor dn = rows(d_norm_out_, T);
   profile::Scope phase(prof_, "backward");
   for (int l = static_cast<int>(c.num_hidden_layers) - 1; l >= 0; --l) {
+    zero3_gather(l, true);
     // Refill what the checkpointing policy dropped (into the shared work activations).
     if (ckpt_ == Checkpointing::Full) forward_layer(l, T, LayerPass::Recompute);
     if (ckpt_ == Checkpointing::Selective) forward_layer(l, T, LayerPass::RecomputeCheap);
@@ -808,9 +881,19 @@ void Qwen35Model::backward_layers(int64_t T) {
       proj_backward(dn, ParamRole::AttnVProj, l, dv.view({T, Hkv * D}), xn, true);
     }
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
+    zero3_reduce(l);
   }
-  if (g(ParamRole::EmbedTokens, -1).data) be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
-  grads_fresh_ = false;  // the written-first gradients now hold this backward's: accumulate from here
+  if (g(ParamRole::EmbedTokens, -1).data) {
+    // A sharded untied embedding's whole gradient starts at zero each backward (the tied one holds
+    // the loss head's, written first).
+    const int e = role_index_[0][static_cast<int>(ParamRole::EmbedTokens)];
+    if (shards_ && shards_->sharded(static_cast<size_t>(e)) && !cfg_.tie_word_embeddings)
+      shards_->zero_grad(WeightShards::kEmbed);
+    be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
+    zero3_reduce(WeightShards::kEmbed);
+  }
+  grads_fresh_ = false;
+  ++micro_;  // the written-first gradients now hold this backward's: accumulate from here
 }
 
 LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_scale, std::vector<float>* token_loss) {
@@ -830,8 +913,12 @@ LossResult Qwen35Model::step(const PackedRow& row, bool backward, double grad_sc
 double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_scale, const Tensor& token_loss,
                                           const Tensor* loss_dev) {
   dropout_active_ = backward && lora_ && lora_spec_.dropout > 0;  // training passes only (not eval)
+  pass_backward_ = backward;
   forward_layers(T);
   const bool tied = cfg_.tie_word_embeddings;
+  if (!tied) zero3_gather(WeightShards::kHead, false);
+  const int head_index = role_index_[0][static_cast<int>(tied ? ParamRole::EmbedTokens : ParamRole::LmHead)];
+  const bool head_accumulates = !grad_overwrites(head_index);
   const Tensor& head = tied ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
   const Tensor dhead = backward ? (tied ? g(ParamRole::EmbedTokens, -1) : g(ParamRole::LmHead, -1)) : none();
   const Tensor dn = backward ? rows(d_norm_out_, T) : none();
@@ -840,12 +927,13 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
     profile::Scope loss(prof_, "loss");
     if (loss_dev != nullptr)
       be_.linear_cross_entropy_to(*loss_dev, dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T),
-                                  grad_scale, !grads_fresh_);
+                                  grad_scale, head_accumulates);
     else
       loss_sum = be_.linear_cross_entropy(dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T), grad_scale,
-                                          !grads_fresh_);
+                                          head_accumulates);
   }
   if (backward) {
+    if (!tied) zero3_reduce(WeightShards::kHead);
     const Tensor dr = rows(d_res_, T);  // the residual stream's gradient starts at the final norm's dx
     be_.rmsnorm_backward(dr, g(ParamRole::FinalNorm, -1), dn, rows(final_in_, T), p(ParamRole::FinalNorm, -1),
                          rows(final_rstd_, T), false);
@@ -857,8 +945,10 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
 std::vector<float> Qwen35Model::logits(const PackedRow& row) {
   upload(row);
   dropout_active_ = false;
+  pass_backward_ = false;
   const int64_t T = row.num_tokens(), V = cfg_.vocab_size;
   forward_layers(T);
+  if (!cfg_.tie_word_embeddings) zero3_gather(WeightShards::kHead, false);
   const Tensor& head = cfg_.tie_word_embeddings ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
   // [T, V] is only needed for inspection and decoding, so its buffer grows on demand.
   if (logits_buf_.data == nullptr || logits_buf_.numel() < T * V) logits_buf_ = be_.alloc(be_.activation_dtype(), {T * V});

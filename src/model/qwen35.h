@@ -4,6 +4,7 @@
 // with fewer tokens uses the leading rows of each buffer.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/params.h"
+#include "model/weight_shards.h"
 #include "ops/backend.h"
 
 namespace qt {
@@ -94,13 +96,22 @@ struct LossResult {
   int64_t num_trained = 0;  // trained targets in the row
 };
 
+// ZeRO-3 (model/weight_shards.h): the ranks of `comm` each keep a row range of every large matrix;
+// the model gathers a layer's weights before it runs and reduce-scatters its gradients after its
+// backward. Full fine-tuning only.
+struct Zero3Options {
+  Communicator* comm = nullptr;
+  bool reshard_after_forward = true;
+};
+
 // With a LoraSpec the base weights are frozen (no gradient, no optimizer state) and the trainable
 // tensors (specs(), param(), grad()) are the adapters of model/lora.h; without, every parameter of
 // param_table is trainable.
 class Qwen35Model {
  public:
   Qwen35Model(const ModelConfig& cfg, Backend& backend, int64_t max_tokens,
-              Checkpointing ckpt = Checkpointing::None, const LoraSpec* lora = nullptr);
+              Checkpointing ckpt = Checkpointing::None, const LoraSpec* lora = nullptr,
+              const Zero3Options* zero3 = nullptr);
   ~Qwen35Model();
   Qwen35Model(const Qwen35Model&) = delete;
   Qwen35Model& operator=(const Qwen35Model&) = delete;
@@ -128,10 +139,25 @@ class Qwen35Model {
   // LoRA dropout: the masks of the next training rows derive from `step` (and the row's slot, or
   // its order since this call), so they differ from step to step and recompute identically.
   void set_dropout_step(int64_t step);
-  // Host copies of one parameter / gradient as f32 (for saving, tests, the optimizer twin).
+  // Host copies of one parameter / gradient as f32 (for saving, tests, the optimizer twin). Under
+  // ZeRO-3 a sharded tensor's whole copy is gathered from every rank (a collective: every rank calls
+  // it in the same order), and set_param_f32 keeps this rank's rows of the whole tensor given.
   std::vector<float> param_f32(size_t i) const;
   std::vector<float> grad_f32(size_t i) const;
   void set_param_f32(size_t i, const std::vector<float>& values);
+
+  // ---- ZeRO-3 ----
+  // nullptr without; else the shards (whether tensor i is sharded, its row range).
+  const WeightShards* weight_shards() const { return shards_.get(); }
+  // What the optimizer updates for trainable tensor i: this rank's rows of a sharded tensor (the
+  // weights and the gradient summed over the ranks), else the whole parameter and gradient.
+  const Tensor& optimizer_param(size_t i) const;
+  const Tensor& optimizer_grad(size_t i) const;
+  // Host f32 copies of those, and writing the weights (converted to the weights' dtype).
+  std::vector<float> optimizer_grad_f32(size_t i) const { return download_f32(optimizer_grad(i)); }
+  void set_optimizer_param_f32(size_t i, const std::vector<float>& values) {
+    upload_f32(optimizer_param(i), values, specs_.at(i).name);
+  }
 
   // Starts a step's gradients: zeroes those that accumulate from several ops, and marks the others
   // (projections, loss head) for overwriting by the next backward (later backwards accumulate).
@@ -198,6 +224,11 @@ class Qwen35Model {
   const Tensor& p(ParamRole role, int layer) const;
   const Tensor& g(ParamRole role, int layer) const;
   Tensor rows(const Tensor& t, int64_t T) const;  // leading T rows of a [max_tokens, ...] buffer
+  // ZeRO-3 hooks (no-ops without): the group's weights before use; its gradients after its backward.
+  void zero3_gather(int group, bool in_backward);
+  void zero3_reduce(int group);
+  // Whether the backward's first op writes (rather than adds to) the gradient of base tensor i.
+  bool grad_overwrites(int base_index) const;
 
   ModelConfig cfg_;
   Backend& be_;
@@ -224,6 +255,9 @@ class Qwen35Model {
   Tensor grads_flat_;    // the one buffer every gradient views into
   Tensor grads_zeroed_;  // its front part: the gradients zero_grads() clears (see the constructor)
   bool grads_fresh_ = false;  // zero_grads() ran and no backward since: the written-first gradients overwrite
+  std::unique_ptr<WeightShards> shards_;  // ZeRO-3
+  bool pass_backward_ = false;  // the pass running now has a backward
+  int micro_ = 0;               // backwards since zero_grads() (ZeRO-3: the first one's sums are written, later added)
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into base_ (-1 if none)
 
   // Inputs: one i32 buffer per row, [ids T | targets T | positions T | cu_seqlens], and views.

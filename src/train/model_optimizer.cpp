@@ -75,7 +75,7 @@ class DeviceOptimizer final : public ModelOptimizer {
   static std::unique_ptr<ModelOptimizer> try_create(Qwen35Model& model, const AdamWConfig& cfg) {
     std::vector<FusedAdamWTensor> table;
     for (size_t i = 0; i < model.specs().size(); ++i)
-      table.push_back({model.grad(i), model.param(i), param_decays(model.specs()[i])});
+      table.push_back({model.optimizer_grad(i), model.optimizer_param(i), param_decays(model.specs()[i])});
     std::unique_ptr<FusedAdamW> adamw = model.backend().make_fused_adamw(table);
     if (!adamw) return nullptr;
     for (size_t i = 0; i < table.size(); ++i) {

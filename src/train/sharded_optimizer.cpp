@@ -18,7 +18,10 @@ Tensor host_view(std::vector<float>& v) {
 ShardedOptimizer::ShardedOptimizer(Qwen35Model& model, const AdamWConfig& cfg, Communicator& comm, int zero_stage,
                                    bool reduce_bf16)
     : model_(model), cfg_(cfg), comm_(comm), zero_(zero_stage), reduce_bf16_(reduce_bf16) {
-  QT_CHECK(zero_stage >= 0 && zero_stage <= 2, "ShardedOptimizer: ZeRO stage ", zero_stage, " (0, 1 or 2)");
+  QT_CHECK(zero_stage >= 0 && zero_stage <= 3, "ShardedOptimizer: ZeRO stage ", zero_stage, " (0 to 3)");
+  QT_CHECK(zero_stage != 3 || model.weight_shards() != nullptr, "ShardedOptimizer: ZeRO-3 needs a model built with it");
+  QT_CHECK(zero_stage != 3 || !reduce_bf16, "dist.reduce_dtype bf16 is not built for ZeRO-3 (its gradients are "
+           "reduce-scattered in fp32 layer by layer); use f32");
   const int W = comm.world(), r = comm.rank();
   for (size_t i = 0; i < model.specs().size(); ++i) {
     const ParamSpec& p = model.specs()[i];
@@ -28,7 +31,7 @@ ShardedOptimizer::ShardedOptimizer(Qwen35Model& model, const AdamWConfig& cfg, C
     s.cols = s.rows > 0 ? n / s.rows : 0;
     s.decay = param_decays(p);
     const std::vector<float> w = model.param_f32(i);
-    if (zero_stage == 0 || n < kReplicatedBelow) {
+    if (zero_stage == 0 || !zero_shards(p)) {
       s.begin = 0;
       s.end = s.rows;
       s.master = w;
@@ -73,6 +76,11 @@ double ShardedOptimizer::step(double lr, double max_grad_norm, int64_t step) {
   double sq = 0;
   for (size_t i = 0; i < table.size(); ++i) {
     Slot& s = slots_[i];
+    if (sharded(s) && zero_ == 3) {  // summed over the ranks by the model's backward already
+      grads[i] = model_.optimizer_grad_f32(i);
+      for (float x : grads[i]) sq += double(x) * double(x);
+      continue;
+    }
     std::vector<float> g = model_.grad_f32(i);
     if (sharded(s) && zero_ == 2) {
       const size_t stride = static_cast<size_t>(s.rows_per_rank * s.cols);
@@ -115,7 +123,8 @@ double ShardedOptimizer::step(double lr, double max_grad_norm, int64_t step) {
     if (!s.master.empty())
       adamw_update(s.master.data(), g.data(), s.m.data(), s.v.data(), static_cast<int64_t>(s.master.size()), lr,
                    s.decay ? cfg_.weight_decay : 0.0, cfg_, step);
-    model_.set_param_f32(i, sharded(s) ? gather(s, s.master) : s.master);
+    if (sharded(s) && zero_ == 3) model_.set_optimizer_param_f32(i, s.master);
+    else model_.set_param_f32(i, sharded(s) ? gather(s, s.master) : s.master);
   }
   return norm;
 }

@@ -1,13 +1,16 @@
-// AdamW over the ranks of a job (ZeRO stages 0-2), for eager steps:
+// AdamW over the ranks of a job (ZeRO stages 0-3), for eager steps:
 //   0: gradients all-reduced, every rank updates every weight (data parallel);
 //   1: gradients all-reduced, each rank keeps the fp32 master, m and v of its row range of every
 //      large tensor only, updates that and all-gathers the new rows;
-//   2: as 1, but the gradients are reduce-scattered: each rank receives only its rows' sums.
+//   2: as 1, but the gradients are reduce-scattered: each rank receives only its rows' sums;
+//   3: the model itself keeps only its rows of the weights and has reduce-scattered their
+//      gradients layer by layer (model/weight_shards.h): the update writes this rank's rows, which
+//      the next forward gathers.
 // A shard is a row range of a tensor (dim 0; ceil(rows / world) rows per rank, the last ranks'
-// ranges shorter or empty), so checkpoints reshard trivially: get_state gathers whole tensors (a
-// collective: every rank calls it in the same order) and set_state takes a rank's rows of them.
-// Tensors below kReplicatedBelow elements (norms, A_log, dt_bias, conv1d weights) stay whole on
-// every rank, their gradients all-reduced. The gradient norm is the global one (each sharded row
+// ranges shorter or empty; zero_shards picks the tensors), so checkpoints reshard trivially:
+// get_state gathers whole tensors (a collective: every rank calls it in the same order) and
+// set_state takes a rank's rows of them. The other tensors (norms, A_log, dt_bias, conv1d weights,
+// small matrices) stay whole on every rank, their gradients all-reduced. The gradient norm is the global one (each sharded row
 // counted once, the replicated tensors once); clipping and the update match the single-rank
 // HostOptimizer up to the summation order of the reductions.
 #pragma once
@@ -21,7 +24,6 @@ namespace qt {
 
 class ShardedOptimizer final : public ModelOptimizer {
  public:
-  static constexpr int64_t kReplicatedBelow = 1 << 14;
   // reduce_bf16: gradients are summed in bf16 (dist.reduce_dtype: bf16) instead of fp32.
   ShardedOptimizer(Qwen35Model& model, const AdamWConfig& cfg, Communicator& comm, int zero_stage, bool reduce_bf16);
 

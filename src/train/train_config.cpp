@@ -66,6 +66,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.dist.communicator = config_get<std::string>(d, "dist", "communicator", path);
   c.dist.timeout_s = config_get<double>(d, "dist", "timeout_s", path);
   c.dist.reduce_bf16 = config_get<std::string>(d, "dist", "reduce_dtype", path) == "bf16";
+  c.dist.reshard_after_forward = config_get<bool>(d, "dist", "reshard_after_forward", path);
   c.activation_checkpointing = get_s("activation_checkpointing");
   c.method = get_s("method");
   const YAML::Node lo = root["lora"];

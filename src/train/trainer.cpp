@@ -215,32 +215,37 @@ RunData prepare_data(const TrainConfig& cfg, const ModelConfig& mc) {
   return d;
 }
 
-// The ZeRO stage: one rank needs none; auto takes the smallest stage whose model states (bf16
-// weights, fp32 gradients, fp32 master + AdamW moments) fit in half the device's free memory.
+// The ZeRO stage: one rank needs none (3 when asked: the same sharding machinery at world size 1);
+// auto takes the smallest stage whose model states (bf16 weights, fp32 gradients, fp32 master +
+// AdamW moments) fit in half the device's free memory.
 int resolve_zero(const Run& run, const ModelConfig& mc) {
   const std::string& z = run.cfg.dist.zero;
   const int W = run.rank.world;
+  if (z == "3") {
+    QT_CHECK(run.cfg.method == "full", "dist.zero 3 shards full fine-tuning; LoRA keeps its frozen base on every rank "
+             "(use dist.zero 0, 1 or 2)");
+    QT_CHECK(!run.cfg.dist.reduce_bf16, "dist.reduce_dtype bf16 is not built for ZeRO-3; use f32");
+    return 3;
+  }
   if (W == 1) {
     if (z != "auto" && z != "0") log_info("dist.zero ", z, " at one rank: nothing to shard, the single-rank step runs");
     return 0;
   }
   const double n = double(param_count(mc));
   auto states = [&](int stage) {  // bytes a rank holds
-    return 2 * n + (stage >= 2 ? 4 * n / W : 4 * n) + (stage >= 1 ? 12 * n / W : 12 * n);
+    return (stage >= 3 ? 2 * n / W : 2 * n) + (stage >= 2 ? 4 * n / W : 4 * n) + (stage >= 1 ? 12 * n / W : 12 * n);
   };
-  if (z == "3")
-    QT_FAIL("dist.zero 3 (weights sharded and gathered per layer) is not built yet; use 2 (", states(2) / double(1 << 30),
-            " GiB of model states a rank here)");
   if (z != "auto") return std::stoi(z);
   const int64_t free_b = run.backend->free_memory_bytes();
-  for (int stage = 0; stage <= 2; ++stage)
+  const int last = run.cfg.method == "full" ? 3 : 2;
+  for (int stage = 0; stage <= last; ++stage)
     if (free_b < 0 || states(stage) <= 0.5 * double(free_b)) {
       log_info("dist.zero auto: stage ", stage, " (", states(stage) / double(1 << 30), " GiB of model states a rank",
                free_b < 0 ? ", host memory" : "", ")");
       return stage;
     }
-  QT_FAIL("dist.zero auto: even ZeRO-2 needs ", states(2) / double(1 << 30), " GiB of model states a rank, more than "
-          "half of the ", double(free_b) / double(1 << 30), " GiB free; ZeRO-3 is not built yet (use more ranks)");
+  QT_FAIL("dist.zero auto: even ZeRO-", last, " needs ", states(last) / double(1 << 30), " GiB of model states a rank, "
+          "more than half of the ", double(free_b) / double(1 << 30), " GiB free (use more ranks)");
 }
 
 // The model on the run's backend (profiled when steps are), loaded from the source model (and a
@@ -256,8 +261,18 @@ Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs)
     for (const ParamSpec& p : lora_trainable_table(mc, cfg.lora)) adapter_params += shape_numel(p.shape);
   const Checkpointing ckpt = resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, tokens_per_row,
                                                    static_max_seqs, lora ? adapter_params : -1);
+  Zero3Options zero3;
+  zero3.comm = run.comm.get();
+  zero3.reshard_after_forward = cfg.dist.reshard_after_forward;
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, tokens_per_row,
-                                            ckpt, lora ? &cfg.lora : nullptr);
+                                            ckpt, lora ? &cfg.lora : nullptr, run.zero == 3 ? &zero3 : nullptr);
+  if (run.zero == 3) {
+    const WeightShards& ws = *run.model->weight_shards();
+    log_info("ZeRO-3: this rank keeps ", double(ws.shard_bytes()) / double(1 << 20), " MiB of weight and gradient "
+             "shards and ", double(ws.buffer_bytes()) / double(1 << 20), " MiB of layer buffers (weights ",
+             cfg.dist.reshard_after_forward ? "gathered for each layer's forward and again for its backward"
+                                            : "gathered once per step and kept", ")");
+  }
   run.model->load(run.src, cfg.seed);
   if (lora) {
     log_info("lora: r ", cfg.lora.r, ", alpha ", cfg.lora.alpha, cfg.lora.rslora ? " (rslora)" : "", ", scale ",
@@ -285,6 +300,7 @@ Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs)
       log_info("lora: continuing from the adapter in ", cfg.lora_adapter);
     }
   }
+  // One rank (ZeRO-3 included: its shards are the whole tensors) takes the backend's own optimizer.
   if (run.rank.distributed())
     run.optimizer = std::make_unique<ShardedOptimizer>(*run.model, cfg.adamw, *run.comm, run.zero, cfg.dist.reduce_bf16);
   else

@@ -53,6 +53,7 @@ struct TrainConfig {
     std::string communicator = "auto";
     double timeout_s = 600;
     bool reduce_bf16 = false;
+    bool reshard_after_forward = true;  // ZeRO-3
   } dist;
   std::string activation_checkpointing = "auto";
   std::string method = "full";  // full | lora
