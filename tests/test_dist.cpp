@@ -182,6 +182,34 @@ TEST(Dist, ZeroStagesMatchOneRank) {
   for (const auto& [step, loss] : bf) EXPECT_NEAR(loss, want.at(step), 2e-2 * want.at(step)) << step;
 }
 
+// Untied embeddings: the LM head is a group of its own, gathered for the loss into the buffer the
+// embedding used, and its gradient reduced right after the loss's backward.
+TEST(Dist, Zero3WithUntiedHeadMatchesOneRank) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";
+  Job job;
+  {
+    std::ifstream in(job.dir.file("init/config.json"));
+    nlohmann::json c = nlohmann::json::parse(in);
+    c["tie_word_embeddings"] = false;
+    std::ofstream(job.dir.file("untied.json")) << c.dump(2);
+  }
+  RandomModelOptions o;
+  o.config_json = job.dir.file("untied.json");
+  o.out = job.dir.file("untied");
+  o.seed = 5;
+  o.dtype = DType::F32;
+  write_random_model_dir(o);
+  job.run(1, "one", "--set model=untied");
+  const auto want = job.losses("one");
+  ASSERT_EQ(want.size(), 4u);
+  for (int ranks : {2, 4}) {
+    const std::string out = "z3w" + std::to_string(ranks);
+    job.run(ranks, out, "--set model=untied --set dist.zero=3");
+    expect_same_losses(job.losses(out), want, out);
+    expect_same_weights(job.dir.file("one/final"), job.dir.file(out + "/final"));
+  }
+}
+
 // A checkpoint written by 2 ranks resumes on 4, whose checkpoint resumes on 1: the losses and the
 // final weights are those of the uninterrupted single-rank run.
 TEST(Dist, ResumeAcrossWorldSizes) {

@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "model/flops.h"
 #include "model/init.h"
+#include "dist/communicator.h"
 #include "model/presets.h"
 #include "model/qwen35.h"
 #include "ops/backend_factory.h"
@@ -37,6 +38,8 @@ struct BenchArgs {
   std::string method = "full";  // full | lora (lora_r, all projections, alpha = 2 r)
   int64_t lora_r = 16;
   double lora_dropout = 0.0;
+  int zero = 0;                  // 3: ZeRO-3's sharding machinery at world size 1 (its overhead)
+  bool keep_gathered = false;    // ZeRO-3 with dist.reshard_after_forward: false
 };
 
 void run_bench(const BenchArgs& a) {
@@ -77,7 +80,13 @@ void run_bench(const BenchArgs& a) {
     for (const ParamSpec& p : lora_param_table(cfg, spec)) adapter_params += shape_numel(p.shape);
   const Checkpointing ckpt = resolve_checkpointing(a.checkpointing, cfg, *be, a.tokens_per_batch, static_max_seqs,
                                                    lora ? adapter_params : -1);
-  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt, lora ? &spec : nullptr);
+  QT_CHECK(a.zero == 0 || a.zero == 3, "bench --zero ", a.zero, ": 0 or 3 (one rank)");
+  QT_CHECK(a.zero == 0 || !lora, "bench --zero 3 shards full fine-tuning (not --method lora)");
+  const std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, *be, "auto", 600);
+  Zero3Options zero3;
+  zero3.comm = comm.get();
+  zero3.reshard_after_forward = !a.keep_gathered;
+  Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt, lora ? &spec : nullptr, a.zero == 3 ? &zero3 : nullptr);
   const auto t_init = std::chrono::steady_clock::now();
   for (size_t i = 0; i < model.base_specs().size(); ++i) {
     std::vector<float> w(static_cast<size_t>(shape_numel(model.base_specs()[i].shape)));
@@ -138,6 +147,8 @@ void run_bench(const BenchArgs& a) {
   j["backend"] = be->name();
   j["params"] = param_count(cfg);
   j["method"] = a.method;
+  j["zero"] = a.zero;
+  if (a.zero == 3) j["reshard_after_forward"] = !a.keep_gathered;
   if (lora) {
     j["lora_r"] = a.lora_r;
     j["lora_dropout"] = a.lora_dropout;
@@ -192,6 +203,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--method", a->method, "full fine-tuning or LoRA on every projection (frozen base)")
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "lora"}));
+  cmd->add_option("--zero", a->zero, "0, or 3: ZeRO-3's gathers and reduce-scatters at one rank (their cost)")
+      ->capture_default_str();
+  cmd->add_flag("--keep-gathered", a->keep_gathered, "ZeRO-3: gather each layer once per step (dist.reshard_after_forward: false)");
   cmd->add_option("--lora-r", a->lora_r, "LoRA rank (alpha = 2 r)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--lora-dropout", a->lora_dropout, "LoRA dropout on the adapters' inputs")
       ->capture_default_str()

@@ -495,14 +495,14 @@ void Qwen35Model::zero3_gather(int group, bool in_backward) {
     // Each layer has its own buffer: gathered by the step's first forward (after the optimizer
     // changed the shards), kept through the step's backwards. A forward-only pass always gathers.
     if (in_backward || (pass_backward_ && micro_ > 0)) return;
-  } else if (in_backward && group >= static_cast<int>(cfg_.num_hidden_layers) - 2) {
-    return;  // the last two layers' buffers still hold them from this pass's forward
+  } else if (in_backward && group == static_cast<int>(cfg_.num_hidden_layers) - 1) {
+    return;  // the last layer's buffer still holds it from this pass's forward
   }
   shards_->gather(group);
 }
 
-void Qwen35Model::zero3_reduce(int group) {
-  if (shards_) shards_->reduce(group, micro_ > 0);
+void Qwen35Model::zero3_reduce(int group, bool accumulate) {
+  if (shards_) shards_->reduce(group, accumulate || micro_ > 0);
 }
 
 void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x,
@@ -881,16 +881,15 @@ void Qwen35Model::backward_layers(int64_t T) {
       proj_backward(dn, ParamRole::AttnVProj, l, dv.view({T, Hkv * D}), xn, true);
     }
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
-    zero3_reduce(l);
+    zero3_reduce(l, false);
   }
   if (g(ParamRole::EmbedTokens, -1).data) {
-    // A sharded untied embedding's whole gradient starts at zero each backward (the tied one holds
-    // the loss head's, written first).
+    // A sharded embedding's whole gradient starts at zero each backward (the tied one's loss-head
+    // part was reduced already: the layers shared its buffer since).
     const int e = role_index_[0][static_cast<int>(ParamRole::EmbedTokens)];
-    if (shards_ && shards_->sharded(static_cast<size_t>(e)) && !cfg_.tie_word_embeddings)
-      shards_->zero_grad(WeightShards::kEmbed);
+    if (shards_ && shards_->sharded(static_cast<size_t>(e))) shards_->zero_grad(WeightShards::kEmbed);
     be_.embedding_backward(g(ParamRole::EmbedTokens, -1), dr, rows(ids_, T));
-    zero3_reduce(WeightShards::kEmbed);
+    zero3_reduce(WeightShards::kEmbed, cfg_.tie_word_embeddings);
   }
   grads_fresh_ = false;
   ++micro_;  // the written-first gradients now hold this backward's: accumulate from here
@@ -916,7 +915,7 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
   pass_backward_ = backward;
   forward_layers(T);
   const bool tied = cfg_.tie_word_embeddings;
-  if (!tied) zero3_gather(WeightShards::kHead, false);
+  zero3_gather(tied ? WeightShards::kEmbed : WeightShards::kHead, false);  // the layers reused the embedding's buffer
   const int head_index = role_index_[0][static_cast<int>(tied ? ParamRole::EmbedTokens : ParamRole::LmHead)];
   const bool head_accumulates = !grad_overwrites(head_index);
   const Tensor& head = tied ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
@@ -933,7 +932,7 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
                                           head_accumulates);
   }
   if (backward) {
-    if (!tied) zero3_reduce(WeightShards::kHead);
+    zero3_reduce(tied ? WeightShards::kEmbed : WeightShards::kHead, false);
     const Tensor dr = rows(d_res_, T);  // the residual stream's gradient starts at the final norm's dx
     be_.rmsnorm_backward(dr, g(ParamRole::FinalNorm, -1), dn, rows(final_in_, T), p(ParamRole::FinalNorm, -1),
                          rows(final_rstd_, T), false);
@@ -948,7 +947,7 @@ std::vector<float> Qwen35Model::logits(const PackedRow& row) {
   pass_backward_ = false;
   const int64_t T = row.num_tokens(), V = cfg_.vocab_size;
   forward_layers(T);
-  if (!cfg_.tie_word_embeddings) zero3_gather(WeightShards::kHead, false);
+  zero3_gather(cfg_.tie_word_embeddings ? WeightShards::kEmbed : WeightShards::kHead, false);
   const Tensor& head = cfg_.tie_word_embeddings ? p(ParamRole::EmbedTokens, -1) : p(ParamRole::LmHead, -1);
   // [T, V] is only needed for inspection and decoding, so its buffer grows on demand.
   if (logits_buf_.data == nullptr || logits_buf_.numel() < T * V) logits_buf_ = be_.alloc(be_.activation_dtype(), {T * V});

@@ -226,7 +226,7 @@ class Qwen35Model {
   Tensor rows(const Tensor& t, int64_t T) const;  // leading T rows of a [max_tokens, ...] buffer
   // ZeRO-3 hooks (no-ops without): the group's weights before use; its gradients after its backward.
   void zero3_gather(int group, bool in_backward);
-  void zero3_reduce(int group);
+  void zero3_reduce(int group, bool accumulate);  // accumulate: or a later micro-batch
   // Whether the backward's first op writes (rather than adds to) the gradient of base tensor i.
   bool grad_overwrites(int base_index) const;
 

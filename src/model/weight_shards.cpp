@@ -54,9 +54,14 @@ WeightShards::WeightShards(const std::vector<ParamSpec>& specs, int64_t num_laye
     members_[static_cast<size_t>(s.group + 2)].push_back(static_cast<int>(shards_.size()));
     shards_.push_back(std::move(s));
   }
-  // Buffers: weights [slot] and gradients [slot]. Slots: 0 embedding, 1 head, then the layers'.
-  auto weight_slot = [&](int g) { return g < 0 ? g + 2 : 2 + (reshard_ ? g % 2 : g); };
-  auto grad_slot = [&](int g) { return g < 0 ? g + 2 : 2 + g % 2; };
+  // Weight buffers: layer l in l % 2, the embedding and the head (used at the two ends of the
+  // forward, never at the same time) in the buffer after the last layer's, L % 2; with
+  // reshard_after_forward false each layer in its own and those two in one more. One gradient
+  // buffer for every group: each group's gradients are reduced before the next group's are written
+  // (the tied embedding's two parts, the loss head's and the embedding backward's, separately).
+  const int L = static_cast<int>(num_layers);
+  auto weight_slot = [&](int g) { return g < 0 ? (reshard_ ? L % 2 : L) : (reshard_ ? g % 2 : g); };
+
   std::map<int, int64_t> wslot_bytes, gslot_bytes;
   std::vector<int64_t> w_off(shards_.size()), g_off(shards_.size());
   int64_t largest = 0, shard_w = 0, shard_g = 0;
@@ -74,7 +79,7 @@ WeightShards::WeightShards(const std::vector<ParamSpec>& specs, int64_t num_laye
       shard_g += aligned(s.layout.padded_numel() * 4);
     }
     wslot_bytes[weight_slot(g)] = std::max(wslot_bytes[weight_slot(g)], wb);
-    gslot_bytes[grad_slot(g)] = std::max(gslot_bytes[grad_slot(g)], gb);
+    gslot_bytes[0] = std::max(gslot_bytes[0], gb);
   }
   std::map<int, Tensor> wbuf, gbuf;
   for (auto [slot, bytes] : wslot_bytes)
@@ -97,7 +102,7 @@ WeightShards::WeightShards(const std::vector<ParamSpec>& specs, int64_t num_laye
     const Shape& shape = specs[s.spec].shape;
     const int64_t all = W * L.padded_numel();
     const Tensor& wb = wbuf.at(weight_slot(s.group));
-    const Tensor& gb = gbuf.at(grad_slot(s.group));
+    const Tensor& gb = gbuf.at(0);
     s.weight = at(wb, w_off[k], wt, shape);
     s.gather_out = at(wb, w_off[k], wt, {all});
     s.grad = at(gb, g_off[k], DType::F32, shape);

@@ -6,11 +6,14 @@
 //
 // Groups and buffers: each decoder layer is one group; the embedding and the untied LM head are a
 // group each. Layer l's weights use buffer l % 2 (reshard_after_forward: true, two layers whole at
-// a time) or their own buffer (false: gathered once per step, by the first micro-batch's forward, and
-// kept until the step ends); layer gradients always use buffer l % 2; the embedding and the head
-// have their own weight and gradient buffers. The model's tensors point into these buffers once, at
-// construction, so a captured step replays the same addresses. Each tensor's region holds
-// world * rows_per_rank rows (the all-gather's layout), its view the first `rows`.
+// a time), the embedding and the head buffer L % 2 (each gathered just before its use: the
+// embedding's forward, the loss); with reshard_after_forward false every layer has its own buffer,
+// gathered once per step by the first micro-batch's forward and kept to the step's end. All groups
+// share one gradient buffer, reduced as soon as a group's backward ends. Memory beyond the shards:
+// two bf16 and one fp32 buffer of the largest group (as `qwentune plan` counts). The model's tensors
+// point into these buffers once, at construction, so a captured step replays the same addresses.
+// Each tensor's region holds world * rows_per_rank rows (the all-gather's layout), its view the
+// first `rows`.
 //
 // Small tensors (norms, conv1d weights, A_log, dt_bias and any matrix below kZeroShardMin
 // elements) are not sharded: they stay whole on every rank with their gradients in the model's own
@@ -69,7 +72,7 @@ class WeightShards {
   // All-gathers the group's weights into its buffer.
   void gather(int group);
   // Reduce-scatters the group's whole gradients into the shard gradients: = (accumulate false) or
-  // += (later micro-batches of a step).
+  // += (a later micro-batch of the step, or the tied embedding's second part).
   void reduce(int group, bool accumulate);
   // Zeroes the group's whole gradients (for a gradient that accumulates from its first op).
   void zero_grad(int group);
