@@ -32,7 +32,7 @@ class Communicator {
   virtual void all_gather(const Tensor& out, const Tensor& in) = 0;
   // out [n] = the sum over ranks of their in[rank * n .. (rank + 1) * n) (f32 or bf16).
   virtual void reduce_scatter(const Tensor& out, const Tensor& in) = 0;
-  // t = the sum over ranks of t (f32 or bf16), in place.
+  // t = the sum over ranks of t (f32, f64 or bf16), in place.
   virtual void all_reduce(const Tensor& t) = 0;
   // t = root's t.
   virtual void broadcast(const Tensor& t, int root) = 0;

@@ -115,6 +115,7 @@ class Watchdog {
 MPI_Datatype mpi_type(DType t, const char* op) {
   switch (t) {
     case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
     case DType::BF16: return MPI_UINT16_T;
     case DType::I32: return MPI_INT32_T;
     default: QT_FAIL(op, ": dtype ", dtype_name(t), " is not supported by the MPI communicator");
@@ -201,10 +202,11 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(t.numel());
   }
   MPI_Datatype sum_type(DType t) const {
-    QT_CHECK(t == DType::F32 || t == DType::BF16, "MPI sum of ", dtype_name(t), ": only f32 and bf16 are summed");
-    return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T;
+    QT_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16, "MPI sum of ", dtype_name(t),
+             ": only f32, f64 and bf16 are summed");
+    return t == DType::F32 ? MPI_FLOAT : t == DType::F64 ? MPI_DOUBLE : MPI_UINT16_T;
   }
-  MPI_Op sum_op(DType t) const { return t == DType::F32 ? MPI_SUM : rt_.bf16_op; }
+  MPI_Op sum_op(DType t) const { return t == DType::BF16 ? rt_.bf16_op : MPI_SUM; }
   // Runs one MPI call under the watchdog and turns its error code into an error naming it.
   template <typename F>
   void run(const char* op, F&& call) {

@@ -32,6 +32,7 @@ namespace {
 ncclDataType_t nccl_type(DType t, const char* op) {
   switch (t) {
     case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
     case DType::BF16: return ncclBfloat16;
     case DType::I32: return ncclInt32;
     default: QT_FAIL(op, ": dtype ", dtype_name(t), " is not supported by the NCCL communicator");

@@ -347,6 +347,7 @@ Qwen35Model::Qwen35Model(const ModelConfig& cfg, Backend& be, int64_t max_tokens
     if (!written) zeroed_bytes = grad_bytes;
   }
   grads_flat_ = planned(plan_.grads, DType::U8, {grad_bytes});
+  be.zero(grads_flat_);  // the alignment gaps stay zero (a sharded job all-reduces the whole buffer)
   grads_zeroed_ = Tensor(grads_flat_.data, DType::U8, {zeroed_bytes}, grads_flat_.device);
   for (size_t i = 0; i < specs_.size(); ++i)
     grads_.push_back(in_shards(i) ? shards_->grad(i)
@@ -452,7 +453,9 @@ std::vector<float> Qwen35Model::base_param_f32(size_t i) const {
   shards_->gather(shards_->group_of(i));  // between steps: the buffer is gathered again before its next use
   return download_f32(base_[i]);
 }
-std::vector<float> Qwen35Model::param_f32(size_t i) const { return base_param_f32(i); }
+std::vector<float> Qwen35Model::param_f32(size_t i) const {
+  return lora_ ? download_f32(params_[i]) : base_param_f32(i);
+}
 std::vector<float> Qwen35Model::grad_f32(size_t i) const {
   if (!(shards_ && shards_->sharded(i))) return download_f32(grads_[i]);
   // The summed gradient's rows from every rank, padded rows dropped.
@@ -469,6 +472,10 @@ std::vector<float> Qwen35Model::grad_f32(size_t i) const {
 void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
   if (lora_) upload_f32(params_[i], values, specs_[i].name);
   else set_base_param_f32(i, values);
+}
+
+Tensor Qwen35Model::replicated_grads() const {
+  return Tensor(grads_flat_.data, DType::F32, {grads_flat_.numel() / 4}, grads_flat_.device);
 }
 
 const Tensor& Qwen35Model::optimizer_param(size_t i) const {

@@ -153,6 +153,9 @@ class Qwen35Model {
   // weights and the gradient summed over the ranks), else the whole parameter and gradient.
   const Tensor& optimizer_param(size_t i) const;
   const Tensor& optimizer_grad(size_t i) const;
+  // The gradients of the tensors ZeRO-3 does not shard, as one f32 buffer (summed over the ranks in
+  // one all-reduce; alignment gaps included, zero).
+  Tensor replicated_grads() const;
   // Host f32 copies of those, and writing the weights (converted to the weights' dtype).
   std::vector<float> optimizer_grad_f32(size_t i) const { return download_f32(optimizer_grad(i)); }
   void set_optimizer_param_f32(size_t i, const std::vector<float>& values) {

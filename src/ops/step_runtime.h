@@ -36,6 +36,7 @@ struct FusedAdamWTensor {
   Tensor grad;
   Tensor param;
   bool decay = true;  // weight decay applies (matrices) or not (norms, A_log, dt_bias)
+  bool in_norm = true;  // counted in the gradient norm (a sharded job counts a replicated tensor on one rank)
 };
 
 // AdamW over a fixed table of tensors on the backend's stream; bit-exact with ops/cpu/adamw.h's
@@ -58,6 +59,9 @@ class FusedAdamW {
   // host_norm (memory from Backend::alloc_host). A non-finite norm skips the update.
   virtual void set_step(double lr, const AdamWConfig& cfg, int64_t step, double grad_mult) = 0;
   virtual void enqueue(double max_norm, double* host_norm) = 0;
+  // Sharded jobs: sums the local sum of squares (an f64 [1] tensor in the backend's memory) over
+  // the ranks, on the backend's stream, before the norm and clip factor are taken from it.
+  virtual void set_norm_reducer(std::function<void(const Tensor& sumsq)> reducer) = 0;
 };
 
 }  // namespace qt

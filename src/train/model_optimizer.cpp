@@ -72,20 +72,30 @@ class HostOptimizer final : public ModelOptimizer {
 class DeviceOptimizer final : public ModelOptimizer {
  public:
   // nullptr where the backend has no fused AdamW.
-  static std::unique_ptr<ModelOptimizer> try_create(Qwen35Model& model, const AdamWConfig& cfg) {
+  // comm: a sharded (ZeRO-3) job of several ranks; nullptr: one rank.
+  static std::unique_ptr<ModelOptimizer> try_create(Qwen35Model& model, const AdamWConfig& cfg, Communicator* comm) {
+    const WeightShards* ws = model.weight_shards();
+    QT_CHECK(comm == nullptr || ws != nullptr, "the sharded device optimizer needs a ZeRO-3 model");
     std::vector<FusedAdamWTensor> table;
-    for (size_t i = 0; i < model.specs().size(); ++i)
-      table.push_back({model.optimizer_grad(i), model.optimizer_param(i), param_decays(model.specs()[i])});
+    for (size_t i = 0; i < model.specs().size(); ++i) {
+      const bool sharded = ws != nullptr && ws->sharded(i);
+      // A replicated tensor's gradient is the same on every rank once all-reduced: counted on one.
+      const bool in_norm = comm == nullptr || sharded || comm->rank() == 0;
+      table.push_back({model.optimizer_grad(i), model.optimizer_param(i), param_decays(model.specs()[i]), in_norm});
+    }
     std::unique_ptr<FusedAdamW> adamw = model.backend().make_fused_adamw(table);
     if (!adamw) return nullptr;
+    if (comm != nullptr) adamw->set_norm_reducer([comm](const Tensor& sumsq) { comm->all_reduce(sumsq); });
+    auto opt = std::unique_ptr<DeviceOptimizer>(new DeviceOptimizer(model, cfg, std::move(adamw), table.size(), comm));
     for (size_t i = 0; i < table.size(); ++i) {
-      const std::vector<float> w = model.param_f32(i);
-      model.backend().copy_from_host(adamw->master(i), w.data());
+      const std::vector<float> w = model.param_f32(i);  // gathered whole (a collective under ZeRO-3)
+      opt->write_rows(opt->adamw_->master(i), i, w);
     }
-    return std::unique_ptr<ModelOptimizer>(new DeviceOptimizer(model, cfg, std::move(adamw), table.size()));
+    return opt;
   }
 
   double step(double lr, double max_grad_norm, int64_t step) override {
+    reduce_replicated();
     const double norm = adamw_->grad_norm(max_grad_norm);
     if (!std::isfinite(norm)) fail_non_finite_gradients(model_, step, norm);
     adamw_->update(lr, cfg_, step);
@@ -100,33 +110,66 @@ class DeviceOptimizer final : public ModelOptimizer {
 
   bool supports_enqueue() const override { return true; }
   void set_step(double lr, int64_t step, double grad_mult) override { adamw_->set_step(lr, cfg_, step, grad_mult); }
-  void enqueue_step(double max_grad_norm, double* host_norm) override { adamw_->enqueue(max_grad_norm, host_norm); }
+  void enqueue_step(double max_grad_norm, double* host_norm) override {
+    reduce_replicated();
+    adamw_->enqueue(max_grad_norm, host_norm);
+  }
 
+  // Whole tensors on every rank (a sharded job gathers each rank's rows: a collective).
   void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
-    Backend& be = model_.backend();
     for (auto [dst, src] : {std::pair<std::vector<float>*, const Tensor*>{&master, &adamw_->master(i)},
-                            {&m, &adamw_->m(i)}, {&v, &adamw_->v(i)}}) {
-      dst->resize(static_cast<size_t>(src->numel()));
-      be.copy_to_host(dst->data(), *src);
-    }
+                            {&m, &adamw_->m(i)}, {&v, &adamw_->v(i)}})
+      *dst = read_rows(*src, i);
   }
   void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
                  const std::vector<float>& v) override {
-    Backend& be = model_.backend();
-    be.copy_from_host(adamw_->master(i), master.data());
-    be.copy_from_host(adamw_->m(i), m.data());
-    be.copy_from_host(adamw_->v(i), v.data());
+    write_rows(adamw_->master(i), i, master);
+    write_rows(adamw_->m(i), i, m);
+    write_rows(adamw_->v(i), i, v);
     model_.set_param_f32(i, master);
   }
 
  private:
-  DeviceOptimizer(Qwen35Model& model, const AdamWConfig& cfg, std::unique_ptr<FusedAdamW> adamw, size_t count)
-      : model_(model), cfg_(cfg), adamw_(std::move(adamw)), count_(count) {}
+  DeviceOptimizer(Qwen35Model& model, const AdamWConfig& cfg, std::unique_ptr<FusedAdamW> adamw, size_t count,
+                  Communicator* comm)
+      : model_(model), cfg_(cfg), adamw_(std::move(adamw)), count_(count), comm_(comm) {}
+
+  bool sharded(size_t i) const { return model_.weight_shards() != nullptr && model_.weight_shards()->sharded(i); }
+  void reduce_replicated() {
+    if (comm_ != nullptr) comm_->all_reduce(model_.replicated_grads());
+  }
+  // This rank's part of a whole tensor into a device state tensor, and the whole tensor back.
+  void write_rows(const Tensor& dst, size_t i, const std::vector<float>& whole) {
+    if (!sharded(i)) {
+      QT_CHECK(static_cast<int64_t>(whole.size()) == dst.numel(), "optimizer state of ", model_.specs()[i].name, ": ",
+               whole.size(), " values, expected ", dst.numel());
+      model_.backend().copy_from_host(dst, whole.data());
+      return;
+    }
+    const ShardLayout& L = model_.weight_shards()->layout(i);
+    QT_CHECK(static_cast<int64_t>(whole.size()) == L.rows * L.cols, "optimizer state of ", model_.specs()[i].name,
+             ": ", whole.size(), " values, expected ", L.rows * L.cols);
+    model_.backend().copy_from_host(dst, whole.data() + L.begin * L.cols);
+  }
+  std::vector<float> read_rows(const Tensor& src, size_t i) {
+    std::vector<float> mine(static_cast<size_t>(src.numel()));
+    model_.backend().copy_to_host(mine.data(), src);
+    if (!sharded(i) || comm_ == nullptr) return mine;
+    const ShardLayout& L = model_.weight_shards()->layout(i);
+    std::vector<float> padded(static_cast<size_t>(L.padded_numel()), 0.0f);
+    std::copy(mine.begin(), mine.end(), padded.begin());
+    std::vector<float> all(padded.size() * static_cast<size_t>(comm_->world()));
+    comm_->all_gather(Tensor(all.data(), DType::F32, {static_cast<int64_t>(all.size())}, Device::cpu()),
+                      Tensor(padded.data(), DType::F32, {static_cast<int64_t>(padded.size())}, Device::cpu()));
+    all.resize(static_cast<size_t>(L.rows * L.cols));
+    return all;
+  }
 
   Qwen35Model& model_;
   AdamWConfig cfg_;
   std::unique_ptr<FusedAdamW> adamw_;
   size_t count_;
+  Communicator* comm_ = nullptr;
 };
 
 }  // namespace
@@ -148,8 +191,13 @@ void fail_non_finite_gradients(Qwen35Model& model, int64_t step, double norm) {
 std::unique_ptr<ModelOptimizer> ModelOptimizer::create(Qwen35Model& model, const AdamWConfig& cfg) {
   // The backend's fused AdamW where it has one (a profiling decorator forwards to the backend it
   // wraps), else the host reference.
-  if (std::unique_ptr<ModelOptimizer> device = DeviceOptimizer::try_create(model, cfg)) return device;
+  if (std::unique_ptr<ModelOptimizer> device = DeviceOptimizer::try_create(model, cfg, nullptr)) return device;
   return std::make_unique<HostOptimizer>(model, cfg);
+}
+
+std::unique_ptr<ModelOptimizer> ModelOptimizer::create_sharded_device(Qwen35Model& model, const AdamWConfig& cfg,
+                                                                      Communicator& comm) {
+  return DeviceOptimizer::try_create(model, cfg, &comm);
 }
 
 }  // namespace qt

@@ -14,7 +14,13 @@ namespace qt {
 
 class ModelOptimizer {
  public:
+  // comm (several ranks, a ZeRO-3 model): the backend's fused AdamW over this rank's shards and the
+  // replicated tensors, their gradients all-reduced and the norm summed over the ranks on the
+  // backend's stream (capturable with NCCL); nullptr where the backend has none (the caller falls
+  // back to ShardedOptimizer).
   static std::unique_ptr<ModelOptimizer> create(Qwen35Model& model, const AdamWConfig& cfg);
+  static std::unique_ptr<ModelOptimizer> create_sharded_device(Qwen35Model& model, const AdamWConfig& cfg,
+                                                               Communicator& comm);
   virtual ~ModelOptimizer() = default;
 
   // Clips to max_grad_norm (<= 0: no clipping) and applies one AdamW step at learning rate lr.

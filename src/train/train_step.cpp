@@ -43,7 +43,8 @@ TrainStep::TrainStep(Qwen35Model& model, ModelOptimizer& opt, int64_t micro_batc
   if (!static_) return;
   model.set_static_shape(std::max(2, max_seqs), static_cast<int>(micro_batches));
   host_results_ = static_cast<double*>(model.backend().alloc_host(sizeof(double) * static_cast<size_t>(micro_ + 1)));
-  if (!graph) return;
+  // A communicator that stages through the host (MPI on GPU ranks) synchronizes: eager steps.
+  if (!graph || (comm != nullptr && !comm->capturable())) return;
   for (GraphState::Captured& g : gs_->graphs) g.graph = model.backend().make_captured_step();
   graph_ = gs_->graphs[0].graph != nullptr;  // the backend can capture a step
 }
@@ -157,6 +158,7 @@ StepResult TrainStep::run(const std::vector<PackedRow>& rows, double lr, double 
   r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   model_.backend().synchronize();
   for (int64_t i = 0; i < micro_; ++i) r.loss_sum += host_results_[i];
+  if (comm_ != nullptr) comm_->all_reduce_host(&r.loss_sum, 1);  // every rank's rows
   r.grad_norm = host_results_[micro_];
   // A non-finite norm skipped the update on the device; name the first bad gradient.
   if (!std::isfinite(r.grad_norm)) fail_non_finite_gradients(model_, step, r.grad_norm);

@@ -301,6 +301,11 @@ Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs)
     }
   }
   // One rank (ZeRO-3 included: its shards are the whole tensors) takes the backend's own optimizer.
+  // Several ranks under ZeRO-3: the backend's fused AdamW over the shards where it has one (the
+  // step then stays on the device: one captured graph with NCCL), else the host's.
+  if (run.rank.distributed() && run.zero == 3)
+    run.optimizer = ModelOptimizer::create_sharded_device(*run.model, cfg.adamw, *run.comm);
+  if (run.optimizer) return ckpt;
   if (run.rank.distributed())
     run.optimizer = std::make_unique<ShardedOptimizer>(*run.model, cfg.adamw, *run.comm, run.zero, cfg.dist.reduce_bf16);
   else

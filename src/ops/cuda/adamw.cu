@@ -22,6 +22,7 @@ struct DevTensor {
   int decay;     // 1: weight decay float(weight_decay); 0: none (selected, never multiplied)
   int vec;       // 1: master/m/v and an f32 grad 16-byte, a bf16 grad and param 8-byte aligned
   int grad_f32;  // 1: fp32 gradients (accumulated across micro-batches without bf16 rounding)
+  int in_norm;   // 0: left out of the gradient norm (its partials are 0)
 };
 
 __device__ __forceinline__ float grad_at(const DevTensor& t, int64_t i) {
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const
   double acc = 0.0;
   // Same order as one element per step (i = i0 + tid, + kThreads, ...); only the loads are batched.
   constexpr int kB = 8;
-  int64_t i = i0 + threadIdx.x;
+  int64_t i = t.in_norm ? i0 + threadIdx.x : i1;
   for (; i + (kB - 1) * kThreads < i1; i += kB * kThreads) {
     float g[kB];
 #pragma unroll
@@ -75,8 +76,22 @@ __global__ void __launch_bounds__(kThreads) sumsq_kernel(double* partials, const
   if (threadIdx.x == 0) partials[blockIdx.x] = sm[0];
 }
 
+// The norm and clip factor from the sum of squares (norm_clip[0] holds it, and gets the norm).
+__device__ void norm_clip_from_sumsq(double* norm_clip, double sumsq, double max_norm, const Hyper* h) {
+  // The norm of grad_mult * g; the factor applied to g is grad_mult times the clip factor (both
+  // products are exact when grad_mult is 1, which keeps the bit-exact CPU twin).
+  const double mult = h->grad_mult;
+  const double norm = __dmul_rn(__dsqrt_rn(sumsq), mult);
+  norm_clip[0] = norm;
+  // clip_factor(): 1 when max_norm <= 0 or !(norm > max_norm), else max_norm / (norm + 1e-6).
+  const double clip = (max_norm <= 0.0 || !(norm > max_norm)) ? 1.0 : __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6));
+  norm_clip[1] = __dmul_rn(clip, mult);
+}
+
+// sum_only: leave the sum of squares in norm_clip[0] (a reducer sums it over the ranks, then
+// norm_finish_kernel takes the norm).
 __global__ void __launch_bounds__(1024) norm_kernel(double* norm_clip, const double* partials, int64_t n,
-                                                    double max_norm, const Hyper* h) {
+                                                    double max_norm, const Hyper* h, int sum_only) {
   __shared__ double sm[1024];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += 1024) acc = __dadd_rn(acc, partials[i]);
@@ -87,15 +102,13 @@ __global__ void __launch_bounds__(1024) norm_kernel(double* norm_clip, const dou
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    // The norm of grad_mult * g; the factor applied to g is grad_mult times the clip factor (both
-    // products are exact when grad_mult is 1, which keeps the bit-exact CPU twin).
-    const double mult = h->grad_mult;
-    const double norm = __dmul_rn(__dsqrt_rn(sm[0]), mult);
-    norm_clip[0] = norm;
-    // clip_factor(): 1 when max_norm <= 0 or !(norm > max_norm), else max_norm / (norm + 1e-6).
-    const double clip = (max_norm <= 0.0 || !(norm > max_norm)) ? 1.0 : __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6));
-    norm_clip[1] = __dmul_rn(clip, mult);
+    if (sum_only) norm_clip[0] = sm[0];
+    else norm_clip_from_sumsq(norm_clip, sm[0], max_norm, h);
   }
+}
+
+__global__ void norm_finish_kernel(double* norm_clip, double max_norm, const Hyper* h) {
+  norm_clip_from_sumsq(norm_clip, norm_clip[0], max_norm, h);
 }
 
 // The exact float operation sequence of adamw_update (ops/cpu/adamw.cpp), with g = float(g * clip)
@@ -184,7 +197,7 @@ AdamWMultiTensor::AdamWMultiTensor(const std::vector<AdamWTensor>& tensors) {
                                    (reinterpret_cast<uintptr_t>(t.param) & 7u) == 0
                                ? 1
                                : 0,
-                           t.grad_f32 ? 1 : 0});
+                           t.grad_f32 ? 1 : 0, t.in_norm ? 1 : 0});
     const int64_t chunks = ceil_div(t.n, kChunk);
     QT_CHECK(chunks < (int64_t(1) << 31), "AdamWMultiTensor: tensor ", k, " is too large");
     for (int64_t c = 0; c < chunks; ++c) map.push_back(ChunkRef{int32_t(k), int32_t(c)});
@@ -247,8 +260,14 @@ void AdamWMultiTensor::norm_pass(double max_norm, const void* hyper, cudaStream_
     sumsq_kernel<<<static_cast<unsigned>(num_chunks_), kThreads, 0, stream>>>(partials_, ts, map);
     QT_LAUNCH_CHECK("adamw grad_norm (partials)");
   }
-  norm_kernel<<<1, 1024, 0, stream>>>(norm_clip_, partials_, num_chunks_, max_norm, static_cast<const Hyper*>(hyper));
+  const int sum_only = reducer_ ? 1 : 0;
+  norm_kernel<<<1, 1024, 0, stream>>>(norm_clip_, partials_, num_chunks_, max_norm, static_cast<const Hyper*>(hyper),
+                                      sum_only);
   QT_LAUNCH_CHECK("adamw grad_norm");
+  if (!reducer_) return;
+  reducer_(norm_clip_, stream);
+  norm_finish_kernel<<<1, 1, 0, stream>>>(norm_clip_, max_norm, static_cast<const Hyper*>(hyper));
+  QT_LAUNCH_CHECK("adamw grad_norm (finish)");
 }
 
 void AdamWMultiTensor::update_pass(const void* hyper, cudaStream_t stream) {

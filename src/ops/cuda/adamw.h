@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -27,6 +28,7 @@ struct AdamWTensor {
   int64_t n;
   bool decay;          // weight decay applies (matrices) or not (norms, A_log, dt_bias)
   bool grad_f32 = false;  // fp32 gradients (the model keeps them in fp32 so accumulation does not round)
+  bool in_norm = true;    // counted in the gradient norm (a sharded job counts a replicated tensor on one rank)
 };
 
 class AdamWMultiTensor {
@@ -51,6 +53,11 @@ class AdamWMultiTensor {
   // update, leaving weights and moments untouched.
   void set_step(double lr, double weight_decay, const AdamWConfig& cfg, int64_t step, double grad_mult);
   void enqueue(double max_norm, cudaStream_t stream);
+  // Sharded jobs: called on the stream between the local sum of squares (one double on the device)
+  // and the norm taken from it, to sum it over the ranks (e.g. a captured NCCL all-reduce).
+  void set_sumsq_reducer(std::function<void(double* sumsq, cudaStream_t stream)> reducer) {
+    reducer_ = std::move(reducer);
+  }
   // Device pointer to {norm, clip} (2 doubles).
   const double* norm_clip() const { return norm_clip_; }
   int64_t num_chunks() const { return num_chunks_; }
@@ -66,6 +73,7 @@ class AdamWMultiTensor {
   double* partials_ = nullptr;  // device [num_chunks]
   double* norm_clip_ = nullptr; // device [2]
   int64_t num_tensors_ = 0, num_chunks_ = 0, total_ = 0;
+  std::function<void(double*, cudaStream_t)> reducer_;
 };
 
 }  // namespace qt::cuda

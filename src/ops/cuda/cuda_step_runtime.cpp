@@ -40,7 +40,7 @@ class CudaFusedAdamW final : public FusedAdamW {
       m_.push_back(be.alloc(DType::F32, t.grad.shape_vec()));
       v_.push_back(be.alloc(DType::F32, t.grad.shape_vec()));
       table.push_back({master_.back().ptr<float>(), m_.back().ptr<float>(), v_.back().ptr<float>(), t.grad.data,
-                       t.param.data, n, t.decay, t.grad.dtype == DType::F32});
+                       t.param.data, n, t.decay, t.grad.dtype == DType::F32, t.in_norm});
     }
     adamw_ = std::make_unique<cuda::AdamWMultiTensor>(table);
   }
@@ -65,6 +65,12 @@ class CudaFusedAdamW final : public FusedAdamW {
   void enqueue(double max_norm, double* host_norm) override {
     adamw_->enqueue(max_norm, be_.stream());
     CUDA_CHECK(cudaMemcpyAsync(host_norm, adamw_->norm_clip(), sizeof(double), cudaMemcpyDeviceToHost, be_.stream()));
+  }
+  void set_norm_reducer(std::function<void(const Tensor& sumsq)> reducer) override {
+    const Device dev = be_.device();
+    adamw_->set_sumsq_reducer([reducer = std::move(reducer), dev](double* sumsq, cudaStream_t) {
+      reducer(Tensor(sumsq, DType::F64, {1}, dev));
+    });
   }
 
  private:
