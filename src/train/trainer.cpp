@@ -380,14 +380,17 @@ TrainSummary train_run(const TrainConfig& cfg) {
                     rank.distributed() ? &comm : nullptr);
   log_info("memory plan (", run.backend->name(), ", ", pack.tokens_per_batch, " tokens per row): ",
            run.model->memory_plan().describe());
-  {  // what `qwentune plan` predicts for this run on one H200, beside the allocation above
+  {  // what `qwentune plan` predicts for this job on H200s, beside the allocation above
     PlanRequest preq;
+    preq.gpus = rank.world;
+    preq.zero = run.zero;
     preq.tokens_per_batch = pack.tokens_per_batch;
     preq.checkpointing = checkpointing_name(ckpt);
     if (lora) preq.lora = &cfg.lora;
     const Plan plan = plan_training(mc, preq);
-    log_info("qwentune plan for one H200: ", double(plan.total_bytes) / double(1 << 30), " GiB, ",
-             plan.tokens_per_s, " tokens/s at ", 100 * preq.compute_efficiency, " % of the bf16 peak");
+    log_info("qwentune plan (--gpus ", rank.world, " --zero ", run.zero, "): ", double(plan.total_bytes) / double(1 << 30),
+             " GiB per H200, ", plan.tokens_per_s, " tokens/s per GPU at ", 100 * preq.compute_efficiency,
+             " % of the bf16 peak", rank.world > 1 ? str(", collectives at ", preq.busbw_gbs, " GB/s bus bandwidth") : "");
   }
   log_info("step: ", stepper.mode(), ", ", accum, " row(s) per step");
 
