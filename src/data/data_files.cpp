@@ -10,6 +10,7 @@
 #include <fstream>
 #include <set>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/readers.h"
@@ -160,9 +161,9 @@ std::vector<FoundFile> select_split(std::vector<FoundFile> files, const std::str
 }
 
 std::string user_cache_dir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* xdg = external_env("XDG_CACHE_HOME");
   if (xdg && *xdg) return (fs::path(xdg) / "qwentune").string();
-  const char* home = std::getenv("HOME");
+  const char* home = external_env("HOME");
   return ((home && *home ? fs::path(home) / ".cache" : fs::temp_directory_path()) / "qwentune").string();
 }
 

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace qt {
@@ -61,7 +62,7 @@ RankInfo launch_env_parse(const std::function<const char*(const char*)>& lookup)
 }
 
 RankInfo launch_env() {
-  return launch_env_parse([](const char* name) -> const char* { return std::getenv(name); });
+  return launch_env_parse([](const char* name) -> const char* { return external_env(name); });
 }
 
 }  // namespace qt

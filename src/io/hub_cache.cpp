@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -17,7 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
+  const char* v = external_env(name);
   return v ? std::string(v) : std::string();
 }
 
