@@ -36,10 +36,15 @@ TEST(Recipes, UltrachatRecipesLoad) {
       EXPECT_EQ(c.data.eval_data, c.data.data);
       EXPECT_EQ(c.eval_fraction, 0.0);
       // And through `plan`, with the preset of the same shape as the recipe's model id: the recipe
-      // fits one H200 with what it sets (checkpointing, method, rows).
+      // fits one H200 (an 8-GPU recipe: each of 8) with what it sets (checkpointing,
+      // method, rows, ZeRO stage).
       std::string preset = c.model.substr(c.model.rfind('-') + 1);
       for (auto& ch : preset) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
       PlanRequest req;
+      if (c.dist.zero == "3") {  // the sharded recipes are written for one node of 8 GPUs
+        req.gpus = 8;
+        req.zero = 3;
+      }
       req.tokens_per_batch = c.data.pack.tokens_per_batch;
       req.checkpointing = c.activation_checkpointing;
       if (c.method == "lora") req.lora = &c.lora;

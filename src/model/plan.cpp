@@ -7,22 +7,12 @@
 
 #include "core/error.h"
 #include "model/flops.h"
+#include "model/weight_shards.h"
 
 namespace qt {
 namespace {
 
 constexpr double kGiB = 1073741824.0;
-
-// Bytes of the largest decoder layer's parameters (ZeRO-3's gathered layer buffer).
-int64_t largest_layer_params(const ModelConfig& cfg) {
-  std::vector<int64_t> per_layer(static_cast<size_t>(cfg.num_hidden_layers), 0);
-  int64_t outside = 0;
-  for (const ParamSpec& p : param_table(cfg)) {
-    if (p.layer >= 0) per_layer[static_cast<size_t>(p.layer)] += shape_numel(p.shape);
-    else outside = std::max(outside, shape_numel(p.shape));
-  }
-  return std::max(outside, *std::max_element(per_layer.begin(), per_layer.end()));
-}
 
 Plan plan_for(const ModelConfig& cfg, const PlanRequest& req, int zero, Checkpointing ck) {
   Plan p;
@@ -47,7 +37,7 @@ Plan plan_for(const ModelConfig& cfg, const PlanRequest& req, int zero, Checkpoi
     acts += int64_t(cfg.num_linear_layers()) * T * cfg.linear_num_value_heads * (64 * 4 + 16);
   }
   const int64_t scratch = gradient_scratch_bytes(cfg, DType::BF16, T);
-  const int64_t comm = zero == 3 && req.gpus > 1 ? largest_layer_params(cfg) * (2 * 2 + 4) : 0;  // 2 bf16 buffers, an f32 bucket
+  const int64_t comm = zero == 3 ? zero3_buffer_bytes(cfg, 2) : 0;  // what model/weight_shards allocates
   p.parts = {{"weights (bf16)", weights}, {"gradients (fp32)", grads}, {"optimizer: master, m, v (fp32)", optimizer},
              {"activations", acts},       {"gradient scratch", scratch}, {"communication buffers", comm},
              {"workspaces (reserve)", kWorkspaceReserve}};

@@ -192,7 +192,7 @@ std::optional<Checkpointing> checkpointing_from_name(const std::string& name) {
 }
 
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
-                                   std::string* why, int64_t trained_params) {
+                                   std::string* why, int64_t trained_params, int zero3_world) {
   const int64_t free_bytes = backend.free_memory_bytes();
   if (free_bytes < 0) {
     if (why != nullptr) *why = "host memory: none";
@@ -202,7 +202,8 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   const int64_t n_gdn = std::count(cfg.layer_types.begin(), cfg.layer_types.end(), LayerKind::GatedDeltaNet);
   const int64_t kept = backend.gdn_state_bytes(gd, max_tokens, max_seqs, gdn_keep_for(Checkpointing::None, backend.gdn_prefers_prep(gd)));
   return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens,
-                                     gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why, trained_params);
+                                     gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why, trained_params,
+                                     zero3_world);
 }
 
 GdnKeep gdn_keep_for(Checkpointing ckpt, bool prefers_prep) {
@@ -219,14 +220,16 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes) {
 }
 
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
-                                          int64_t free_bytes, std::string* why, int64_t trained_params) {
+                                          int64_t free_bytes, std::string* why, int64_t trained_params,
+                                          int zero3_world) {
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
   // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
   // LoRA: the frozen base takes only its weights; the adapters weights, gradients and AdamW state.
   const int64_t act_bytes = static_cast<int64_t>(dtype_size(act));
   const int64_t trained = trained_params < 0 ? param_count(cfg) : trained_params;
-  const int64_t fixed = param_count(cfg) * act_bytes + trained * (trained_params < 0 ? 16 : act_bytes + 16) +
-                        gradient_scratch_bytes(cfg, act, max_tokens) + kWorkspaceReserve;
+  int64_t states = param_count(cfg) * act_bytes + trained * (trained_params < 0 ? 16 : act_bytes + 16);
+  if (zero3_world > 0) states = (states + zero3_world - 1) / zero3_world + zero3_buffer_bytes(cfg, act_bytes);
+  const int64_t fixed = states + gradient_scratch_bytes(cfg, act, max_tokens) + kWorkspaceReserve;
   std::string detail;
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
     int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);

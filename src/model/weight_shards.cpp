@@ -23,6 +23,16 @@ ShardLayout shard_layout(const ParamSpec& p, int world, int rank) {
   return s;
 }
 
+int64_t zero3_buffer_bytes(const ModelConfig& cfg, int64_t act_bytes) {
+  std::map<int, int64_t> group;  // layer, or -1 / -2 for the embedding / head
+  for (const ParamSpec& p : param_table(cfg))
+    if (zero_shards(p))
+      group[p.role == ParamRole::EmbedTokens ? -1 : p.role == ParamRole::LmHead ? -2 : p.layer] += shape_numel(p.shape);
+  int64_t largest = 0;
+  for (const auto& [g, n] : group) largest = std::max(largest, n);
+  return largest * (2 * act_bytes + 4);
+}
+
 namespace {
 
 constexpr int64_t kAlign = 256;  // bytes: every region starts aligned (vectorized kernels, GEMM operands)

@@ -43,6 +43,10 @@ struct ShardLayout {
   int64_t padded_numel() const { return rows_per_rank * cols; }  // one rank's part of a collective
 };
 ShardLayout shard_layout(const ParamSpec& p, int world, int rank);
+// Bytes of ZeRO-3's gather and gradient buffers for cfg: two weight buffers (act_bytes an element)
+// and one fp32 gradient buffer of the largest group (a layer's sharded tensors, the embedding, the
+// head), before row padding.
+int64_t zero3_buffer_bytes(const ModelConfig& cfg, int64_t act_bytes);
 
 class WeightShards {
  public:

@@ -125,8 +125,12 @@ std::string checkpoint_save(const CheckpointWrite& w) {
   // Host copies of the optimizer state (gathered from every rank's shards in a sharded run): the
   // weights are saved from the fp32 master.
   std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
+  if (!w.write) {  // take part in the gathers, keep nothing
+    std::vector<float> a, b, c;
+    for (size_t i = 0; i < table.size(); ++i) w.optimizer->get_state(i, a, b, c);
+    return w.dir;
+  }
   for (size_t i = 0; i < table.size(); ++i) w.optimizer->get_state(i, master[i], m[i], v[i]);
-  if (!w.write) return w.dir;
   const fs::path parent = fs::absolute(w.dir).parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
