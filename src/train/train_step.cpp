@@ -84,9 +84,11 @@ StepResult TrainStep::run_dynamic(const std::vector<PackedRow>& rows, double lr,
   // Each row's gradient is scaled by 1 / (trained tokens of the whole step): the accumulated
   // gradient is that of the step's mean loss.
   for (const PackedRow& row : rows) r.loss_sum += model_.step(row, true, 1.0 / double(r.trained)).loss_sum;
+  r.grad_norm = opt_.step(lr, max_grad_norm, step);
+  // After the optimizer, as in the static step: a rank that runs this step eagerly (a row over the
+  // static sample bound) issues its collectives in the same order as the ranks that replay a graph.
   if (comm_ != nullptr) comm_->all_reduce_host(&r.loss_sum, 1);  // every rank's rows
   QT_CHECK(std::isfinite(r.loss_sum), "step ", step, ": loss is ", r.loss_sum, " (diverged; lower train.lr?)");
-  r.grad_norm = opt_.step(lr, max_grad_norm, step);
   r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
