@@ -246,11 +246,13 @@ void CudaBackend::copy_to_host_async(void* dst, const Tensor& src) {
 }
 
 void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
-  check_storage("add", "a", a, BF16);
+  const DType t = a.dtype == F32 ? F32 : BF16;  // bf16 activations, or fp32 gradient sums
+  check_storage("add", "a", a, t);
   const Shape s = a.shape_vec();
-  check_tensor("add", "b", b, BF16, s);
-  check_tensor("add", "out", out, BF16, s);
-  cuda::launch_add(out.data, a.data, b.data, a.numel(), stream_);
+  check_tensor("add", "b", b, t, s);
+  check_tensor("add", "out", out, t, s);
+  if (t == F32) cuda::launch_add_f32(out.ptr<float>(), a.ptr<float>(), b.ptr<float>(), a.numel(), stream_);
+  else cuda::launch_add(out.data, a.data, b.data, a.numel(), stream_);
 }
 
 // ---- GEMM (cuBLASLt) --------------------------------------------------------------------------

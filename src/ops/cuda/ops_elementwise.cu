@@ -35,6 +35,20 @@ __global__ void add_kernel(bf16* out, const bf16* a, const bf16* b, int64_t nvec
   }
 }
 
+// fp32 (ZeRO-3 adds a later micro-batch's gradient sums to a shard): four floats a thread where
+// aligned, in place allowed.
+template <int VEC>
+__global__ void add_f32_kernel(float* out, const float* a, const float* b, int64_t nvec) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (VEC == 4) {
+      const float4 x = reinterpret_cast<const float4*>(a)[i], y = reinterpret_cast<const float4*>(b)[i];
+      reinterpret_cast<float4*>(out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    } else {
+      out[i] = a[i] + b[i];
+    }
+  }
+}
+
 template <int VEC>
 __global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t nvec) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
@@ -113,6 +127,15 @@ __global__ void attn_gate_bwd_kernel(bf16* d_o, bf16* dgate, const bf16* dy, con
 void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s) {
   QT_POINTWISE_LAUNCH(add_kernel, "add", n, (aligned16(out) && aligned16(a) && aligned16(b)), static_cast<bf16*>(out), static_cast<const bf16*>(a),
                       static_cast<const bf16*>(b));
+}
+
+void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n % 4 == 0 && aligned16(out) && aligned16(a) && aligned16(b))
+    add_f32_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, s>>>(out, a, b, n / 4);
+  else
+    add_f32_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);
+  QT_LAUNCH_CHECK("add (f32)");
 }
 
 void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s) {

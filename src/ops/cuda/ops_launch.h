@@ -18,6 +18,7 @@ void launch_dropout(void* out, const void* x, const int32_t* seed, int64_t n, ui
 
 // ---- ops_elementwise.cu ----
 void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s);
+void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaStream_t s);
 // Ids outside [0, V) give zero rows (device ids are not checked on the host).
 void launch_embedding_forward(void* out, const void* table, const int32_t* ids, int64_t T, int64_t H, int64_t V,
                               cudaStream_t s);
