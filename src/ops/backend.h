@@ -68,6 +68,7 @@ struct DropoutArgs {
 // needs none of it.
 struct BackendOptions {
   int device = 0;               // CUDA device ordinal
+  bool share_devices = false;   // device modulo the device count (ranks on the MPI communicator may share a GPU)
   bool gemm_tune = true;        // time cuBLASLt's candidates per GEMM shape, keep the fastest bit-identical one
   int gemm_candidates = 32;     // candidates timed per shape, 1..64
   int64_t arena_mib = 1024;     // device arena block (MiB, >= 16)

@@ -121,10 +121,12 @@ struct Run {
         comm(make_communicator(r, *backend, c.dist.communicator, c.dist.timeout_s)) {}
   bool first() const { return rank.rank == 0; }  // the rank that prints and writes the run's files
 
-  // The rank's GPU is its local rank.
+  // The rank's GPU is its local rank; ranks on the MPI communicator (host staging) may share GPUs
+  // (local rank modulo the GPUs), NCCL needs one GPU per rank.
   static BackendOptions options_for(const TrainConfig& c, const RankInfo& r) {
     BackendOptions o = c.cuda;
     o.device = r.local_rank;
+    o.share_devices = c.dist.communicator == "mpi";
     return o;
   }
 

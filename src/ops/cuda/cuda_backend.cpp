@@ -94,9 +94,10 @@ CudaBackend::CudaBackend(const BackendOptions& o)
   QT_CHECK(o.gemm_candidates >= 1 && o.gemm_candidates <= kGemmMaxCandidates, "train.cuda.gemm_candidates is ",
            o.gemm_candidates, ": expected an integer from 1 to ", kGemmMaxCandidates);
   QT_CHECK(o.arena_mib >= 16, "train.cuda.arena_mib is ", o.arena_mib, ": expected at least 16 (MiB)");
-  const int device = o.device;
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (o.share_devices && count > 0) device_ = o.device % count;
+  const int device = device_;
   QT_CHECK(device >= 0 && device < count, "CudaBackend: device ", device, " does not exist (", count, " found)");
   CUDA_CHECK(cudaSetDevice(device_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
