@@ -5,9 +5,9 @@
 #     the fused AdamW over each rank's shards) against the single-rank unsharded run, loss per step;
 #     ZeRO-2 at 2 ranks (host optimizer) beside them;
 #  2. the cost of the sharding machinery: `bench --preset 2b --zero 3` against `--zero 0`, alternated.
-#   zero3_checks.sh QWENTUNE_BIN SCRATCH_DIR
+#   zero3_checks.sh QWENTUNE_BIN SCRATCH_DIR [--no-bench]
 set -u
-qt=$1 out=$2
+qt=$1 out=$2 bench=${3:-}
 rm -rf "$out" && mkdir -p "$out"
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/examples/demo/make_data.sh" "$out" 4 1 >/dev/null
@@ -48,6 +48,7 @@ for name in ["z3_nccl_1", "z3_mpi_2", "z3_mpi_4", "z3_keep_mpi_2", "z2_mpi_2"]:
                       "loss": [c[s][0] for s in sorted(c)], "max_rel_loss_diff": max(rel) if rel else None,
                       "graph": graph}))
 PY
+[ "$bench" = --no-bench ] && exit 0
 for i in 1 2; do
   for z in 0 3; do
     "$qt" bench --preset 2b --steps 5 --warmup 2 --zero $z 2>/dev/null | tail -1
