@@ -1,4 +1,4 @@
-// Benchmark of the varlen causal flash attention kernels (src/ops/cuda/attention.cu).
+// Benchmark of the varlen causal flash attention kernels (src/ops/cuda/attention/).
 // T = 8192 tokens packed as 8 chat-like samples (fixed lengths below), head_dim 256, the head
 // counts of Qwen3.5-2B (8 q / 2 kv) and 27B (24 q / 4 kv). CUDA-event timing of one forward and
 // one backward launch sequence (median of --iters runs after warm-up), TFLOP/s with causal FLOPs

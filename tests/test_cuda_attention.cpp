@@ -1,4 +1,4 @@
-// CUDA varlen causal GQA flash attention (src/ops/cuda/attention.cu) against the CPU reference.
+// CUDA varlen causal GQA flash attention (src/ops/cuda/attention/) against the CPU reference.
 //
 // Every case rounds random N(0, 1) inputs (q, k, v, dO) to bf16, runs the CUDA launchers on them,
 // and compares o, lse, dq, dk, dv with two references computed on the host from the same inputs:
@@ -397,13 +397,10 @@ struct AttnBuffers {
 // deterministic: the backward's dQ from attn_bwd_dq_kernel; it also runs the backward twice and
 // requires the same bits for dq, dk and dv. mma_sync: head_dim 256 on the mma.sync kernels instead
 // of the default wgmma ones (the forward, and the deterministic backward's dK / dV).
-// cp_async: head_dim 256's forward, dK / dV and dQ on the cp.async wgmma kernels instead of the TMA ones.
-void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false, bool mma_sync = false,
-              bool cp_async = false) {
+void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic = false, bool mma_sync = false) {
   SCOPED_TRACE("D " + std::to_string(p.d) + ", Hq " + std::to_string(p.hq) + ", Hkv " + std::to_string(p.hkv) +
                ", T " + std::to_string(p.total()) + ", samples " + std::to_string(p.num_seqs()) +
-               (deterministic ? ", deterministic" : "") + (mma_sync ? ", mma.sync kernels" : "") +
-               (cp_async ? ", cp.async kernels" : ""));
+               (deterministic ? ", deterministic" : "") + (mma_sync ? ", mma.sync kernels" : ""));
   const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
   std::mt19937_64 rng(seed);
   const Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
@@ -411,7 +408,6 @@ void run_case(const Problem& p, bool backward, uint64_t seed, bool deterministic
   cuda::AttnArgs a = problem_args(p);
   a.deterministic = deterministic;
   a.mma_sync = mma_sync;
-  a.cp_async = cp_async;
   AttnBuffers b(p, a, q, k, v, d_o);
   if (::testing::Test::HasFatalFailure()) return;
   b.forward();
@@ -515,132 +511,80 @@ TEST(CudaAttention, MmaSyncKernelsHeadDim256) {
   run_case(make_problem(short_lens, 8, 2, 256), true, seed++, true, true);
 }
 
-// Head dim 256's forward, dK / dV and dQ have two wgmma kernels each: the warp-specialized TMA ones
-// (the default, every other test) and the cp.async ones (QT_ATTN_TMA=0); this keeps the second
-// covered.
-TEST(CudaAttention, CpAsyncKernelsHeadDim256) {
+// The persistent forward deals (query tile, head) items to one CTA per SM: at 24 query tiles and 16
+// heads there are 384 items, so every CTA walks about three, its K / V rings and the Q stage running
+// on across items of different samples (long ones: many key tiles per item). Against the
+// references, and the deterministic backward bit-equal across two runs.
+TEST(CudaAttention, PersistentForwardManyItemsPerCta) {
   SKIP_WITHOUT_CUDA();
-  constexpr bool kBackward = true, kDeterministic = true, kMmaSync = false, kCpAsync = true;
-  uint64_t seed = 91;
-  for (const auto& hh : kHeads)
-    run_case(make_problem({1, 2, 3, 63, 64, 65, 127, 129}, hh[0], hh[1], 256), kBackward, seed++, kDeterministic,
-             kMmaSync, kCpAsync);
-  run_case(make_problem({700, 1, 1300, 47}, 8, 2, 256), kBackward, seed++, kDeterministic, kMmaSync, kCpAsync);
-}
-
-// Runs the forward and the deterministic backward at D = 256 with the TMA kernels and with the
-// cp.async ones and expects o, lse, dq, dk and dv equal to the bit: the TMA kernels run the cp.async
-// kernels' products in the same order (dK / dV's S and dP as two m64n32 halves instead of one
-// m64n64 per warpgroup).
-void expect_tma_matches_cp_async(const std::vector<int>& lens, uint64_t seed) {
-  const Problem p = make_problem(lens, 8, 2, 256);
-  const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * p.d, nk = T * p.hkv * p.d;
-  std::mt19937_64 rng(seed);
-  const Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
-  Vec o[2], lse[2], dq[2], dk[2], dv[2];
-  for (int mode = 0; mode < 2; ++mode) {
-    cuda::AttnArgs a = problem_args(p);
-    a.deterministic = true;
-    a.cp_async = mode == 1;
-    AttnBuffers b(p, a, q, k, v, d_o);
-    if (::testing::Test::HasFatalFailure()) return;
-    b.forward();
-    b.backward();
-    CUDA_OK(cudaDeviceSynchronize());
-    o[mode] = download_bf16(b.o);
-    lse[mode] = download_f32(b.lse);
-    dq[mode] = download_bf16(b.dq);
-    dk[mode] = download_bf16(b.dk);
-    dv[mode] = download_bf16(b.dv);
-  }
-  EXPECT_EQ(std::memcmp(o[0].data(), o[1].data(), o[0].size() * sizeof(float)), 0) << "o differs";
-  EXPECT_EQ(std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * sizeof(float)), 0) << "lse differs";
-  EXPECT_EQ(std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * sizeof(float)), 0) << "dq differs";
-  EXPECT_EQ(std::memcmp(dk[0].data(), dk[1].data(), dk[0].size() * sizeof(float)), 0) << "dk differs";
-  EXPECT_EQ(std::memcmp(dv[0].data(), dv[1].data(), dv[0].size() * sizeof(float)), 0) << "dv differs";
-}
-
-TEST(CudaAttention, TmaAndCpAsyncKernelsAgreeBitwise) {
-  SKIP_WITHOUT_CUDA();
-  expect_tma_matches_cp_async({129, 1, 64, 300, 65, 2}, 97);
-}
-
-// The persistent TMA forward deals (query tile, head) items to one CTA per SM: at T ~ 4,000 and 8
-// heads there are ~300 items, so every CTA walks several, its K / V rings and the Q stage running
-// on across items of different samples (long ones: many key tiles per item).
-TEST(CudaAttention, TmaKernelsManyItemsPerCtaAgreeBitwise) {
-  SKIP_WITHOUT_CUDA();
-  expect_tma_matches_cp_async({1500, 3, 700, 129, 1024, 64, 577}, 98);
+  run_case(make_problem({600, 3, 300, 129, 450, 64, 250, 700}, 16, 4, 256), true, 98, true);
 }
 
 // A sample's results must not depend on its neighbours in the packed row, even when those hold
-// non-finite values: the TMA kernels read the key tiles past a sample's end from the next sample
-// (masked scores, P and dS; V, K and, in dK / dV, Q and dO rows zeroed), the cp.async kernels
-// zero-fill them. The odd samples' q, k, v and dO become NaN / Inf; every even sample's o, lse, dq,
-// dk and dv must keep the clean run's bits (deterministic backward, so two runs are comparable bit
-// for bit).
+// non-finite values: the wgmma kernels (D = 256) read the key tiles past a sample's end from the
+// next sample by TMA (masked scores, P and dS; V, K and, in dK / dV, Q and dO rows zeroed), the
+// mma.sync kernels (D = 64, 128) zero-fill them. The odd samples' q, k, v and dO become NaN / Inf;
+// every even sample's o, lse, dq, dk and dv must keep the clean run's bits (deterministic backward,
+// so two runs are comparable bit for bit).
 TEST(CudaAttention, NeighboursNonFiniteDoNotLeak) {
   SKIP_WITHOUT_CUDA();
   const std::vector<int> lens = {65, 63, 130, 1, 70, 200, 129};
-  for (int d : {64, 128, 256})
-    for (bool cp_async : {false, true}) {
-      if (cp_async && d != 256) continue;
-      const Problem p = make_problem(lens, 4, 2, d);
-      SCOPED_TRACE("D " + std::to_string(d) + (cp_async ? ", cp.async kernels" : ""));
-      const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * d, nk = T * p.hkv * d;
-      std::mt19937_64 rng(100 + d);
-      Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
-      cuda::AttnArgs a = problem_args(p);
-      a.deterministic = true;
-      a.cp_async = cp_async;
-      struct Run {
-        Vec o, lse, dq, dk, dv;
-      };
-      auto run = [&](const Vec& hq_, const Vec& hk, const Vec& hv, const Vec& hdo) -> Run {
-        AttnBuffers b(p, a, hq_, hk, hv, hdo);
-        if (::testing::Test::HasFatalFailure()) return Run{};
-        b.forward();
-        b.backward();
-        const cudaError_t err = cudaDeviceSynchronize();
-        EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
-        if (err != cudaSuccess) return Run{};
-        return Run{download_bf16(b.o), download_f32(b.lse), download_bf16(b.dq), download_bf16(b.dk),
-                   download_bf16(b.dv)};
-      };
-      const Run clean = run(q, k, v, d_o);
-      const float bad[3] = {NAN, INFINITY, -INFINITY};
-      for (int s = 1; s < p.num_seqs(); s += 2)
-        for (int t = p.cu[s]; t < p.cu[s + 1]; ++t) {
-          for (size_t e = 0; e < static_cast<size_t>(p.hq) * d; ++e) {
-            q[static_cast<size_t>(t) * p.hq * d + e] = bad[e % 3];
-            d_o[static_cast<size_t>(t) * p.hq * d + e] = bad[(e + 1) % 3];
-          }
-          for (size_t e = 0; e < static_cast<size_t>(p.hkv) * d; ++e) {
-            k[static_cast<size_t>(t) * p.hkv * d + e] = bad[(e + 2) % 3];
-            v[static_cast<size_t>(t) * p.hkv * d + e] = bad[e % 3];
-          }
+  for (int d : {64, 128, 256}) {
+    const Problem p = make_problem(lens, 4, 2, d);
+    SCOPED_TRACE("D " + std::to_string(d));
+    const size_t T = static_cast<size_t>(p.total()), nq = T * p.hq * d, nk = T * p.hkv * d;
+    std::mt19937_64 rng(100 + d);
+    Vec q = random_bf16(rng, nq), k = random_bf16(rng, nk), v = random_bf16(rng, nk), d_o = random_bf16(rng, nq);
+    cuda::AttnArgs a = problem_args(p);
+    a.deterministic = true;
+    struct Run {
+      Vec o, lse, dq, dk, dv;
+    };
+    auto run = [&](const Vec& hq_, const Vec& hk, const Vec& hv, const Vec& hdo) -> Run {
+      AttnBuffers b(p, a, hq_, hk, hv, hdo);
+      if (::testing::Test::HasFatalFailure()) return Run{};
+      b.forward();
+      b.backward();
+      const cudaError_t err = cudaDeviceSynchronize();
+      EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+      if (err != cudaSuccess) return Run{};
+      return Run{download_bf16(b.o), download_f32(b.lse), download_bf16(b.dq), download_bf16(b.dk),
+                 download_bf16(b.dv)};
+    };
+    const Run clean = run(q, k, v, d_o);
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int s = 1; s < p.num_seqs(); s += 2)
+      for (int t = p.cu[s]; t < p.cu[s + 1]; ++t) {
+        for (size_t e = 0; e < static_cast<size_t>(p.hq) * d; ++e) {
+          q[static_cast<size_t>(t) * p.hq * d + e] = bad[e % 3];
+          d_o[static_cast<size_t>(t) * p.hq * d + e] = bad[(e + 1) % 3];
         }
-      const Run dirty = run(q, k, v, d_o);
-      if (::testing::Test::HasFatalFailure()) return;
-      size_t differ = 0, checked = 0;
-      auto same_rows = [&](const Vec& x, const Vec& y, size_t row_elems) {
-        for (int s = 0; s < p.num_seqs(); s += 2)
-          for (size_t i = p.cu[s] * row_elems; i < p.cu[s + 1] * row_elems; ++i, ++checked)
-            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) ++differ;
-      };
-      same_rows(clean.o, dirty.o, static_cast<size_t>(p.hq) * d);
-      same_rows(clean.dq, dirty.dq, static_cast<size_t>(p.hq) * d);
-      same_rows(clean.dk, dirty.dk, static_cast<size_t>(p.hkv) * d);
-      same_rows(clean.dv, dirty.dv, static_cast<size_t>(p.hkv) * d);
-      for (int h = 0; h < p.hq; ++h)
-        for (int s = 0; s < p.num_seqs(); s += 2)
-          for (int t = p.cu[s]; t < p.cu[s + 1]; ++t, ++checked) {
-            const size_t i = static_cast<size_t>(h) * T + t;
-            if (std::memcmp(&clean.lse[i], &dirty.lse[i], sizeof(float)) != 0) ++differ;
-          }
-      EXPECT_EQ(differ, 0u) << "of " << checked << " elements of the even samples changed";
-      EXPECT_GT(checked, 0u);
-    }
+        for (size_t e = 0; e < static_cast<size_t>(p.hkv) * d; ++e) {
+          k[static_cast<size_t>(t) * p.hkv * d + e] = bad[(e + 2) % 3];
+          v[static_cast<size_t>(t) * p.hkv * d + e] = bad[e % 3];
+        }
+      }
+    const Run dirty = run(q, k, v, d_o);
+    if (::testing::Test::HasFatalFailure()) return;
+    size_t differ = 0, checked = 0;
+    auto same_rows = [&](const Vec& x, const Vec& y, size_t row_elems) {
+      for (int s = 0; s < p.num_seqs(); s += 2)
+        for (size_t i = p.cu[s] * row_elems; i < p.cu[s + 1] * row_elems; ++i, ++checked)
+          if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) ++differ;
+    };
+    same_rows(clean.o, dirty.o, static_cast<size_t>(p.hq) * d);
+    same_rows(clean.dq, dirty.dq, static_cast<size_t>(p.hq) * d);
+    same_rows(clean.dk, dirty.dk, static_cast<size_t>(p.hkv) * d);
+    same_rows(clean.dv, dirty.dv, static_cast<size_t>(p.hkv) * d);
+    for (int h = 0; h < p.hq; ++h)
+      for (int s = 0; s < p.num_seqs(); s += 2)
+        for (int t = p.cu[s]; t < p.cu[s + 1]; ++t, ++checked) {
+          const size_t i = static_cast<size_t>(h) * T + t;
+          if (std::memcmp(&clean.lse[i], &dirty.lse[i], sizeof(float)) != 0) ++differ;
+        }
+    EXPECT_EQ(differ, 0u) << "of " << checked << " elements of the even samples changed";
+    EXPECT_GT(checked, 0u);
+  }
 }
 
 // 8192-token sample, forward only: o and lse of a subset of rows (the first, some in the middle,

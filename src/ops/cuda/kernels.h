@@ -1,4 +1,4 @@
-// Host-callable launchers of the CUDA attention kernels (attention.cu) and the wgmma conventions
+// Host-callable launchers of the CUDA attention kernels (attention/) and the wgmma conventions
 // check, shared with CudaBackend (the Gated DeltaNet's are in gdn/gdn.h). Plain pointers and dims;
 // every pointer is device memory; bf16 tensors are __nv_bfloat16 passed as void* so this header
 // needs no CUDA headers beyond cudaStream_t. Launchers validate nothing (CudaBackend's entry points
@@ -23,14 +23,10 @@ struct AttnArgs {
   // reproducible, ~1.4x the backward's MMA work) instead of fp32 atomics. At head dim 256 on the
   // wgmma kernels (mma_sync off) dQ always comes from its own kernel, which is faster there.
   bool deterministic = false;
-  // Head dim 256 on the mma.sync kernels instead of the wgmma ones (the forward, and the
-  // deterministic backward's dK / dV and dQ), for A/B benchmarks and as the fallback
-  // QT_ATTN_WGMMA=0 selects; other head dims, and the atomic backward, always run on mma.sync.
+  // Head dim 256 on the mma.sync kernels instead of the warp-specialized wgmma ones (the forward
+  // and the backward), for tests and A/B benchmarks; also the path taken when the driver has no
+  // cuTensorMapEncodeTiled. Head dims 64 and 128 always run on mma.sync.
   bool mma_sync = false;
-  // Head dim 256's forward, dK / dV and dQ kernels on cp.async loads by every thread instead of
-  // the warp-specialized TMA kernels (the default; QT_ATTN_TMA=0 selects them too), for tests and
-  // A/B runs, and the path taken when the driver has no cuTensorMapEncodeTiled.
-  bool cp_async = false;
 };
 size_t attention_workspace_bytes(const AttnArgs& a);
 // o, q [T, Hq, D] bf16; k, v [T, Hkv, D] bf16; lse f32 [Hq, T].
