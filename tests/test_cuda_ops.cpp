@@ -434,7 +434,7 @@ TEST_F(OpsTest, RmsNorm) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {
     // 2312 / 2560: 10 vectors per lane (the ring backward's widest), 3080: 12 and 4096: 16 (forward
-    // fast path, generic backward), 5128: wider than every fast path.
+    // wide-row path, generic backward), 5128: wider than every wide-row path.
     for (int64_t H : {int64_t(96), int64_t(200), int64_t(7), int64_t(520), int64_t(2048), int64_t(2312), int64_t(2560),
                       int64_t(3080), int64_t(4096), int64_t(5128)})
       rmsnorm_case(T, H, DType::BF16);
@@ -449,7 +449,7 @@ TEST_F(OpsTest, RmsNormManyRows) {
 }
 
 // The fused residual add + RMSNorm against the CPU's add then norm; h in place over r as the model
-// uses it, and widths off the fused kernel's fast path (7, 5128: fallback to the two ops).
+// uses it, and widths off the fused kernel's wide-row path (7, 5128: fallback to the two ops).
 TEST_F(OpsTest, AddRmsNorm) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {

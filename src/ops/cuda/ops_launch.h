@@ -16,9 +16,17 @@ namespace qt::cuda {
 void launch_dropout(void* out, const void* x, const int32_t* seed, int64_t n, uint32_t stream, double p,
                     bool accumulate, cudaStream_t s);
 
-// ---- ops_elementwise.cu ----
+// ---- dense/pointwise.cu ----
 void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s);
 void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaStream_t s);
+void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s);
+void launch_swiglu_backward(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
+                            cudaStream_t s);
+void launch_attn_gate_forward(void* y, const void* o, const void* gate, int64_t n, cudaStream_t s);
+void launch_attn_gate_backward(void* d_o, void* dgate, const void* dy, const void* o, const void* gate, int64_t n,
+                               cudaStream_t s);
+
+// ---- dense/embedding.cu ----
 // Ids outside [0, V) give zero rows (device ids are not checked on the host).
 void launch_embedding_forward(void* out, const void* table, const int32_t* ids, int64_t T, int64_t H, int64_t V,
                               cudaStream_t s);
@@ -27,18 +35,16 @@ void launch_embedding_forward(void* out, const void* table, const int32_t* ids, 
 size_t embedding_backward_workspace_bytes(int64_t T);
 void launch_embedding_backward(void* dtable, bool dtable_f32, const void* dout, const int32_t* ids, int64_t T,
                                int64_t H, int64_t V, void* ws, size_t ws_bytes, cudaStream_t s);
-void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s);
-void launch_swiglu_backward(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
-                            cudaStream_t s);
-void launch_attn_gate_forward(void* y, const void* o, const void* gate, int64_t n, cudaStream_t s);
-void launch_attn_gate_backward(void* d_o, void* dgate, const void* dy, const void* o, const void* gate, int64_t n,
-                               cudaStream_t s);
+
+// ---- dense/gdn_gates.cu ----
 void launch_gdn_gates_forward(float* beta, float* g, const void* b, const void* a, const void* a_log,
                               const void* dt_bias, int64_t T, int64_t H, cudaStream_t s);
 size_t gdn_gates_backward_workspace_bytes(int64_t T, int64_t H);
 void launch_gdn_gates_backward(void* db, void* da, void* da_log, bool da_log_f32, void* ddt_bias, bool ddt_bias_f32,
                                const float* dbeta, const float* dg, const void* b, const void* a, const void* a_log,
                                const void* dt_bias, int64_t T, int64_t H, void* ws, cudaStream_t s);
+
+// ---- dense/conv1d.cu ----
 // Causal depthwise conv + SiLU, channel-last, varlen (cu_seqlens on the device), kernel width K <= 8.
 void launch_conv1d_silu_forward(void* y, const void* x, const void* w, const int32_t* cu, int num_seqs, int64_t T,
                                 int64_t C, int K, cudaStream_t s);
@@ -46,9 +52,16 @@ size_t conv1d_silu_backward_workspace_bytes(int64_t T, int64_t C, int K);
 void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy, const void* x, const void* w,
                                  const int32_t* cu, int num_seqs, int64_t T, int64_t C, int K, void* ws,
                                  cudaStream_t s);
+
+// ---- dense/reductions.cu ----
 // out[c] (+)= sum_{p < P} partials[p * ld + c] for c < ncols, p in order (fp32), then stored.
 void launch_column_reduce(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld, int64_t ncols,
                           cudaStream_t s);
+// *out = an order-free 64-bit hash of the 16-bit words of p[0, bytes) (bytes even): equal bytes
+// give equal hashes; used to tell whether two GEMM algorithms wrote the same bits.
+void launch_hash_words(unsigned long long* out, const void* p, size_t bytes, cudaStream_t s);
+
+// ---- dense/cross_entropy.cu ----
 // Cross-entropy on one chunk of fp32 logits [n, V] (row stride V floats). Writes row_loss[n]
 // (lse - logit[target], 0 for target -100); with want_grad it overwrites each row's first 2V bytes
 // with the bf16 gradient grad_scale * (softmax - onehot), so the gradient is a bf16 [n, V] matrix
@@ -57,16 +70,13 @@ void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* t
                                 float grad_scale, bool want_grad, cudaStream_t s);
 // *out = sum of x[0, n) in double, one fixed reduction order.
 void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s);
-// *out = an order-free 64-bit hash of the 16-bit words of p[0, bytes) (bytes even): equal bytes
-// give equal hashes; used to tell whether two GEMM algorithms wrote the same bits.
-void launch_hash_words(unsigned long long* out, const void* p, size_t bytes, cudaStream_t s);
 
-// ---- ops_norm.cu ----
+// ---- dense/rmsnorm.cu (rmsnorm_wide.cu, rmsnorm_narrow.cu) ----
 enum class NormKind { OnePlusW, Gated };  // y = x rstd (1 + w)  |  y = w x rstd silu(z)
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
                             int64_t cols, float eps, NormKind kind, cudaStream_t s);
 // h = x + r (bf16), then the (1+w) RMSNorm of h, in one pass; false (nothing launched) when the
-// shape or alignment is outside the fused kernel's fast path (cols % 8, cols <= 4096, 16-byte).
+// shape or alignment is outside the fused kernel's wide-row path (cols % 8, cols <= 4096, 16-byte).
 bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, const void* r, const void* w,
                                 int64_t rows, int64_t cols, float eps, cudaStream_t s);
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols);
@@ -74,6 +84,8 @@ size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols);
 void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, bool dw_f32, const void* dy,
                              const void* x, const void* z, const void* w, const float* rstd, int64_t rows,
                              int64_t cols, NormKind kind, void* ws, cudaStream_t s);
+
+// ---- dense/attention_prep.cu ----
 void launch_attn_prep_forward(void* q, void* k, void* gate, float* q_rstd, float* k_rstd, const void* qg,
                               const void* kr, const void* q_norm_w, const void* k_norm_w, const int32_t* positions,
                               int64_t T, int Hq, int Hkv, int D, int rotary_dim, double theta, float eps,
