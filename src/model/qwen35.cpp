@@ -461,16 +461,7 @@ std::vector<float> Qwen35Model::param_f32(size_t i) const {
 }
 std::vector<float> Qwen35Model::grad_f32(size_t i) const {
   if (!(shards_ && shards_->sharded(i))) return download_f32(grads_[i]);
-  // The summed gradient's rows from every rank, padded rows dropped.
-  const ShardLayout& L = shards_->layout(i);
-  const std::vector<float> mine = download_f32(shards_->shard_grad(i));
-  std::vector<float> padded(static_cast<size_t>(L.padded_numel()), 0.0f);
-  std::copy(mine.begin(), mine.end(), padded.begin());
-  std::vector<float> all(padded.size() * static_cast<size_t>(shards_->world()));
-  shards_->comm().all_gather(Tensor(all.data(), DType::F32, {static_cast<int64_t>(all.size())}, Device::cpu()),
-                             Tensor(padded.data(), DType::F32, {static_cast<int64_t>(padded.size())}, Device::cpu()));
-  all.resize(static_cast<size_t>(L.rows * L.cols));
-  return all;
+  return shards_->gather_whole_host(i, download_f32(shards_->shard_grad(i)));  // the summed gradient's rows
 }
 void Qwen35Model::set_param_f32(size_t i, const std::vector<float>& values) {
   if (lora_) upload_f32(params_[i], values, specs_[i].name);

@@ -152,6 +152,7 @@ class Qwen35Model {
   // ---- ZeRO-3 ----
   // nullptr without; else the shards (whether tensor i is sharded, its row range).
   const WeightShards* weight_shards() const { return shards_.get(); }
+  WeightShards* weight_shards() { return shards_.get(); }
   // What the optimizer updates for trainable tensor i: this rank's rows of a sharded tensor (the
   // weights and the gradient summed over the ranks), else the whole parameter and gradient.
   const Tensor& optimizer_param(size_t i) const;

@@ -140,6 +140,17 @@ const std::vector<int>& WeightShards::members(int group) const {
   return members_[static_cast<size_t>(group + 2)];
 }
 
+std::vector<float> WeightShards::gather_whole_host(size_t i, const std::vector<float>& mine) {
+  const ShardLayout& L = layout(i);
+  std::vector<float> padded(static_cast<size_t>(L.padded_numel()), 0.0f);
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  std::vector<float> all(padded.size() * static_cast<size_t>(comm_.world()));
+  comm_.all_gather(Tensor(all.data(), DType::F32, {static_cast<int64_t>(all.size())}, Device::cpu()),
+                   Tensor(padded.data(), DType::F32, {static_cast<int64_t>(padded.size())}, Device::cpu()));
+  all.resize(static_cast<size_t>(L.rows * L.cols));
+  return all;
+}
+
 void WeightShards::gather(int group) {
   for (int k : members(group)) {
     const Sharded& s = shards_[static_cast<size_t>(k)];

@@ -73,6 +73,9 @@ class WeightShards {
   const Tensor& shard_weight(size_t i) const { return t(i).shard_weight; }
   const Tensor& shard_grad(size_t i) const { return t(i).shard_grad; }
 
+  // The whole tensor i from every rank's rows on the host: `mine` is this rank's shard_numel
+  // values (a collective: every rank calls it in the same order).
+  std::vector<float> gather_whole_host(size_t i, const std::vector<float>& mine);
   // All-gathers the group's weights into its buffer.
   void gather(int group);
   // Reduce-scatters the group's whole gradients into the shard gradients: = (accumulate false) or

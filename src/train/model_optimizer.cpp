@@ -155,14 +155,8 @@ class DeviceOptimizer final : public ModelOptimizer {
     std::vector<float> mine(static_cast<size_t>(src.numel()));
     model_.backend().copy_to_host(mine.data(), src);
     if (!sharded(i) || comm_ == nullptr) return mine;
-    const ShardLayout& L = model_.weight_shards()->layout(i);
-    std::vector<float> padded(static_cast<size_t>(L.padded_numel()), 0.0f);
-    std::copy(mine.begin(), mine.end(), padded.begin());
-    std::vector<float> all(padded.size() * static_cast<size_t>(comm_->world()));
-    comm_->all_gather(Tensor(all.data(), DType::F32, {static_cast<int64_t>(all.size())}, Device::cpu()),
-                      Tensor(padded.data(), DType::F32, {static_cast<int64_t>(padded.size())}, Device::cpu()));
-    all.resize(static_cast<size_t>(L.rows * L.cols));
-    return all;
+    // The model's shards and this state share the communicator and the row layout.
+    return model_.weight_shards()->gather_whole_host(i, mine);
   }
 
   Qwen35Model& model_;
