@@ -1,12 +1,9 @@
-// CudaBackend: memory, validation at the API boundary, cuBLASLt GEMMs, and the entry points that
-// call the launchers of ops_launch.h (own kernels), kernels.h (attention) and gdn/gdn.h (GDN).
+// CudaBackend: validation at the API boundary and the entry points that call the GEMM runner
+// (cuda_gemm.h), the launchers of ops_launch.h (own kernels), kernels.h (attention) and gdn/gdn.h (GDN).
 #include "ops/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -23,8 +20,7 @@ namespace {
 constexpr DType BF16 = DType::BF16;
 constexpr DType F32 = DType::F32;
 constexpr DType I32 = DType::I32;
-constexpr size_t kGemmWorkspace = size_t(32) << 20;  // cuBLASLt on Hopper wants up to 32 MiB
-constexpr size_t kAlign = 256;
+constexpr size_t kAlign = cuda::DeviceArena::kAlign;
 
 void check_storage(const char* op, const char* name, const Tensor& t, DType dtype) {
   ops::check_storage(op, name, t, dtype, DeviceKind::CUDA);
@@ -54,13 +50,6 @@ void check_seqs(const char* op, const SeqInfo& seqs, int64_t T) {
            ", expected in [0, T = ", T, "]");
 }
 
-int alignment_of(const void* p) {
-  const auto u = reinterpret_cast<uintptr_t>(p);
-  int a = 1;
-  while (a < 256 && (u % (2 * a)) == 0) a *= 2;
-  return a;
-}
-
 void conv_weight_dims(const char* op, const Tensor& w, int64_t* C, int64_t* K) {
   QT_CHECK(w.ndim == 2 || (w.ndim == 3 && w.shape[1] == 1), op, ": w is ", w.describe(), ", expected [C, K]");
   *C = w.shape[0];
@@ -87,106 +76,53 @@ void check_attn_kernel_dims(const char* op, const AttnDims& d) {
 
 // ---- lifetime and memory ---------------------------------------------------------------------
 
-CudaBackend::CudaBackend(const BackendOptions& o)
-    : gemm_candidates_(o.gemm_candidates), device_(o.device), gemm_tune_(o.gemm_tune),
-      deterministic_attention_(o.deterministic) {
-  // The options first: a bad setting fails before anything is acquired.
-  QT_CHECK(o.gemm_candidates >= 1 && o.gemm_candidates <= kGemmMaxCandidates, "train.cuda.gemm_candidates is ",
-           o.gemm_candidates, ": expected an integer from 1 to ", kGemmMaxCandidates);
+namespace {
+// The device first: the arena and the GEMM runner allocate on it.
+int select_device(const BackendOptions& o) {
   QT_CHECK(o.arena_mib >= 16, "train.cuda.arena_mib is ", o.arena_mib, ": expected at least 16 (MiB)");
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
-  if (o.share_devices && count > 0) device_ = o.device % count;
-  const int device = device_;
+  const int device = o.share_devices && count > 0 ? o.device % count : o.device;
   QT_CHECK(device >= 0 && device < count, "CudaBackend: device ", device, " does not exist (", count, " found)");
-  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+}  // namespace
+
+CudaBackend::CudaBackend(const BackendOptions& o)
+    : device_(select_device(o)),
+      arena_(static_cast<size_t>(o.arena_mib) << 20),
+      gemm_(o.gemm_candidates, o.gemm_tune),
+      deterministic_attention_(o.deterministic) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CUBLAS_CHECK(cublasLtCreate(&lt_));
-  gemm_ws_bytes_ = kGemmWorkspace;
-  CUDA_CHECK(cudaMalloc(&gemm_ws_, gemm_ws_bytes_));
-  block_bytes_ = static_cast<size_t>(o.arena_mib) << 20;
   alloc_scalars();
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  for (auto& kv : gemm_plans_) {
-    cublasLtMatrixLayoutDestroy(kv.second.a);
-    cublasLtMatrixLayoutDestroy(kv.second.b);
-    cublasLtMatrixLayoutDestroy(kv.second.c);
-    cublasLtMatmulDescDestroy(kv.second.desc);
-  }
-  for (auto& b : blocks_) cudaFree(b.base);
-  for (void* p : dedicated_) cudaFree(p);
-  for (void* h : host_blocks_) cudaFreeHost(h);
   cudaFree(ws_);
-  cudaFree(gemm_ws_);
-  if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 Tensor CudaBackend::alloc(DType dtype, const Shape& shape) {
   Tensor probe(nullptr, dtype, shape);
-  const size_t bytes = (probe.nbytes() + kAlign - 1) / kAlign * kAlign;
-  if (bytes == 0) return Tensor(nullptr, dtype, shape, device());
-  if (bytes > block_bytes_ / 4) {
-    // A big tensor gets memory of its own: placed in a block it would strand the block's tail
-    // (up to a third of the GDN states' memory at 4B).
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, bytes));
-    dedicated_.push_back(p);
-    dedicated_bytes_ += bytes;
-    CUDA_CHECK(cudaMemsetAsync(p, 0, probe.nbytes(), stream_));
-    return Tensor(p, dtype, shape, device());
-  }
-  while (block_index_ < blocks_.size() && block_used_ + bytes > blocks_[block_index_].size) {
-    ++block_index_;
-    block_used_ = 0;
-  }
-  if (block_index_ == blocks_.size()) {
-    Block b{nullptr, std::max(block_bytes_, bytes)};
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, b.size));
-    b.base = static_cast<char*>(p);
-    blocks_.push_back(b);
-    block_used_ = 0;
-  }
-  char* p = blocks_[block_index_].base + block_used_;
-  block_used_ += bytes;
-  CUDA_CHECK(cudaMemsetAsync(p, 0, probe.nbytes(), stream_));  // zero-filled, like the CPU backend
-  return Tensor(p, dtype, shape, device());
+  if (probe.nbytes() == 0) return Tensor(nullptr, dtype, shape, device());
+  return Tensor(arena_.alloc(probe.nbytes(), stream_), dtype, shape, device());
 }
 
-void* CudaBackend::alloc_host(size_t bytes) {
-  void* p = nullptr;
-  CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault));
-  std::memset(p, 0, std::max<size_t>(bytes, 1));
-  host_blocks_.push_back(p);
-  return p;
-}
+void* CudaBackend::alloc_host(size_t bytes) { return arena_.alloc_host(bytes); }
 
 void CudaBackend::reset_arena() {
   synchronize();
-  for (void* p : dedicated_) cudaFree(p);
-  dedicated_.clear();
-  dedicated_bytes_ = 0;
-  block_index_ = 0;
-  block_used_ = 0;
+  arena_.reset();
   alloc_scalars();
 }
 
-// The backend's own device words (the loss sum, tune_gemm's hash) from the arena.
-void CudaBackend::alloc_scalars() {
-  d_scalar_ = static_cast<double*>(alloc(DType::F64, {1}).data);
-  d_hash_ = static_cast<unsigned long long*>(alloc(DType::F64, {1}).data);
-}
+// The backend's own device word (the loss sum) from the arena.
+void CudaBackend::alloc_scalars() { d_scalar_ = static_cast<double*>(alloc(DType::F64, {1}).data); }
 
-size_t CudaBackend::arena_bytes_reserved() const {
-  size_t n = dedicated_bytes_;
-  for (const auto& b : blocks_) n += b.size;
-  return n;
-}
+size_t CudaBackend::arena_bytes_reserved() const { return arena_.reserved_bytes(); }
 
 void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -260,116 +196,13 @@ void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
                        const void* B, int64_t ldb, void* C, int64_t ldc, bool c_f32, float beta, float alpha) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    QT_CHECK(beta == 1.0f || ldc == N, "gemm: K = 0 with beta ", beta, " and a strided C is not supported");
-    if (beta != 1.0f) CUDA_CHECK(cudaMemsetAsync(C, 0, size_t(M * N) * (c_f32 ? 4 : 2), stream_));
-    return;
-  }
-  // Row-major C[M,N] is column-major C^T[N,M]: C^T = op(B)^T op(A)^T, so cuBLASLt's "A" is our B.
-  const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, c_f32, alignment_of(A), alignment_of(B),
-                    alignment_of(C)};
-  auto it = gemm_plans_.find(key);
-  if (it == gemm_plans_.end()) {
-    GemmPlan p;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt A = our B
-    const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    // Column-major views of the row-major stored matrices.
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_f32 ? CUDA_R_32F : CUDA_R_16BF, N, M, ldc));
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &gemm_ws_bytes_, sizeof(gemm_ws_bytes_)));
-    const uint32_t al_a = uint32_t(std::get<10>(key)), al_b = uint32_t(std::get<9>(key)),
-                   al_c = uint32_t(std::get<11>(key));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                      sizeof(al_a)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                      sizeof(al_b)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                                      sizeof(al_c)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                                      sizeof(al_c)));
-    cublasLtMatmulHeuristicResult_t res[kGemmMaxCandidates] = {};
-    int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, gemm_tune_ ? gemm_candidates_ : 1, res,
-                                       &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      cublasLtMatrixLayoutDestroy(p.a);
-      cublasLtMatrixLayoutDestroy(p.b);
-      cublasLtMatrixLayoutDestroy(p.c);
-      cublasLtMatmulDescDestroy(p.desc);
-      QT_FAIL("gemm: cuBLASLt has no algorithm for M ", M, " N ", N, " K ", K, " (trans_a ", trans_a, ", trans_b ",
-              trans_b, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc, ", C ", c_f32 ? "f32" : "bf16", "): ",
-              cuda::cublas_status_str(st));
-    }
-    p.algo = res[0].algo;
-    if (found > 1)
-      for (int i = 0; i < found; ++i) p.candidates.push_back(res[i].algo);
-    it = gemm_plans_.emplace(key, p).first;
-  }
-  GemmPlan& p = it->second;
-  if (!p.candidates.empty() && beta == 0.0f && !capturing())
-    tune_gemm(p, A, B, C, size_t((M - 1) * ldc + N) * (c_f32 ? 4 : 2));
-  CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, gemm_ws_,
-                              gemm_ws_bytes_, stream_));
-  QT_LAUNCH_CHECK("gemm");
+  gemm_.run({trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, c_f32, beta, alpha}, stream_, capturing());
 }
 
 bool CudaBackend::capturing() const {
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream_, &cs));
   return cs != cudaStreamCaptureStatusNone;
-}
-
-// Times cuBLASLt's heuristic candidates on a plan's first beta = 0 call (outside capture, in
-// place: every run writes C = op(A) op(B)) and keeps the fastest of those that write exactly the
-// bits of the heuristic's first choice (a hash of C), so tuning changes speed, never results:
-// graph and eager steps, a resumed and an uninterrupted run, two processes stay bit-equal.
-void CudaBackend::tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, size_t c_bytes) {
-  std::vector<cublasLtMatmulAlgo_t> candidates;
-  candidates.swap(p.candidates);
-  const float alpha = 1.0f, beta = 0.0f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(lt_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &algo, gemm_ws_,
-                          gemm_ws_bytes_, stream_);
-  };
-  auto hash = [&] {
-    cuda::launch_hash_words(d_hash_, C, c_bytes, stream_);
-    unsigned long long h = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&h, d_hash_, sizeof(h), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return h;
-  };
-  CUBLAS_CHECK(run(p.algo));  // the heuristic's first choice: the reference bits
-  const unsigned long long ref = hash();
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  float best = -1.0f;
-  for (const cublasLtMatmulAlgo_t& algo : candidates) {
-    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // cannot run here
-    if (hash() != ref) continue;                       // another summation order: other bits
-    CUDA_CHECK(cudaEventRecord(e0, stream_));
-    for (int r = 0; r < 3; ++r) CUBLAS_CHECK(run(algo));
-    CUDA_CHECK(cudaEventRecord(e1, stream_));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (best < 0.0f || ms < best) {
-      best = ms;
-      p.algo = algo;
-    }
-  }
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
 }
 
 void CudaBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {

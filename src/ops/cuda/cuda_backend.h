@@ -3,24 +3,21 @@
 // beta, g, dbeta, dg, token_loss) are f32; ids, targets, positions and cu_seqlens are i32 device
 // tensors. Weight-gradient ("acc") outputs may be bf16 or f32.
 //
-// Memory: alloc() bump-allocates zero-filled tensors from a device arena grown in large blocks
-// (BackendOptions::arena_mib, train.cuda.arena_mib: 1024 MiB blocks by default; one cudaMalloc per
-// tensor only for tensors above a quarter block, which would otherwise strand block tails);
-// reset_arena() frees every tensor at once. Scratch for GEMMs (a fixed 32 MiB cuBLASLt workspace), the
-// cross-entropy chunks, weight-gradient partial sums and the GDN / attention kernels comes from
-// one backend-owned workspace, grown only outside CUDA-graph capture. Every op is enqueued on the
+// Memory: alloc() takes zero-filled tensors from a DeviceArena (cuda_arena.h; blocks of
+// BackendOptions::arena_mib, train.cuda.arena_mib: 1024 MiB by default); reset_arena() frees every
+// tensor at once. GEMMs run through a GemmRunner (cuda_gemm.h, its own 32 MiB cuBLASLt workspace).
+// Scratch for the cross-entropy chunks, weight-gradient partial sums and the GDN / attention kernels
+// comes from one backend-owned workspace, grown only outside CUDA-graph capture. Every op is enqueued on the
 // backend's stream; copy_to_host and linear_cross_entropy synchronize it (linear_cross_entropy_to
 // does not, so a whole training step can be captured in a CUDA graph).
 #pragma once
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <map>
-#include <tuple>
-#include <vector>
 
 #include "ops/backend.h"
+#include "ops/cuda/cuda_arena.h"
+#include "ops/cuda/cuda_gemm.h"
 
 namespace qt {
 
@@ -54,7 +51,7 @@ class CudaBackend final : public Backend {
   // GEMM tuning (BackendOptions::gemm_tune, train.cuda.gemm_tune; default on): a new plan's first
   // beta = 0 call times cuBLASLt's heuristic candidates and keeps the fastest that writes the same
   // bits as the first candidate. Affects plans made after the call.
-  void set_gemm_tuning(bool on) { gemm_tune_ = on; }
+  void set_gemm_tuning(bool on) { gemm_.set_tuning(on); }
   // The attention backward's dQ from its own kernel instead of fp32 atomics: bitwise reproducible
   // steps (and so exactly resumable runs) at ~1.4x the backward's MMA work, which measured within
   // noise end to end (docs/attention_kernels.md section 5). On by default; set_deterministic(false)
@@ -90,44 +87,17 @@ class CudaBackend final : public Backend {
                              const Tensor& hidden, const Tensor& w, const Tensor& targets, double grad_scale,
                              bool accumulate_dw);
 
-  struct GemmPlan {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    // Heuristic candidates (best first) while the plan waits to be timed; empty once settled.
-    std::vector<cublasLtMatmulAlgo_t> candidates;
-  };
-  static constexpr int kGemmMaxCandidates = 64;
-  // Heuristic candidates a new plan's tuning times (train.cuda.gemm_candidates, 1..64): 32 found
-  // faster bit-identical algorithms than 8 (4b +0.8 % end to end, docs/dense_kernels.md section 2).
-  int gemm_candidates_ = 32;
   bool capturing() const;  // the stream is being captured into a CUDA graph
   void alloc_scalars();
-  void tune_gemm(GemmPlan& p, const void* A, const void* B, void* C, size_t c_bytes);
-  using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  std::map<GemmKey, GemmPlan> gemm_plans_;
-  void* gemm_ws_ = nullptr;
-  size_t gemm_ws_bytes_ = 0;
+  cuda::DeviceArena arena_;
+  cuda::GemmRunner gemm_;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   uint64_t ws_generation_ = 0;
-  struct Block {
-    char* base;
-    size_t size;
-  };
-  std::vector<Block> blocks_;
-  std::vector<void*> host_blocks_;  // alloc_host
-  std::vector<void*> dedicated_;    // tensors larger than a quarter block, one cudaMalloc each
-  size_t dedicated_bytes_ = 0;
-  size_t block_index_ = 0, block_used_ = 0;
-  size_t block_bytes_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
-  unsigned long long* d_hash_ = nullptr;  // tune_gemm's output hash
-  bool gemm_tune_ = true;
   bool deterministic_attention_ = true;
   int64_t ce_chunk_rows_ = 0;
   int64_t ce_budget_bytes_ = 0;

@@ -41,7 +41,7 @@
 //           product batch before warpgroup 1 (named barriers).
 // Gates: e^{G_i - G_j} (j <= i, so <= 1) by ex2 of log2-scaled G wherever a kernel forms many of
 // them (P in the scans, prep's A, bwd_chunk), with the row and column values read once per thread.
-// Other head dims (and dk = dv = 128 with GdnArgs::mma_sync; mma_sync.cu): prep also forms W, U;
+// Other head dims (and dk = dv = 128 with GdnArgs::mma_sync; mma_sync_scans.cu, mma_sync_chunks.cu): prep also forms W, U;
 // mma.sync scans (h, D), then the output kernel; in the backward dD_local = P^T dO by its own
 // kernel unless the mma.sync reverse scan can form it, and the mma.sync per-chunk gradient kernel.
 // Per-(chunk, head) kernels: 256 threads; row reductions go through fixed-order per-tile partials

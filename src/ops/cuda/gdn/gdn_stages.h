@@ -111,19 +111,19 @@ Call plan_backward(void* dqkv, float* dg, float* dbeta, const void* d_o, const v
 bool reset_flags(const Call& c, cudaStream_t stream);  // gdn.cu
 bool chunk_table(const Call& c, cudaStream_t stream);  // plan.cu
 bool prep(const Call& c, cudaStream_t stream);         // prep.cu
-bool scan_fwd(const Call& c, cudaStream_t stream);     // gdn.cu: fwd_scan.cu's or mma_sync.cu's
-bool output(const Call& c, cudaStream_t stream);       // mma_sync.cu
-bool dlocal(const Call& c, cudaStream_t stream);       // mma_sync.cu
-bool scan_bwd(const Call& c, cudaStream_t stream);     // gdn.cu: rev_scan.cu's or mma_sync.cu's
-bool bwd_chunk(const Call& c, cudaStream_t stream);    // gdn.cu: bwd_chunk.cu's or mma_sync.cu's
+bool scan_fwd(const Call& c, cudaStream_t stream);     // gdn.cu: fwd_scan.cu's or mma_sync_scans.cu's
+bool output(const Call& c, cudaStream_t stream);       // mma_sync_chunks.cu
+bool dlocal(const Call& c, cudaStream_t stream);       // mma_sync_chunks.cu
+bool scan_bwd(const Call& c, cudaStream_t stream);     // gdn.cu: rev_scan.cu's or mma_sync_scans.cu's
+bool bwd_chunk(const Call& c, cudaStream_t stream);    // gdn.cu: bwd_chunk.cu's or mma_sync_chunks.cu's
 bool qk_grad(const Call& c, cudaStream_t stream);      // qk_grad.cu
 
 // The families behind scan_fwd, scan_bwd and bwd_chunk.
 void scan_fwd_wgmma(const Call& c, cudaStream_t stream);     // fwd_scan.cu
 void scan_bwd_wgmma(const Call& c, cudaStream_t stream);     // rev_scan.cu
 void bwd_chunk_wgmma(const Call& c, cudaStream_t stream);    // bwd_chunk.cu
-void scan_fwd_mma_sync(const Call& c, cudaStream_t stream);  // mma_sync.cu
+void scan_fwd_mma_sync(const Call& c, cudaStream_t stream);  // mma_sync_scans.cu
 void scan_bwd_mma_sync(const Call& c, cudaStream_t stream);
-void bwd_chunk_mma_sync(const Call& c, cudaStream_t stream);
+void bwd_chunk_mma_sync(const Call& c, cudaStream_t stream);  // mma_sync_chunks.cu
 
 }  // namespace qt::cuda::gdn
