@@ -22,7 +22,7 @@ GemmRunner::GemmRunner(int candidates, bool tune) : candidates_(candidates), tun
            ": expected an integer from 1 to ", kMaxCandidates);
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   CUDA_CHECK(cudaMalloc(&ws_, ws_bytes_));
-  CUDA_CHECK(cudaMalloc(&d_hash_, sizeof(*d_hash_)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_hash_), sizeof(*d_hash_)));
 }
 
 GemmRunner::~GemmRunner() {
