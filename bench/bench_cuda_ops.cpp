@@ -4,7 +4,7 @@
 // RMSNorm / conv1d / AdamW bandwidth as a fraction of the copy bandwidth, and the fused linear
 // cross-entropy (6 T H V matmul FLOPs for forward + backward) with its peak extra memory; `layer`
 // times the layers' other elementwise ops (gated norm, GDN gates, attention prep, SwiGLU).
-// Usage: bench_cuda_ops [--quick] [--only gemm,rmsnorm,conv1d,adamw,layer,ce,ce-parts] [--ce-rows N]
+// Usage: bench_cuda_ops [--quick] [--only gemm,fp8,rmsnorm,conv1d,adamw,layer,ce,ce-parts] [--ce-rows N]
 // (prints: key  value  unit  ceiling; --only runs just the named sections after the ceilings,
 // ce-parts only when named; --ce-rows sets the cross-entropy chunk, 0 = the backend's default)
 #include <cuda_runtime_api.h>
@@ -140,6 +140,48 @@ int main(int argc, char** argv) {
     }
     rows.push_back({"gemm_tflops_2b", flops / (ms_total * 1e-3) / 1e12, "TFLOP/s",
                     "gemm_peak_tflops " + std::to_string(gemm_peak)});
+  }
+
+  // ---- FP8 projection GEMMs: the forward, dgrad and wgrad shapes of the same projections as
+  // x W^T products of e4m3 operands (the layout the FP8 tensor cores take), against bf16 on the
+  // same shapes; then the per-tensor quantize's bandwidth ----
+  if (run("fp8")) {
+    struct Proj {
+      int64_t N, K;
+    };
+    const Proj projs[] = {{6144, H}, {2048, H}, {16, H},   {16, H},   {H, 2048}, {4096, H},
+                          {512, H},  {512, H},  {H, 2048}, {I, H},    {I, H},    {H, I}};
+    double flops = 0, ms_fp8 = 0, ms_bf16 = 0;
+    for (const Proj& p : projs) {
+      const int64_t shapes[3][3] = {{T, p.N, p.K}, {T, p.K, p.N}, {p.N, p.K, T}};  // M, N, K: fwd, dgrad, wgrad
+      for (const auto& sh : shapes) {
+        const int64_t M = sh[0], N = sh[1], K = sh[2];
+        Tensor a = be.alloc(DType::BF16, {M, K}), b = be.alloc(DType::BF16, {N, K}), c = be.alloc(DType::BF16, {M, N});
+        Tensor aq = be.alloc(DType::F8E4M3, {M, K}), bq = be.alloc(DType::F8E4M3, {N, K});
+        Tensor as = be.alloc(DType::F32, {1}), bs = be.alloc(DType::F32, {1});
+        fill(be, a, 1.0f, 11);
+        fill(be, b, 0.02f, 12);
+        be.quantize_fp8(aq, Tensor(), as, a);
+        be.quantize_fp8(bq, Tensor(), bs, b);
+        ms_fp8 += time_ms(be, [&] { be.linear_forward_fp8(c, aq, as, bq, bs); }, iters);
+        ms_bf16 += time_ms(be, [&] { be.linear_forward(c, a, b); }, iters);
+        flops += 2.0 * double(M) * double(N) * double(K);
+        be.reset_arena();
+      }
+    }
+    rows.push_back({"gemm_fp8_tflops_2b", flops / (ms_fp8 * 1e-3) / 1e12, "TFLOP/s",
+                    "bf16 on the same shapes " + std::to_string(flops / (ms_bf16 * 1e-3) / 1e12)});
+    Tensor x = be.alloc(DType::BF16, {T, I}), xq = be.alloc(DType::F8E4M3, {T, I}), xs = be.alloc(DType::F32, {1});
+    fill(be, x, 1.0f, 13);
+    const double ms = time_ms(be, [&] { be.quantize_fp8(xq, Tensor(), xs, x); }, iters);
+    const double bytes = double(T * I) * (2 + 2 + 1);  // x read twice (amax, cast), q written
+    rows.push_back({"fp8_quantize_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
+                    "x [8192, 6144] bf16 -> e4m3, two passes"});
+    Tensor xq_t = be.alloc(DType::F8E4M3, {I, T});
+    const double ms_t = time_ms(be, [&] { be.quantize_fp8(Tensor(), xq_t, xs, x); }, iters);
+    rows.push_back({"fp8_quantize_t_bw_frac", bytes / (ms_t * 1e-3) / 1e12 / copy_tbs, "of copy",
+                    "the same, the codes written transposed [6144, 8192]"});
+    be.reset_arena();
   }
 
   // ---- RMSNorm fwd + bwd [T, H] ----

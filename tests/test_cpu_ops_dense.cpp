@@ -2,6 +2,11 @@
 // attn_prep, attention gate, cross-entropy); the suites are described in cpu_ops_test_util.h.
 #include "cpu_ops_test_util.h"
 
+#include <string>
+
+#include "core/error.h"
+#include "core/fp8.h"
+
 namespace qt {
 namespace {
 
@@ -441,6 +446,86 @@ TEST_F(CpuOpsFloat, AllocIsZeroedAndOwned) {
   EXPECT_EQ(c.ptr<float>()[14], 3.0f);
   be.zero(a);
   EXPECT_EQ(a.ptr<float>()[7], 0.0f);
+}
+
+}  // namespace
+}  // namespace qt
+
+// ---- FP8 E4M3 codec and the fp8 ops' CPU reference ----------------------------------------------
+
+namespace qt {
+namespace {
+
+TEST(Fp8E4M3, CodecRoundTripsRoundsToEvenAndSaturates) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = fp8_e4m3_to_float(uint8_t(c));
+    if ((c & 0x7F) == 0x7F) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      continue;
+    }
+    EXPECT_EQ(float_to_fp8_e4m3(v), uint8_t(c)) << "code " << c << " value " << v;
+    // Halfway to the next code up rounds to the even one of the two.
+    if ((c & 0x7F) < 0x7E) {
+      const float next = fp8_e4m3_to_float(uint8_t(c + 1)), mid = 0.5f * (v + next);
+      const uint8_t even = (c & 1) ? uint8_t(c + 1) : uint8_t(c);
+      EXPECT_EQ(float_to_fp8_e4m3(mid), even) << "midpoint of codes " << c << ", " << c + 1;
+    }
+  }
+  EXPECT_EQ(fp8_e4m3_to_float(0x7E), 448.0f);
+  EXPECT_EQ(fp8_e4m3_to_float(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(float_to_fp8_e4m3(1e9f), 0x7E);
+  EXPECT_EQ(float_to_fp8_e4m3(-460.0f), 0xFE);
+  EXPECT_EQ(float_to_fp8_e4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(float_to_fp8_e4m3(std::ldexp(1.0f, -11)), 0x00);  // a quarter step: to zero
+  EXPECT_EQ(float_to_fp8_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(fp8_scale_for_amax(0.0f), 1.0f);
+}
+
+TEST(Fp8E4M3, CpuQuantizeAndLinear) {
+  CpuBackend be;
+  const int64_t T = 3, N = 8, K = 16;
+  Tensor x = be.alloc(DType::F32, {T, K}), w = be.alloc(DType::F32, {N, K});
+  for (int64_t i = 0; i < T * K; ++i) x.ptr<float>()[i] = float(i % 7) - 3.0f;   // amax 3
+  for (int64_t i = 0; i < N * K; ++i) w.ptr<float>()[i] = (i % 3 == 0) ? 0.5f : -0.25f;
+  Tensor xq = be.alloc(DType::F8E4M3, {T, K}), wq = be.alloc(DType::F8E4M3, {N, K});
+  Tensor xs = be.alloc(DType::F32, {1}), ws = be.alloc(DType::F32, {1}), y = be.alloc(DType::F32, {T, N});
+  be.quantize_fp8(xq, Tensor(), xs, x);
+  be.quantize_fp8(wq, Tensor(), ws, w);
+  EXPECT_FLOAT_EQ(xs.ptr<float>()[0], 3.0f / 448.0f);
+  EXPECT_FLOAT_EQ(ws.ptr<float>()[0], 0.5f / 448.0f);
+  be.linear_forward_fp8(y, xq, xs, wq, ws);
+  // w's values are exact in e4m3 after scaling, x's (integers times 448 / 3) are not: the product
+  // stays within e4m3's rounding of x (2^-4 relative per term; mag / 8 leaves a factor of 2).
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double exact = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        exact += double(x.ptr<float>()[t * K + k]) * w.ptr<float>()[n * K + k];
+        mag += std::fabs(double(x.ptr<float>()[t * K + k]) * w.ptr<float>()[n * K + k]);
+      }
+      EXPECT_NEAR(y.ptr<float>()[t * N + n], exact, mag / 8 + 1e-6) << t << ", " << n;
+    }
+  // The transposed codes are q's, transposed.
+  Tensor xq_t = be.alloc(DType::F8E4M3, {K, T});
+  be.quantize_fp8(Tensor(), xq_t, xs, x);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k)
+      EXPECT_EQ(static_cast<uint8_t*>(xq_t.data)[k * T + t], static_cast<uint8_t*>(xq.data)[t * K + k]);
+  EXPECT_THROW(be.quantize_fp8(Tensor(), Tensor(), xs, x), Error);  // neither output
+  EXPECT_THROW(be.quantize_fp8(Tensor(), xq, xs, x), Error);        // q_t must be [K, T]
+  // All-zero input: scale 1, codes 0.
+  Tensor z = be.alloc(DType::F32, {2, 16}), zq = be.alloc(DType::F8E4M3, {2, 16}), zs = be.alloc(DType::F32, {1});
+  be.quantize_fp8(zq, Tensor(), zs, z);
+  EXPECT_EQ(zs.ptr<float>()[0], 1.0f);
+  // Bad shapes and dtypes are named.
+  Tensor wq_bad = be.alloc(DType::F8E4M3, {8, 24}), xq_bad = be.alloc(DType::F8E4M3, {T, 24});
+  try {
+    be.linear_forward_fp8(y, xq_bad, xs, wq_bad, ws);
+    FAIL() << "K = 24 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_forward_fp8"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(be.quantize_fp8(x, Tensor(), xs, x), Error);  // q must be F8E4M3
 }
 
 }  // namespace

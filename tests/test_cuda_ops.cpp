@@ -265,6 +265,121 @@ TEST_F(OpsTest, Linear) {
   }
 }
 
+// FP8 (quantize_fp8, linear_forward_fp8). The codes must match the CPU reference (core/fp8.h) bit
+// for bit, the scale too; the GEMM of the codes then matches the CPU product of the decoded values
+// to fp32 reordering plus the bf16 output rounding (k = 2), and the unquantized bf16 product to the
+// fp8 rounding bound: each operand's error is at most e = max(|v| / 16, u) (e4m3's half ulp, or
+// u = 2^-10 amax / 448, half the subnormal step, for values far below the amax), so
+// |y8 - y| <= sum_k (e_x |w| + e_w |x| + e_x e_w) + the bf16 output rounding. Odd token counts,
+// zeros and an outlier (the amax) in x, a tensor of tiny values (the scale lifts them out of
+// e4m3's subnormals), and guard bytes after every output.
+TEST_F(OpsTest, Fp8QuantizeAndLinear) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : kTokens) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 208}, {200, 96}, {8, 16}}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " N " + std::to_string(N) + " K " + std::to_string(K));
+      const float xr = T == 7 ? 1e-3f : 3.0f;  // 1e-3: below e4m3's normal range unless scaled
+      Pair x = input({T, K}, -xr, xr), w = input({N, K}, -0.05f, 0.05f);
+      // A few exact zeros and one large outlier (the amax): most values then fall far below it.
+      {
+        std::vector<float> v = download(x.gpu);
+        for (size_t i = 0; i < v.size(); i += 5) v[i] = 0.0f;
+        v[v.size() / 2] = round_bf16(40.0f * xr);
+        upload(x.gpu, v);
+        std::memcpy(x.cpu.data, v.data(), v.size() * 4);
+      }
+      const auto codes = [&](const Tensor& q) {
+        std::vector<uint8_t> h(size_t(q.numel()));
+        if (q.device.kind == DeviceKind::CUDA) g_->copy_to_host(h.data(), q);
+        else std::memcpy(h.data(), q.data, h.size());
+        return h;
+      };
+      Tensor xq_full = g_->alloc(DType::F8E4M3, {T * K + kGuard}), wq_full = g_->alloc(DType::F8E4M3, {N * K + kGuard});
+      {
+        std::vector<uint8_t> guard(size_t(T * K + kGuard), 0xA5), guard_w(size_t(N * K + kGuard), 0xA5);
+        g_->copy_from_host(xq_full, guard.data());
+        g_->copy_from_host(wq_full, guard_w.data());
+      }
+      Tensor xq(xq_full.data, DType::F8E4M3, {T, K}, xq_full.device), wq(wq_full.data, DType::F8E4M3, {N, K}, wq_full.device);
+      Pair xs = output({1}, DType::F32), ws = output({1}, DType::F32);
+      Tensor xq_c = c_->alloc(DType::F8E4M3, {T, K}), wq_c = c_->alloc(DType::F8E4M3, {N, K});
+      g_->quantize_fp8(xq, Tensor(), xs.gpu, x.gpu);
+      g_->quantize_fp8(wq, Tensor(), ws.gpu, w.gpu);
+      c_->quantize_fp8(xq_c, Tensor(), xs.cpu, x.cpu);
+      c_->quantize_fp8(wq_c, Tensor(), ws.cpu, w.cpu);
+      {
+        const std::vector<uint8_t> gx = codes(Tensor(xq_full.data, DType::F8E4M3, {T * K + kGuard}, xq_full.device));
+        const std::vector<uint8_t> cx = codes(xq_c), gw = codes(wq), cw = codes(wq_c);
+        for (size_t i = 0; i < cx.size(); ++i) ASSERT_EQ(gx[i], cx[i]) << "x code " << i;
+        for (int64_t i = 0; i < kGuard; ++i) ASSERT_EQ(gx[cx.size() + size_t(i)], 0xA5) << "guard byte " << i << " after xq";
+        for (size_t i = 0; i < cw.size(); ++i) ASSERT_EQ(gw[i], cw[i]) << "w code " << i;
+        EXPECT_EQ(download(xs.gpu)[0], xs.cpu.ptr<float>()[0]);
+        EXPECT_EQ(download(ws.gpu)[0], ws.cpu.ptr<float>()[0]);
+        // The amax element maps onto 448 exactly.
+        EXPECT_EQ(cx[cx.size() / 2], 0x7E);
+      }
+      {
+        // The transposed codes (q_t alone: it then writes the scale too) equal the CPU's, and x's
+        // codes transposed; a guard after them.
+        Tensor qt_full = g_->alloc(DType::F8E4M3, {K * T + kGuard});
+        std::vector<uint8_t> guard(size_t(K * T + kGuard), 0x5A);
+        g_->copy_from_host(qt_full, guard.data());
+        Tensor q_t(qt_full.data, DType::F8E4M3, {K, T}, qt_full.device), q_tc = c_->alloc(DType::F8E4M3, {K, T});
+        Pair ts = output({1}, DType::F32);
+        g_->quantize_fp8(Tensor(), q_t, ts.gpu, x.gpu);
+        c_->quantize_fp8(Tensor(), q_tc, ts.cpu, x.cpu);
+        const std::vector<uint8_t> gt = codes(qt_full), ct = codes(q_tc), cx = codes(xq_c);
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t t = 0; t < T; ++t) {
+            ASSERT_EQ(gt[size_t(k * T + t)], ct[size_t(k * T + t)]) << "q_t[" << k << ", " << t << "]";
+            ASSERT_EQ(ct[size_t(k * T + t)], cx[size_t(t * K + k)]) << "q_t[" << k << ", " << t << "] vs q";
+          }
+        for (int64_t i = 0; i < kGuard; ++i) ASSERT_EQ(gt[size_t(K * T + i)], 0x5A) << "guard byte " << i << " after q_t";
+        EXPECT_EQ(download(ts.gpu)[0], xs.cpu.ptr<float>()[0]);
+      }
+      Pair y = output({T, N});
+      g_->linear_forward_fp8(y.gpu, xq, xs.gpu, wq, ws.gpu);
+      c_->linear_forward_fp8(y.cpu, xq_c, xs.cpu, wq_c, ws.cpu);
+      expect_close("y (fp8 codes)", y);
+      // Against the unquantized product.
+      const std::vector<float> got = download(y.gpu);
+      const float* xv = x.cpu.ptr<float>();
+      const float* wv = w.cpu.ptr<float>();
+      const double ux = std::ldexp(1.0, -10) * double(xs.cpu.ptr<float>()[0]),
+                   uw = std::ldexp(1.0, -10) * double(ws.cpu.ptr<float>()[0]);  // scale_inv = amax / 448
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t n = 0; n < N; ++n) {
+          double exact = 0, bound = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double a = xv[t * K + k], b = wv[n * K + k];
+            const double ea = std::max(std::fabs(a) / 16, ux), eb = std::max(std::fabs(b) / 16, uw);
+            exact += a * b;
+            bound += ea * std::fabs(b) + eb * std::fabs(a) + ea * eb;
+          }
+          bound += std::fabs(exact) / 128 + 1e-30;
+          ASSERT_LE(std::fabs(got[size_t(t * N + n)] - exact), bound) << "y[" << t << ", " << n << "] = "
+                                                                      << got[size_t(t * N + n)] << ", bf16 product "
+                                                                      << exact;
+        }
+    }
+  }
+}
+
+TEST_F(OpsTest, Fp8BadShapesNamed) {
+  QT_REQUIRE_GPU();
+  Pair x = input({4, 24}), y = output({4, 8}), s = output({1}, DType::F32);
+  Tensor xq = g_->alloc(DType::F8E4M3, {4, 24}), wq = g_->alloc(DType::F8E4M3, {8, 24});
+  g_->quantize_fp8(xq, Tensor(), s.gpu, x.gpu);
+  try {
+    g_->linear_forward_fp8(y.gpu, xq, s.gpu, wq, s.gpu);
+    FAIL() << "K = 24 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
+  }
+  Tensor bad = g_->alloc(DType::BF16, {4, 24});
+  EXPECT_THROW(g_->quantize_fp8(bad, Tensor(), s.gpu, x.gpu), Error);
+}
+
 // LoRA (lora_forward / lora_backward): four thin GEMMs around the projection's, at the ranks
 // users pick; y and dx start from prefilled values (the base projection's), the adapter gradients
 // are written (f32) and then accumulated.

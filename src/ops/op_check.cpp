@@ -76,6 +76,33 @@ LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const 
   return {T, N, K};
 }
 
+int64_t check_quantize_fp8(const char* op, const Tensor& q, const Tensor& q_t, const Tensor& scale_inv,
+                           const Tensor& x, DType act, DeviceKind dev) {
+  check_storage(op, "x", x, act, dev);
+  QT_CHECK(q.data != nullptr || q_t.data != nullptr || x.numel() == 0, op, ": neither q nor q_t given");
+  if (q.data != nullptr) check_tensor(op, "q", q, DType::F8E4M3, x.shape_vec(), dev);
+  if (q_t.data != nullptr) {
+    QT_CHECK(x.ndim == 2, op, ": q_t needs a 2-D x, got ", x.describe());
+    check_tensor(op, "q_t", q_t, DType::F8E4M3, {x.size(1), x.size(0)}, dev);
+  }
+  check_tensor(op, "scale_inv", scale_inv, DType::F32, {1}, dev);
+  return x.numel();
+}
+
+LinearDims check_linear_fp8(const char* op, const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv,
+                            const Tensor& wq, const Tensor& w_scale_inv, DType act, DeviceKind dev) {
+  QT_CHECK(wq.ndim == 2, op, ": wq is ", wq.describe(), ", expected 2 dims [N, K]");
+  const int64_t N = wq.size(0), K = wq.size(1), T = dim_of(op, "xq", xq, 0);
+  check_tensor(op, "wq", wq, DType::F8E4M3, {N, K}, dev);
+  check_tensor(op, "xq", xq, DType::F8E4M3, {T, K}, dev);
+  check_tensor(op, "x_scale_inv", x_scale_inv, DType::F32, {1}, dev);
+  check_tensor(op, "w_scale_inv", w_scale_inv, DType::F32, {1}, dev);
+  check_tensor(op, "y", y, act, {T, N}, dev);
+  QT_CHECK(K % 16 == 0 && N % 8 == 0, op, ": wq is ", wq.describe(),
+           ": the FP8 GEMM needs K (in features) a multiple of 16 and N (out features) a multiple of 8");
+  return {T, N, K};
+}
+
 void check_attn_dims(const char* op, const AttnDims& d) {
   QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
            d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");

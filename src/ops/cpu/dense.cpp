@@ -5,7 +5,9 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "core/fp8.h"
 #include "core/parallel.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/cpu_check.h"
@@ -241,6 +243,48 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
   const auto [T, N, K] = ops::check_linear("linear_forward", w, x, "y", y, F32, DeviceKind::CPU);
   ref::linear_forward(y.ptr<float>(), x.ptr<float>(), w.ptr<float>(), T, N, K);
+}
+
+// The fp32 reference of the fp8 ops: the same codes as the device (core/fp8.h), then an fp32 GEMM of
+// the decoded values (every fp8 x fp8 product is exact in fp32).
+void CpuBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& scale_inv, const Tensor& x) {
+  const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, F32, DeviceKind::CPU);
+  const float* in = x.ptr<float>();
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(in[i]);
+    nan = nan || std::isnan(a);
+    amax = std::max(amax, a);
+  }
+  if (nan) amax = std::nanf("");
+  const float s = fp8_scale_for_amax(amax);
+  if (q.data != nullptr) {
+    uint8_t* out = static_cast<uint8_t*>(q.data);
+    parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) out[i] = float_to_fp8_e4m3(in[i] * s);
+    }, 1 << 14);
+  }
+  if (q_t.data != nullptr) {
+    const int64_t R = x.size(0), C = x.size(1);
+    uint8_t* out = static_cast<uint8_t*>(q_t.data);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) out[c * R + r] = float_to_fp8_e4m3(in[r * C + c] * s);
+  }
+  *scale_inv.ptr<float>() = 1.0f / s;
+}
+
+void CpuBackend::linear_forward_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
+                                    const Tensor& w_scale_inv) {
+  const auto [T, N, K] =
+      ops::check_linear_fp8("linear_forward_fp8", y, xq, x_scale_inv, wq, w_scale_inv, F32, DeviceKind::CPU);
+  std::vector<float> xf(size_t(T * K)), wf(size_t(N * K));
+  const uint8_t* xb = static_cast<const uint8_t*>(xq.data);
+  const uint8_t* wb = static_cast<const uint8_t*>(wq.data);
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = fp8_e4m3_to_float(xb[i]);
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = fp8_e4m3_to_float(wb[i]);
+  const float scale = *x_scale_inv.ptr<float>() * *w_scale_inv.ptr<float>();
+  ref::gemm(false, true, T, N, K, scale, xf.data(), wf.data(), 0.0f, y.ptr<float>());
 }
 
 void CpuBackend::dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) {

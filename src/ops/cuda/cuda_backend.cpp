@@ -222,6 +222,25 @@ void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tens
   }
 }
 
+void CudaBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& scale_inv, const Tensor& x) {
+  const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, BF16, DeviceKind::CUDA);
+  if (n == 0) return;
+  const int64_t rows = q_t.data != nullptr ? x.size(0) : 1;
+  cuda::launch_quantize_fp8({q.data, q_t.data, scale_inv.ptr<float>(), x.data, n, rows, n / rows},
+                            static_cast<unsigned*>(workspace(16)), stream_);
+}
+
+void CudaBackend::linear_forward_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
+                                     const Tensor& w_scale_inv) {
+  const auto [T, N, K] =
+      ops::check_linear_fp8("linear_forward_fp8", y, xq, x_scale_inv, wq, w_scale_inv, BF16, DeviceKind::CUDA);
+  cuda::GemmCall g{false, true, T, N, K, xq.data, K, wq.data, K, y.data, N, false, 0.0f, 1.0f};
+  g.fp8 = true;
+  g.a_scale = x_scale_inv.ptr<float>();
+  g.b_scale = w_scale_inv.ptr<float>();
+  gemm_.run(g, stream_, capturing());
+}
+
 void CudaBackend::dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) {
   const int64_t n = ops::check_dropout(out, x, d, BF16, DeviceKind::CUDA);
   cuda::launch_dropout(out.data, x.data, d.seed.ptr<int32_t>(), n, d.stream, d.p, accumulate, stream_);

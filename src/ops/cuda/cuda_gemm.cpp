@@ -45,9 +45,14 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmCall& g, const Key& key) {
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (g.fp8) {
+    const int8_t fast = g.fast_accum ? 1 : 0;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
   // Column-major views of the row-major stored matrices.
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, g.trans_b ? K : N, g.trans_b ? N : K, g.ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, g.trans_a ? M : K, g.trans_a ? K : M, g.lda));
+  const cudaDataType_t in = g.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, g.trans_b ? K : N, g.trans_b ? N : K, g.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, g.trans_a ? M : K, g.trans_a ? K : M, g.lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.c_f32 ? CUDA_R_32F : CUDA_R_16BF, N, M, g.ldc));
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -73,7 +78,7 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmCall& g, const Key& key) {
     cublasLtMatrixLayoutDestroy(p.b);
     cublasLtMatrixLayoutDestroy(p.c);
     cublasLtMatmulDescDestroy(p.desc);
-    QT_FAIL("gemm: cuBLASLt has no algorithm for M ", M, " N ", N, " K ", K, " (trans_a ", g.trans_a, ", trans_b ",
+    QT_FAIL("gemm: cuBLASLt has no algorithm for ", g.fp8 ? "fp8 " : "", "M ", M, " N ", N, " K ", K, " (trans_a ", g.trans_a, ", trans_b ",
             g.trans_b, ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc, ", C ", g.c_f32 ? "f32" : "bf16",
             "): ", cublas_status_str(st));
   }
@@ -91,11 +96,19 @@ void GemmRunner::run(const GemmCall& g, cudaStream_t stream, bool capturing) {
     return;
   }
   // Row-major C[M,N] is column-major C^T[N,M]: C^T = op(B)^T op(A)^T, so cuBLASLt's "A" is our B.
-  const Key key{g.trans_a, g.trans_b, g.M,    g.N, g.K, g.lda, g.ldb, g.ldc, g.c_f32, alignment_of(g.A),
-                alignment_of(g.B), alignment_of(g.C)};
+  QT_CHECK(!g.fp8 || (!g.trans_a && g.trans_b && g.a_scale != nullptr && g.b_scale != nullptr),
+           "gemm: an fp8 product takes A [M,K] and B stored [N,K] (trans_a off, trans_b on) and both scales");
+  const Key key{g.trans_a,         g.trans_b,         g.M,   g.N,   g.K,          g.lda, g.ldb, g.ldc, g.c_f32,
+                alignment_of(g.A), alignment_of(g.B), alignment_of(g.C), g.fp8, g.fast_accum};
   auto it = plans_.find(key);
   if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, key)).first;
   Plan& p = it->second;
+  if (g.fp8) {  // cuBLASLt's A is our B; the pointers are read when the GEMM runs (graph replays too)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale,
+                                                sizeof(g.b_scale)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale,
+                                                sizeof(g.a_scale)));
+  }
   if (!p.candidates.empty() && g.beta == 0.0f && !capturing) tune(p, g, stream);
   CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo, ws_,
                               ws_bytes_, stream));

@@ -17,7 +17,10 @@ namespace qt::cuda {
 
 // Row-major C[M,N] (=, or += when beta == 1) alpha op(A) op(B) with bf16 A, B, fp32 accumulation and a
 // bf16 or f32 C. op(A) is [M,K] (A stored [K,M] when trans_a), op(B) is [K,N] (B stored [N,K] when
-// trans_b); ld* are the stored row strides in elements.
+// trans_b); ld* are the stored row strides in elements. fp8: A and B are e4m3 (the only layout the
+// FP8 tensor cores take: !trans_a, trans_b) and the product is scaled by *a_scale * *b_scale (device
+// floats, read when the GEMM runs); fast_accum: Hopper's FP8 accumulation without the periodic
+// promotion to full fp32 (faster, a few more bits lost over long K).
 struct GemmCall {
   bool trans_a = false, trans_b = false;
   int64_t M = 0, N = 0, K = 0;
@@ -29,6 +32,9 @@ struct GemmCall {
   int64_t ldc = 0;
   bool c_f32 = false;
   float beta = 0.0f, alpha = 1.0f;
+  bool fp8 = false, fast_accum = false;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
 class GemmRunner {
@@ -52,7 +58,8 @@ class GemmRunner {
     // Heuristic candidates (best first) while the plan waits to be timed; empty once settled.
     std::vector<cublasLtMatmulAlgo_t> candidates;
   };
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
+  using Key =
+      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int, bool, bool>;
   Plan make_plan(const GemmCall& g, const Key& key);
   void tune(Plan& p, const GemmCall& g, cudaStream_t stream);
 

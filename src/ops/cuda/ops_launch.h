@@ -53,6 +53,19 @@ void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy
                                  const int32_t* cu, int num_seqs, int64_t T, int64_t C, int K, void* ws,
                                  cudaStream_t s);
 
+// ---- dense/fp8.cu ----
+// q (e4m3, n bytes; optional) = x (bf16 [rows, cols], n) * s, s = 448 / max|x| (1 if x is zero),
+// saturating; q_t (optional) the same codes as [cols, rows]; *scale_inv = 1 / s.
+struct QuantizeFp8Params {
+  void* q;
+  void* q_t;
+  float* scale_inv;
+  const void* x;
+  int64_t n, rows, cols;
+};
+// amax_word: one device word of scratch.
+void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaStream_t s);
+
 // ---- dense/reductions.cu ----
 // out[c] (+)= sum_{p < P} partials[p * ld + c] for c < ncols, p in order (fp32), then stored.
 void launch_column_reduce(void* out, bool out_f32, const float* partials, int64_t P, int64_t ld, int64_t ncols,

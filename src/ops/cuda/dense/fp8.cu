@@ -1,0 +1,132 @@
+// FP8 casts with per-tensor current scaling: one pass takes max|x| (as the bit pattern of the bf16
+// magnitude, so NaN outranks inf and every value, and the result does not depend on the order),
+// a second writes q = e4m3(x * 448 / amax) (saturating, round to nearest even) and 1 / s, and/or
+// the transposed codes (the K-major operands of the backward's FP8 GEMMs). Both read
+// the amax from device memory: no host round trip, so a captured step can run them.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/fp8.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/dense/dense_common.cuh"
+#include "ops/cuda/ops_launch.h"
+
+namespace qt::cuda {
+
+namespace {
+
+__device__ __forceinline__ unsigned bf16_mag(uint16_t b) { return b & 0x7FFFu; }
+
+// amax_bits (zeroed by the launcher) = max over the tensor of the bf16 magnitude bits.
+__global__ void __launch_bounds__(kThreads) fp8_amax_kernel(unsigned* amax_bits, const uint16_t* __restrict__ x,
+                                                             int64_t n, bool vec) {
+  unsigned m = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vec) {
+    for (; i < n / 8; i += stride) {
+      const uint4 v = reinterpret_cast<const uint4*>(x)[i];
+      const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) m = max(m, max(bf16_mag(uint16_t(w[k])), bf16_mag(uint16_t(w[k] >> 16))));
+    }
+    i = n / 8 * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // the tail
+  }
+  for (; i < n; i += stride) m = max(m, bf16_mag(x[i]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+    atomicMax(amax_bits, m);
+  }
+}
+
+__device__ __forceinline__ float amax_of(const unsigned* amax_bits) { return __uint_as_float(*amax_bits << 16); }
+
+// s = fp8_scale_for_amax (core/fp8.h), from the device word.
+__device__ __forceinline__ float scale_of(const unsigned* amax_bits) {
+  const float amax = amax_of(amax_bits);
+  return amax > 0.0f ? kFp8E4M3Max / amax : 1.0f;
+}
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+__global__ void __launch_bounds__(kThreads) fp8_cast_kernel(uint8_t* __restrict__ q, float* scale_inv,
+                                                             const bf16* __restrict__ x, const unsigned* amax_bits,
+                                                             int64_t n, bool vec) {
+  const float s = scale_of(amax_bits);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vec) {
+    for (; i < n / 8; i += stride) {
+      float f[8];
+      load_vec(f, x, i);
+      unsigned short p[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        p[k] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * k] * s, f[2 * k + 1] * s), __NV_SATFINITE, __NV_E4M3);
+      uint2 out;
+      out.x = unsigned(p[0]) | (unsigned(p[1]) << 16);
+      out.y = unsigned(p[2]) | (unsigned(p[3]) << 16);
+      reinterpret_cast<uint2*>(q)[i] = out;
+    }
+    i = n / 8 * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  }
+  for (; i < n; i += stride) q[i] = to_e4m3(to_f(x[i]) * s);
+}
+
+// The transposed codes: a 64 x 64 tile of x (rows r, columns c) read row-wise, its codes written
+// to q_t[c][r] through shared memory, so both the reads and the 64-byte writes stay coalesced.
+constexpr int kTile = 64;
+__global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restrict__ q_t, float* scale_inv,
+                                                               const bf16* __restrict__ x, const unsigned* amax_bits,
+                                                               int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float s = scale_of(amax_bits);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 64 x 4
+  for (int rr = ty; rr < kTile; rr += kThreads / kTile) {
+    const int64_t r = r0 + rr, c = c0 + tx;
+    tile[tx][rr] = r < rows && c < cols ? to_e4m3(to_f(x[r * cols + c]) * s) : 0;
+  }
+  __syncthreads();
+  for (int cc = ty; cc < kTile; cc += kThreads / kTile) {
+    const int64_t c = c0 + cc, r = r0 + tx;
+    if (c < cols && r < rows) q_t[c * rows + r] = tile[cc][tx];
+  }
+}
+
+}  // namespace
+
+void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaStream_t s) {
+  CUDA_CHECK(cudaMemsetAsync(amax_word, 0, sizeof(unsigned), s));
+  const int64_t n = p.n;
+  const bool vec = aligned16(p.x) && (p.q == nullptr || aligned8(p.q));
+  const unsigned grid = std::min(grid_for(vec ? n / 8 + 1 : n, kThreads), 1056u);  // 8 blocks per SM at most
+  fp8_amax_kernel<<<grid, kThreads, 0, s>>>(amax_word, static_cast<const uint16_t*>(p.x), n, vec);
+  QT_LAUNCH_CHECK("fp8_amax_kernel");
+  const bf16* x = static_cast<const bf16*>(p.x);
+  if (p.q != nullptr) {
+    fp8_cast_kernel<<<grid_for(vec ? n / 8 + 1 : n, kThreads), kThreads, 0, s>>>(static_cast<uint8_t*>(p.q),
+                                                                                  p.scale_inv, x, amax_word, n, vec);
+    QT_LAUNCH_CHECK("fp8_cast_kernel");
+  }
+  if (p.q_t != nullptr) {
+    QT_CHECK(ceil_div(p.rows, kTile) <= 65535, "quantize_fp8: ", p.rows, " rows exceed the transposed cast's grid");
+    const dim3 tgrid(unsigned(ceil_div(p.cols, kTile)), unsigned(ceil_div(p.rows, kTile)));
+    fp8_cast_t_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), p.q == nullptr ? p.scale_inv : nullptr,
+                                                 x, amax_word, p.rows, p.cols);
+    QT_LAUNCH_CHECK("fp8_cast_t_kernel");
+  }
+}
+
+}  // namespace qt::cuda
