@@ -77,8 +77,12 @@ void check_attn_kernel_dims(const char* op, const AttnDims& d) {
 // ---- lifetime and memory ---------------------------------------------------------------------
 
 namespace {
-// The device first: the arena and the GEMM runner allocate on it.
+// The options first (a bad setting fails before anything is acquired, also on a machine without a
+// GPU), then the device: the arena and the GEMM runner allocate on it.
 int select_device(const BackendOptions& o) {
+  QT_CHECK(o.gemm_candidates >= 1 && o.gemm_candidates <= cuda::GemmRunner::kMaxCandidates,
+           "train.cuda.gemm_candidates is ", o.gemm_candidates, ": expected an integer from 1 to ",
+           cuda::GemmRunner::kMaxCandidates);
   QT_CHECK(o.arena_mib >= 16, "train.cuda.arena_mib is ", o.arena_mib, ": expected at least 16 (MiB)");
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
