@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
         fill(be, b, 0.02f, 12);
         be.quantize_fp8(aq, Tensor(), as, a);
         be.quantize_fp8(bq, Tensor(), bs, b);
-        ms_fp8 += time_ms(be, [&] { be.linear_forward_fp8(c, aq, as, bq, bs); }, iters);
+        ms_fp8 += time_ms(be, [&] { be.linear_fp8(c, aq, as, bq, bs, false); }, iters);
         ms_bf16 += time_ms(be, [&] { be.linear_forward(c, a, b); }, iters);
         flops += 2.0 * double(M) * double(N) * double(K);
         be.reset_arena();

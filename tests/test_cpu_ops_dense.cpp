@@ -493,7 +493,7 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   be.quantize_fp8(wq, Tensor(), ws, w);
   EXPECT_FLOAT_EQ(xs.ptr<float>()[0], 3.0f / 448.0f);
   EXPECT_FLOAT_EQ(ws.ptr<float>()[0], 0.5f / 448.0f);
-  be.linear_forward_fp8(y, xq, xs, wq, ws);
+  be.linear_fp8(y, xq, xs, wq, ws, false);
   // w's values are exact in e4m3 after scaling, x's (integers times 448 / 3) are not: the product
   // stays within e4m3's rounding of x (2^-4 relative per term; mag / 8 leaves a factor of 2).
   for (int64_t t = 0; t < T; ++t)
@@ -520,10 +520,10 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   // Bad shapes and dtypes are named.
   Tensor wq_bad = be.alloc(DType::F8E4M3, {8, 24}), xq_bad = be.alloc(DType::F8E4M3, {T, 24});
   try {
-    be.linear_forward_fp8(y, xq_bad, xs, wq_bad, ws);
+    be.linear_fp8(y, xq_bad, xs, wq_bad, ws, false);
     FAIL() << "K = 24 accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("linear_forward_fp8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("linear_fp8"), std::string::npos) << e.what();
   }
   EXPECT_THROW(be.quantize_fp8(x, Tensor(), xs, x), Error);  // q must be F8E4M3
 }

@@ -265,7 +265,7 @@ TEST_F(OpsTest, Linear) {
   }
 }
 
-// FP8 (quantize_fp8, linear_forward_fp8). The codes must match the CPU reference (core/fp8.h) bit
+// FP8 (quantize_fp8, linear_fp8). The codes must match the CPU reference (core/fp8.h) bit
 // for bit, the scale too; the GEMM of the codes then matches the CPU product of the decoded values
 // to fp32 reordering plus the bf16 output rounding (k = 2), and the unquantized bf16 product to the
 // fp8 rounding bound: each operand's error is at most e = max(|v| / 16, u) (e4m3's half ulp, or
@@ -338,8 +338,8 @@ TEST_F(OpsTest, Fp8QuantizeAndLinear) {
         EXPECT_EQ(download(ts.gpu)[0], xs.cpu.ptr<float>()[0]);
       }
       Pair y = output({T, N});
-      g_->linear_forward_fp8(y.gpu, xq, xs.gpu, wq, ws.gpu);
-      c_->linear_forward_fp8(y.cpu, xq_c, xs.cpu, wq_c, ws.cpu);
+      g_->linear_fp8(y.gpu, xq, xs.gpu, wq, ws.gpu, false);
+      c_->linear_fp8(y.cpu, xq_c, xs.cpu, wq_c, ws.cpu, false);
       expect_close("y (fp8 codes)", y);
       // Against the unquantized product.
       const std::vector<float> got = download(y.gpu);
@@ -365,13 +365,52 @@ TEST_F(OpsTest, Fp8QuantizeAndLinear) {
   }
 }
 
+// The backward's products through linear_fp8, from the transposed codes: dgrad dx = dy W (dy's
+// codes, W's transposed ones) and wgrad dW = dy^T x (both transposed), written and accumulated, into
+// bf16 and f32, against the CPU product of the same codes. The inner dims (N for dgrad, T for
+// wgrad) must be multiples of 16 here, so the token counts are.
+TEST_F(OpsTest, Fp8BackwardProducts) {
+  QT_REQUIRE_GPU();
+  for (int64_t T : {16, 48, 1024}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 208}, {208, 96}}) {
+      SCOPED_TRACE("T " + std::to_string(T) + " N " + std::to_string(N) + " K " + std::to_string(K));
+      Pair x = input({T, K}, -2, 2), w = input({N, K}, -0.05f, 0.05f), dy = input({T, N}, -0.5f, 0.5f);
+      struct Codes {
+        Tensor g, c;
+      };
+      Pair xs = output({1}, DType::F32), ws = output({1}, DType::F32), dys = output({1}, DType::F32);
+      const auto codes_t = [&](const Pair& v, int64_t R, int64_t C, Pair& s, bool transposed) {
+        Codes q{g_->alloc(DType::F8E4M3, transposed ? Shape{C, R} : Shape{R, C}),
+                c_->alloc(DType::F8E4M3, transposed ? Shape{C, R} : Shape{R, C})};
+        g_->quantize_fp8(transposed ? Tensor() : q.g, transposed ? q.g : Tensor(), s.gpu, v.gpu);
+        c_->quantize_fp8(transposed ? Tensor() : q.c, transposed ? q.c : Tensor(), s.cpu, v.cpu);
+        return q;
+      };
+      const Codes dyq = codes_t(dy, T, N, dys, false), dyq_t = codes_t(dy, T, N, dys, true);
+      const Codes wq_t = codes_t(w, N, K, ws, true), xq_t = codes_t(x, T, K, xs, true);
+      for (bool acc : {false, true}) {
+        for (DType out : {DType::BF16, DType::F32}) {
+          SCOPED_TRACE(std::string(acc ? "accumulate " : "write ") + dtype_name(out));
+          Pair dx = output({T, K}, out, acc), dw = output({N, K}, out, acc);
+          g_->linear_fp8(dx.gpu, dyq.g, dys.gpu, wq_t.g, ws.gpu, acc);
+          c_->linear_fp8(dx.cpu, dyq.c, dys.cpu, wq_t.c, ws.cpu, acc);
+          expect_close("dx = dy W", dx);
+          g_->linear_fp8(dw.gpu, dyq_t.g, dys.gpu, xq_t.g, xs.gpu, acc);
+          c_->linear_fp8(dw.cpu, dyq_t.c, dys.cpu, xq_t.c, xs.cpu, acc);
+          expect_close("dW = dy^T x", dw);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(OpsTest, Fp8BadShapesNamed) {
   QT_REQUIRE_GPU();
   Pair x = input({4, 24}), y = output({4, 8}), s = output({1}, DType::F32);
   Tensor xq = g_->alloc(DType::F8E4M3, {4, 24}), wq = g_->alloc(DType::F8E4M3, {8, 24});
   g_->quantize_fp8(xq, Tensor(), s.gpu, x.gpu);
   try {
-    g_->linear_forward_fp8(y.gpu, xq, s.gpu, wq, s.gpu);
+    g_->linear_fp8(y.gpu, xq, s.gpu, wq, s.gpu, false);
     FAIL() << "K = 24 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();

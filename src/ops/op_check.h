@@ -55,10 +55,10 @@ LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const 
 // optional, not both), scale_inv f32 [1]. Returns numel(x).
 int64_t check_quantize_fp8(const char* op, const Tensor& q, const Tensor& q_t, const Tensor& scale_inv,
                            const Tensor& x, DType act, DeviceKind dev);
-// linear_forward_fp8: wq [N, K], xq [T, K] F8E4M3, the scales f32 [1], y [T, N] of `act`; K a multiple
-// of 16 and N of 8 (the FP8 GEMM's operand layouts).
+// linear_fp8: wq [N, K], xq [T, K] F8E4M3, the scales f32 [1], y [T, N] (its dtype is the
+// backend's to check); K a multiple of 16 and N of 8 (the FP8 GEMM's operand layouts).
 LinearDims check_linear_fp8(const char* op, const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv,
-                            const Tensor& wq, const Tensor& w_scale_inv, DType act, DeviceKind dev);
+                            const Tensor& wq, const Tensor& w_scale_inv, DeviceKind dev);
 void check_attn_dims(const char* op, const AttnDims& d);
 void check_gdn_dims(const char* op, const GdnDims& d);
 // Elementwise ops: every tensor shaped like the first, all of `dtype`.

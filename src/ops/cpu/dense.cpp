@@ -274,17 +274,17 @@ void CpuBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& 
   *scale_inv.ptr<float>() = 1.0f / s;
 }
 
-void CpuBackend::linear_forward_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
-                                    const Tensor& w_scale_inv) {
-  const auto [T, N, K] =
-      ops::check_linear_fp8("linear_forward_fp8", y, xq, x_scale_inv, wq, w_scale_inv, F32, DeviceKind::CPU);
+void CpuBackend::linear_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
+                            const Tensor& w_scale_inv, bool accumulate) {
+  const auto [T, N, K] = ops::check_linear_fp8("linear_fp8", y, xq, x_scale_inv, wq, w_scale_inv, DeviceKind::CPU);
+  check_storage("linear_fp8", "y", y, F32);
   std::vector<float> xf(size_t(T * K)), wf(size_t(N * K));
   const uint8_t* xb = static_cast<const uint8_t*>(xq.data);
   const uint8_t* wb = static_cast<const uint8_t*>(wq.data);
   for (size_t i = 0; i < xf.size(); ++i) xf[i] = fp8_e4m3_to_float(xb[i]);
   for (size_t i = 0; i < wf.size(); ++i) wf[i] = fp8_e4m3_to_float(wb[i]);
   const float scale = *x_scale_inv.ptr<float>() * *w_scale_inv.ptr<float>();
-  ref::gemm(false, true, T, N, K, scale, xf.data(), wf.data(), 0.0f, y.ptr<float>());
+  ref::gemm(false, true, T, N, K, scale, xf.data(), wf.data(), accumulate ? 1.0f : 0.0f, y.ptr<float>());
 }
 
 void CpuBackend::dropout(const Tensor& out, const Tensor& x, const DropoutArgs& d, bool accumulate) {

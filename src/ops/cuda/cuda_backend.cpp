@@ -234,11 +234,11 @@ void CudaBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor&
                             static_cast<unsigned*>(workspace(16)), stream_);
 }
 
-void CudaBackend::linear_forward_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
-                                     const Tensor& w_scale_inv) {
-  const auto [T, N, K] =
-      ops::check_linear_fp8("linear_forward_fp8", y, xq, x_scale_inv, wq, w_scale_inv, BF16, DeviceKind::CUDA);
-  cuda::GemmCall g{false, true, T, N, K, xq.data, K, wq.data, K, y.data, N, false, 0.0f, 1.0f};
+void CudaBackend::linear_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
+                             const Tensor& w_scale_inv, bool accumulate) {
+  const auto [T, N, K] = ops::check_linear_fp8("linear_fp8", y, xq, x_scale_inv, wq, w_scale_inv, DeviceKind::CUDA);
+  const bool y_f32 = check_grad("linear_fp8", "y", y, {T, N});
+  cuda::GemmCall g{false, true, T, N, K, xq.data, K, wq.data, K, y.data, N, y_f32, accumulate ? 1.0f : 0.0f, 1.0f};
   g.fp8 = true;
   g.a_scale = x_scale_inv.ptr<float>();
   g.b_scale = w_scale_inv.ptr<float>();
