@@ -511,6 +511,14 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < K; ++k)
       EXPECT_EQ(static_cast<uint8_t*>(xq_t.data)[k * T + t], static_cast<uint8_t*>(xq.data)[t * K + k]);
+  // Padded to 16 tokens (q_t [K, 16]): the same codes, then zeros; past 16 is refused.
+  Tensor xq_p = be.alloc(DType::F8E4M3, {K, 16});
+  be.quantize_fp8(Tensor(), xq_p, xs, x);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t t = 0; t < 16; ++t)
+      EXPECT_EQ(static_cast<uint8_t*>(xq_p.data)[k * 16 + t], t < T ? static_cast<uint8_t*>(xq.data)[t * K + k] : 0);
+  Tensor xq_p32 = be.alloc(DType::F8E4M3, {K, 32});
+  EXPECT_THROW(be.quantize_fp8(Tensor(), xq_p32, xs, x), Error);
   EXPECT_THROW(be.quantize_fp8(Tensor(), Tensor(), xs, x), Error);  // neither output
   EXPECT_THROW(be.quantize_fp8(Tensor(), xq, xs, x), Error);        // q_t must be [K, T]
   // All-zero input: scale 1, codes 0.

@@ -319,23 +319,32 @@ TEST_F(OpsTest, Fp8QuantizeAndLinear) {
         EXPECT_EQ(cx[cx.size() / 2], 0x7E);
       }
       {
-        // The transposed codes (q_t alone: it then writes the scale too) equal the CPU's, and x's
-        // codes transposed; a guard after them.
-        Tensor qt_full = g_->alloc(DType::F8E4M3, {K * T + kGuard});
-        std::vector<uint8_t> guard(size_t(K * T + kGuard), 0x5A);
-        g_->copy_from_host(qt_full, guard.data());
-        Tensor q_t(qt_full.data, DType::F8E4M3, {K, T}, qt_full.device), q_tc = c_->alloc(DType::F8E4M3, {K, T});
-        Pair ts = output({1}, DType::F32);
-        g_->quantize_fp8(Tensor(), q_t, ts.gpu, x.gpu);
-        c_->quantize_fp8(Tensor(), q_tc, ts.cpu, x.cpu);
-        const std::vector<uint8_t> gt = codes(qt_full), ct = codes(q_tc), cx = codes(xq_c);
-        for (int64_t k = 0; k < K; ++k)
-          for (int64_t t = 0; t < T; ++t) {
-            ASSERT_EQ(gt[size_t(k * T + t)], ct[size_t(k * T + t)]) << "q_t[" << k << ", " << t << "]";
-            ASSERT_EQ(ct[size_t(k * T + t)], cx[size_t(t * K + k)]) << "q_t[" << k << ", " << t << "] vs q";
-          }
-        for (int64_t i = 0; i < kGuard; ++i) ASSERT_EQ(gt[size_t(K * T + i)], 0x5A) << "guard byte " << i << " after q_t";
-        EXPECT_EQ(download(ts.gpu)[0], xs.cpu.ptr<float>()[0]);
+        // The transposed codes, alone (they then write the scale too) and with q from the same pass,
+        // into q_t padded to a multiple of 16 tokens: the CPU's codes, x's codes transposed, zero
+        // padding; guards after both.
+        const int64_t Tp = (T + 15) / 16 * 16;
+        for (bool with_q : {false, true}) {
+          SCOPED_TRACE(with_q ? "q and q_t" : "q_t alone");
+          Tensor qt_full = g_->alloc(DType::F8E4M3, {K * Tp + kGuard}), q_full = g_->alloc(DType::F8E4M3, {T * K + kGuard});
+          std::vector<uint8_t> guard(size_t(K * Tp + kGuard), 0x5A), guard_q(size_t(T * K + kGuard), 0x5A);
+          g_->copy_from_host(qt_full, guard.data());
+          g_->copy_from_host(q_full, guard_q.data());
+          Tensor q_t(qt_full.data, DType::F8E4M3, {K, Tp}, qt_full.device), q_tc = c_->alloc(DType::F8E4M3, {K, Tp});
+          Tensor q(q_full.data, DType::F8E4M3, {T, K}, q_full.device);
+          Pair ts = output({1}, DType::F32);
+          g_->quantize_fp8(with_q ? q : Tensor(), q_t, ts.gpu, x.gpu);
+          c_->quantize_fp8(Tensor(), q_tc, ts.cpu, x.cpu);
+          const std::vector<uint8_t> gt = codes(qt_full), ct = codes(q_tc), cx = codes(xq_c), gq = codes(q_full);
+          for (int64_t k = 0; k < K; ++k)
+            for (int64_t t = 0; t < Tp; ++t) {
+              ASSERT_EQ(gt[size_t(k * Tp + t)], ct[size_t(k * Tp + t)]) << "q_t[" << k << ", " << t << "]";
+              ASSERT_EQ(ct[size_t(k * Tp + t)], t < T ? cx[size_t(t * K + k)] : 0) << "q_t[" << k << ", " << t << "] vs q";
+            }
+          for (int64_t i = 0; i < kGuard; ++i) ASSERT_EQ(gt[size_t(K * Tp + i)], 0x5A) << "guard byte " << i << " after q_t";
+          for (int64_t i = 0; i < T * K + kGuard; ++i)
+            ASSERT_EQ(gq[size_t(i)], with_q && i < T * K ? cx[size_t(i)] : 0x5A) << "q byte " << i;
+          EXPECT_EQ(download(ts.gpu)[0], xs.cpu.ptr<float>()[0]);
+        }
       }
       Pair y = output({T, N});
       g_->linear_fp8(y.gpu, xq, xs.gpu, wq, ws.gpu, false);

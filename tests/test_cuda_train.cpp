@@ -63,18 +63,25 @@ std::vector<PackedRow> make_rows(const ModelConfig& cfg, int count, int64_t T, u
   return rows_of(cfg, lens, seed);
 }
 
+// Every trainable tensor at its init, seed 7.
+void init_weights(Qwen35Model& model, const ModelConfig& cfg) {
+  for (size_t i = 0; i < model.specs().size(); ++i) {
+    std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
+    init_param(model.specs()[i], cfg.initializer_range, 7, DType::F32, w.data());
+    model.set_param_f32(i, w);
+  }
+}
+
 struct Rig {
   ModelConfig cfg;
   CudaBackend be;
   Qwen35Model model;
   std::unique_ptr<ModelOptimizer> opt;
-  explicit Rig(int64_t T, Checkpointing ckpt = Checkpointing::None, ModelConfig c = preset_config("tiny"))
+  explicit Rig(int64_t T, Checkpointing ckpt = Checkpointing::None, ModelConfig c = preset_config("tiny"),
+               Precision precision = Precision::BF16)
       : cfg(std::move(c)), model(cfg, be, T, ckpt) {
-    for (size_t i = 0; i < model.specs().size(); ++i) {
-      std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
-      init_param(model.specs()[i], cfg.initializer_range, 7, DType::F32, w.data());
-      model.set_param_f32(i, w);
-    }
+    model.set_precision(precision);
+    init_weights(model, cfg);
     AdamWConfig a;
     a.lr = 1e-3;
     a.weight_decay = 0.1;
@@ -231,6 +238,57 @@ TEST(CudaTrainStep, Zero3AtOneRankMatchesTheUnshardedStep) {
         scale = std::max(scale, std::fabs(double(q[j])));
       }
       EXPECT_LE(worst, std::ldexp(scale, -8)) << model.specs()[i].name;  // one bf16 rounding step at most
+    }
+  }
+}
+
+// train.precision fp8 under the captured step: the loss and gradient norm follow bf16's within
+// fp8's rounding but are not bf16's; the graph re-quantizes the changed weights every step (it
+// matches the eager static step, which does so on the host's word); ZeRO-3 at one rank, whose
+// codes are written at each layer's use (and before a full recompute's GEMMs), matches the
+// unsharded fp8 step.
+TEST(CudaTrainStep, Fp8StepsTrackBf16UnderGraph) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 512;
+  const ModelConfig tiny = preset_config("tiny");
+  Rig bf(T), f8(T, Checkpointing::None, tiny, Precision::FP8), f8_eager(T, Checkpointing::None, tiny, Precision::FP8);
+  TrainStep a(bf.model, *bf.opt, 2, 16, true), b(f8.model, *f8.opt, 2, 16, true), c(f8_eager.model, *f8_eager.opt, 2, 16, false);
+  const std::vector<PackedRow> rows = make_rows(tiny, 12, T, 9);
+  for (int s = 0; s < 6; ++s) {
+    const std::vector<PackedRow> step_rows = {rows[2 * s], rows[2 * s + 1]};
+    const StepResult ra = a.run(step_rows, 1e-3, 1.0, s + 1), rb = b.run(step_rows, 1e-3, 1.0, s + 1),
+                     rc = c.run(step_rows, 1e-3, 1.0, s + 1);
+    EXPECT_EQ(rb.replayed, s > 0);
+    EXPECT_NE(rb.loss_sum, ra.loss_sum) << "step " << s + 1;
+    EXPECT_NEAR(rb.loss_sum, ra.loss_sum, 0.01 * ra.loss_sum) << "step " << s + 1;
+    EXPECT_NEAR(rb.grad_norm, ra.grad_norm, 0.1 * ra.grad_norm) << "step " << s + 1;
+    EXPECT_NEAR(rc.loss_sum, rb.loss_sum, 2e-4 * rb.loss_sum) << "step " << s + 1;
+    EXPECT_NEAR(rc.grad_norm, rb.grad_norm, 2e-3 * rb.grad_norm) << "step " << s + 1;
+  }
+  EXPECT_GT(f8.model.memory_plan().fp8, 0);
+  for (const Checkpointing ck : {Checkpointing::None, Checkpointing::Full}) {
+    SCOPED_TRACE(checkpointing_name(ck));
+    Rig ref(T, ck, tiny, Precision::FP8);
+    ref.be.set_deterministic(true);
+    CudaBackend be;
+    be.set_deterministic(true);
+    const std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, be, "auto", 60);
+    Zero3Options z;
+    z.comm = comm.get();
+    Qwen35Model model(tiny, be, T, ck, nullptr, &z);
+    model.set_precision(Precision::FP8);
+    EXPECT_LT(model.memory_plan().fp8, ref.model.memory_plan().fp8);  // one layer's codes per role
+    init_weights(model, tiny);
+    AdamWConfig ac;
+    ac.lr = 1e-3;
+    ac.weight_decay = 0.1;
+    auto opt = ModelOptimizer::create(model, ac);
+    TrainStep want(ref.model, *ref.opt, 2, 16, true), got(model, *opt, 2, 16, true);
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<PackedRow> step_rows = {rows[2 * s], rows[2 * s + 1]};
+      const StepResult x = want.run(step_rows, 1e-3, 1.0, s + 1), y = got.run(step_rows, 1e-3, 1.0, s + 1);
+      EXPECT_NEAR(y.loss_sum, x.loss_sum, 1e-6 * x.loss_sum) << "step " << s + 1;
+      EXPECT_NEAR(y.grad_norm, x.grad_norm, 1e-5 * x.grad_norm) << "step " << s + 1;
     }
   }
 }

@@ -210,6 +210,26 @@ TEST(Dist, Zero3WithUntiedHeadMatchesOneRank) {
   }
 }
 
+// train.precision fp8 through the trainer: ZeRO-3 over 2 ranks (each layer's codes written at its
+// use from the gathered weights) follows the single-rank fp8 run, which follows fp32's loss within
+// fp8's rounding.
+TEST(Dist, Fp8Zero3MatchesOneRank) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";
+  Job job;
+  job.run(1, "one");
+  job.run(1, "fp8", "--set train.precision=fp8");
+  const auto want = job.losses("one"), fp8 = job.losses("fp8");
+  ASSERT_EQ(fp8.size(), 4u);
+  for (const auto& [step, loss] : fp8) {
+    EXPECT_NE(loss, want.at(step)) << step;
+    EXPECT_NEAR(loss, want.at(step), 1e-2 * want.at(step)) << step;
+  }
+  job.run(2, "fp8z3", "--set train.precision=fp8 --set dist.zero=3");
+  const auto z3 = job.losses("fp8z3");
+  ASSERT_EQ(z3.size(), 4u);
+  for (const auto& [step, loss] : z3) EXPECT_NEAR(loss, fp8.at(step), 1e-3 * fp8.at(step)) << step;
+}
+
 // A checkpoint written by 2 ranks resumes on 4, whose checkpoint resumes on 1: the losses and the
 // final weights are those of the uninterrupted single-rank run.
 TEST(Dist, ResumeAcrossWorldSizes) {

@@ -1,5 +1,5 @@
 // qwentune profile --model DIR [--backend cpu|cuda] [--steps N] [--warmup N] [--tokens-per-batch N]
-//                  [--top N] [--trace FILE.json] [--data FILE|DIR] [--seed N]    (backend auto: cuda if present)
+//                  [--top N] [--trace FILE.json] [--data FILE|DIR] [--seed N] [--precision bf16|fp8]    (backend auto: cuda if present)
 // Runs training steps (forward + backward + optimizer, the trainer's arithmetic) on synthetic
 // chat-like packed rows, or on --data packed like `train` does, with the model on a
 // ProfiledBackend; prints the op table (sorted by device time), the per-layer table and per-step
@@ -26,7 +26,7 @@ namespace qt::cli {
 namespace {
 
 struct ProfileJob {
-  std::string model, backend = "cpu", trace, data;
+  std::string model, backend = "cpu", trace, data, precision = "bf16";
   int64_t steps = 5, warmup = 1, tokens_per_batch = 1024, top = 20;
   uint64_t seed = 0;
 };
@@ -65,6 +65,7 @@ void run_profile(const ProfileJob& job) {
                        : rows_from_data(job, cfg.vocab_size);
   ProfiledBackend be(*raw);
   Qwen35Model model(cfg, be, job.tokens_per_batch);
+  model.set_precision(precision_from_name(job.precision));
   model.load(dir);
   TrainStepRunner runner(model);
   profile::Profiler& prof = be.profiler();
@@ -106,6 +107,9 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--top", job->top, "ops in the table (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--trace", job->trace, "write a Chrome trace JSON (Perfetto) here");
   cmd->add_option("--data", job->data, "data file or directory (as `train` reads it) instead of synthetic rows");
+  cmd->add_option("--precision", job->precision, "bf16, or fp8 projections (= train.precision)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--seed", job->seed, "seed of the synthetic rows / packing")->capture_default_str();
   cmd->callback([=] { run_profile(*job); });
 }

@@ -258,6 +258,9 @@ const std::vector<ConfigKey>& config_keys() {
       flag("train", "cuda_graph", "true", "CUDA: capture the step once and replay it"),
       flag("train", "deterministic", "true", "CUDA: bitwise reproducible steps"),
       str("train", "activation_checkpointing", "auto", "auto = from free device memory", "auto|none|selective|full"),
+      str("train", "precision", "bf16",
+          "bf16, or fp8: the decoder projections' GEMMs in e4m3 with per-tensor scaling (docs/fp8.md; Hopper)",
+          "bf16|fp8"),
       str("train", "method", "full", "full fine-tuning, or LoRA adapters on a frozen base (the lora: section)", "full|lora"),
       // train.cuda: the CUDA backend's runtime (ops/cuda/cuda_backend.h)
       flag("train.cuda", "gemm_tune", "true",

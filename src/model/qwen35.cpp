@@ -38,6 +38,10 @@ Tensor slab(const Tensor& buf, const Shape& shape) {
 
 Tensor none() { return Tensor(); }
 
+// The projections fp8 runs: all but the GDN's b and a (16 wide: their GEMMs are negligible and
+// their gate pre-activations stay exact).
+bool runs_fp8(ParamRole r) { return is_projection(r) && r != ParamRole::GdnInProjB && r != ParamRole::GdnInProjA; }
+
 }  // namespace
 
 // ---- PackedRow ---------------------------------------------------------------------------------
@@ -382,7 +386,7 @@ std::string MemoryPlan::describe() const {
   return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
              " MiB (checkpointing ", checkpointing_name(checkpointing), ") | GDN state kept for the backward ",
              mib(mixer_state), " MiB (", mixer_kept, ") | gradient scratch ", mib(scratch), " MiB | inputs ",
-             mib(inputs), " MiB | total ", mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
+             mib(inputs), " MiB | ", fp8 > 0 ? str("fp8 codes ", mib(fp8), " MiB | ") : std::string(), "total ", mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
 }
 
 const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
@@ -511,7 +515,14 @@ void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const T
   // Keeps is_projection (which gradients zero_grads() skips) in step with the roles written here.
   QT_CHECK(is_projection(role), "proj_backward: role ", static_cast<int>(role), " is not a projection");
   const int bi = role_index_[static_cast<size_t>(l + 1)][static_cast<int>(role)];
-  be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grad_overwrites(bi));
+  const int f = fp8_id(role, l);
+  if (f >= 0) {
+    const Tensor& dw = g(role, l);
+    if (dw.data != nullptr) fp8_->use_input(x, true);
+    fp8_->backward(dx, dw, dy, f, accumulate_dx, !grad_overwrites(bi));
+  } else {
+    be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grad_overwrites(bi));
+  }
   if (!lora_) return;
   const int i = lora_index_[static_cast<size_t>(l)][static_cast<int>(role)];
   if (i < 0) return;
@@ -550,8 +561,51 @@ void Qwen35Model::write_dropout_seed(int32_t* dst, uint64_t salt) const {
 }
 
 void Qwen35Model::proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
-  be_.linear_forward(y, x, p(role, l));
+  const int f = fp8_id(role, l);
+  if (f >= 0) {
+    fp8_->use_input(x, false);
+    fp8_->forward(y, f);
+  } else {
+    be_.linear_forward(y, x, p(role, l));
+  }
   proj_lora_forward(y, role, l, x);
+}
+
+int Qwen35Model::fp8_id(ParamRole role, int l) const {
+  return fp8_ ? fp8_ids_[static_cast<size_t>(l)][static_cast<int>(role)] : -1;
+}
+
+void Qwen35Model::set_precision(Precision precision) {
+  QT_CHECK(fp8_ == nullptr, "set_precision: already set");
+  if (precision == Precision::BF16) return;
+  fp8_ = std::make_unique<Fp8Projections>(be_, max_tokens_);
+  fp8_per_use_ = shards_ != nullptr;
+  fp8_ids_.assign(static_cast<size_t>(cfg_.num_hidden_layers), std::vector<int>(kNumRoles, -1));
+  std::vector<int> shared(kNumRoles, -1);  // per use: one set of codes per role, every layer's
+  std::string skipped;
+  for (const ParamSpec& s : base_specs_) {
+    if (s.layer < 0 || !runs_fp8(s.role)) continue;
+    const int64_t N = s.shape[0], K = s.shape[1];
+    if (!Fp8Projections::eligible(N, K)) {
+      if (skipped.empty()) skipped = str(s.name, " [", N, ", ", K, "]");
+      continue;
+    }
+    int& id = fp8_ids_[static_cast<size_t>(s.layer)][static_cast<int>(s.role)];
+    int& sh = shared[static_cast<size_t>(s.role)];
+    id = fp8_per_use_ && sh >= 0 ? sh : fp8_->add(N, K);
+    if (fp8_per_use_) sh = id;
+  }
+  QT_CHECK(skipped.empty(), "train.precision fp8: ", skipped,
+           " has a dimension that is not a multiple of 16 (the FP8 GEMM layouts); use bf16 for this model");
+  fp8_->allocate();
+  plan_.fp8 = fp8_->bytes();
+}
+
+void Qwen35Model::fp8_refresh(int l) {
+  for (int r = 0; r < kNumRoles; ++r) {
+    const int f = fp8_ids_[static_cast<size_t>(l)][r];
+    if (f >= 0) fp8_->quantize_weight(f, p(static_cast<ParamRole>(r), l));
+  }
 }
 
 void Qwen35Model::proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
@@ -745,6 +799,11 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   profile::Scope layer(prof_, pass == LayerPass::Forward ? "layer" : "recompute", l,
                        layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
   const Tensor x = rows(A.x, T), xn = rows(A.xn, T);
+  if (fp8_) {
+    fp8_->forget_inputs();  // this layer's buffers (shared ones refilled) hold new values
+    // The weights changed since the last step's forward (or a pass without backward: always).
+    if (pass == LayerPass::Forward && (fp8_per_use_ || micro_ == 0 || !pass_backward_)) fp8_refresh(l);
+  }
   // The forward pass got xn with x (forward_layers, or the previous layer's residual add).
   if (pass != LayerPass::Forward)
     be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
@@ -819,11 +878,13 @@ void Qwen35Model::backward_layers(int64_t T) {
   profile::Scope phase(prof_, "backward");
   for (int l = static_cast<int>(c.num_hidden_layers) - 1; l >= 0; --l) {
     zero3_gather(l, true);
+    if (fp8_per_use_) fp8_refresh(l);  // before a recompute's forward GEMMs read them
     // Refill what the checkpointing policy dropped (into the shared work activations).
     if (ckpt_ == Checkpointing::Full) forward_layer(l, T, LayerPass::Recompute);
     if (ckpt_ == Checkpointing::Selective) forward_layer(l, T, LayerPass::RecomputeCheap);
     LayerActs& A = acts_[static_cast<size_t>(l)];
     profile::Scope layer(prof_, "layer", l, layer_kind_name(c.layer_types[static_cast<size_t>(l)]));
+    if (fp8_) fp8_->forget_inputs();
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);
     // MLP: next = h + down(silu(gate(hn)) * up(hn))
     const Tensor dact = slab(d_a_, {T, I}), dgate = slab(d_b_, {T, I}), dup = slab(d_c_, {T, I});

@@ -11,6 +11,7 @@
 
 #include "model/hf_checkpoint.h"
 #include "model/config.h"
+#include "model/fp8_projections.h"
 #include "model/lora.h"
 #include "model/params.h"
 #include "model/weight_shards.h"
@@ -88,8 +89,9 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes);
 // Bytes the model allocates at construction, by kind (the step itself allocates nothing).
 struct MemoryPlan {
   int64_t weights = 0, grads = 0, activations = 0, scratch = 0, inputs = 0, mixer_state = 0;
+  int64_t fp8 = 0;  // train.precision fp8: the weights' e4m3 codes and the codes scratch
   const char* mixer_kept = "nothing";  // what mixer_state holds: "chunk states", "prep's results" or "nothing"
-  int64_t total() const { return weights + grads + activations + scratch + inputs + mixer_state; }
+  int64_t total() const { return weights + grads + activations + scratch + inputs + mixer_state + fp8; }
   std::string describe() const;
   Checkpointing checkpointing = Checkpointing::None;
 };
@@ -175,6 +177,14 @@ class Qwen35Model {
   // Logits [T, V] (host, f32) for every position of the row (for generation and parity checks).
   std::vector<float> logits(const PackedRow& row);
 
+  // ---- precision (docs/fp8.md) ----
+  // fp8: the decoder's projections (all but the GDN's b and a, which are 16 wide) run their
+  // forward, dgrad and wgrad as e4m3 GEMMs with per-tensor current scaling; their weight codes are
+  // written once a step (by the step's first forward; under ZeRO-3 at each use, one layer's at a
+  // time, so the codes stay a layer's size). The LM head, attention, the GDN and the norms stay
+  // bf16 / fp32, as do the LoRA adapters. Allocates (call once, at set-up).
+  void set_precision(Precision p);
+  Precision precision() const { return fp8_ ? Precision::FP8 : Precision::BF16; }
   // ---- static shapes (whole-step CUDA graphs) ----
   // From here on, staged rows are padded to max_tokens tokens (the padding is one extra sample
   // whose targets are all ignored) and cu_seqlens to max_seqs + 1 entries (repeating the row
@@ -226,6 +236,9 @@ class Qwen35Model {
   void proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
   // The projection of `role` in layer l: y = x W^T, plus its LoRA adapter's term where it has one.
   void proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
+  // fp8: layer l's weight codes from its current weights.
+  void fp8_refresh(int l);
+  int fp8_id(ParamRole role, int l) const;  // -1: the projection runs in bf16
   std::vector<float> download_f32(const Tensor& t) const;
   void upload_f32(const Tensor& t, const std::vector<float>& values, const std::string& name);
   const Tensor& p(ParamRole role, int layer) const;
@@ -263,6 +276,9 @@ class Qwen35Model {
   Tensor grads_zeroed_;  // its front part: the gradients zero_grads() clears (see the constructor)
   bool grads_fresh_ = false;  // zero_grads() ran and no backward since: the written-first gradients overwrite
   std::unique_ptr<WeightShards> shards_;  // ZeRO-3
+  std::unique_ptr<Fp8Projections> fp8_;   // train.precision fp8
+  std::vector<std::vector<int>> fp8_ids_; // [layer][role] -> codes id (-1: bf16)
+  bool fp8_per_use_ = false;              // ZeRO-3: one set of codes, written at each layer's use
   bool pass_backward_ = false;  // the pass running now has a backward
   int micro_ = 0;               // backwards since zero_grads() (ZeRO-3: the first one's sums are written, later added)
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into base_ (-1 if none)

@@ -83,7 +83,9 @@ int64_t check_quantize_fp8(const char* op, const Tensor& q, const Tensor& q_t, c
   if (q.data != nullptr) check_tensor(op, "q", q, DType::F8E4M3, x.shape_vec(), dev);
   if (q_t.data != nullptr) {
     QT_CHECK(x.ndim == 2, op, ": q_t needs a 2-D x, got ", x.describe());
-    check_tensor(op, "q_t", q_t, DType::F8E4M3, {x.size(1), x.size(0)}, dev);
+    // q_t's rows may be padded up to the next multiple of 16 (zero codes: the wgrad GEMM's inner dim).
+    const int64_t R = x.size(0), Rp = q_t.ndim == 2 ? q_t.size(1) : -1;
+    check_tensor(op, "q_t", q_t, DType::F8E4M3, {x.size(1), Rp >= R && Rp <= (R + 15) / 16 * 16 ? Rp : R}, dev);
   }
   check_tensor(op, "scale_inv", scale_inv, DType::F32, {1}, dev);
   return x.numel();

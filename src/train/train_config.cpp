@@ -68,6 +68,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.dist.reduce_bf16 = config_get<std::string>(d, "dist", "reduce_dtype", path) == "bf16";
   c.dist.reshard_after_forward = config_get<bool>(d, "dist", "reshard_after_forward", path);
   c.activation_checkpointing = get_s("activation_checkpointing");
+  c.precision = get_s("precision");
   c.method = get_s("method");
   const YAML::Node lo = root["lora"];
   if (c.method == "lora") {

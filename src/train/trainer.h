@@ -56,6 +56,7 @@ struct TrainConfig {
     bool reshard_after_forward = true;  // ZeRO-3
   } dist;
   std::string activation_checkpointing = "auto";
+  std::string precision = "bf16";  // bf16 | fp8 (model/fp8_projections.h)
   std::string method = "full";  // full | lora
   LoraSpec lora;                // train.method lora: the adapters (the lora: section)
   std::string lora_adapter;     // an existing PEFT adapter to continue from ("" = PEFT's init)

@@ -266,10 +266,10 @@ void CpuBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& 
     }, 1 << 14);
   }
   if (q_t.data != nullptr) {
-    const int64_t R = x.size(0), C = x.size(1);
+    const int64_t R = x.size(0), C = x.size(1), Rp = q_t.size(1);  // padding columns: zero codes
     uint8_t* out = static_cast<uint8_t*>(q_t.data);
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) out[c * R + r] = float_to_fp8_e4m3(in[r * C + c] * s);
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t r = 0; r < Rp; ++r) out[c * Rp + r] = r < R ? float_to_fp8_e4m3(in[r * C + c] * s) : 0;
   }
   *scale_inv.ptr<float>() = 1.0f / s;
 }

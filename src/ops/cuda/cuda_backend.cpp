@@ -230,7 +230,8 @@ void CudaBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor&
   const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, BF16, DeviceKind::CUDA);
   if (n == 0) return;
   const int64_t rows = q_t.data != nullptr ? x.size(0) : 1;
-  cuda::launch_quantize_fp8({q.data, q_t.data, scale_inv.ptr<float>(), x.data, n, rows, n / rows},
+  const int64_t rows_pad = q_t.data != nullptr ? q_t.size(1) : 1;
+  cuda::launch_quantize_fp8({q.data, q_t.data, scale_inv.ptr<float>(), x.data, n, rows, n / rows, rows_pad},
                             static_cast<unsigned*>(workspace(16)), stream_);
 }
 

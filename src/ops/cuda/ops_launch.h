@@ -55,13 +55,14 @@ void launch_conv1d_silu_backward(void* dx, void* dw, bool dw_f32, const void* dy
 
 // ---- dense/fp8.cu ----
 // q (e4m3, n bytes; optional) = x (bf16 [rows, cols], n) * s, s = 448 / max|x| (1 if x is zero),
-// saturating; q_t (optional) the same codes as [cols, rows]; *scale_inv = 1 / s.
+// saturating; q_t (optional) the same codes as [cols, rows_pad], columns from rows on zero;
+// *scale_inv = 1 / s.
 struct QuantizeFp8Params {
   void* q;
   void* q_t;
   float* scale_inv;
   const void* x;
-  int64_t n, rows, cols;
+  int64_t n, rows, cols, rows_pad;
 };
 // amax_word: one device word of scratch.
 void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaStream_t s);

@@ -84,11 +84,14 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_kernel(uint8_t* __restrict_
 }
 
 // The transposed codes: a 64 x 64 tile of x (rows r, columns c) read row-wise, its codes written
-// to q_t[c][r] through shared memory, so both the reads and the 64-byte writes stay coalesced.
+// to q_t[c][r] through shared memory, so both the reads and the 64-byte writes stay coalesced; q
+// (optional) gets the row-major codes from the same read. q_t's rows are rows_pad >= rows long: the
+// padding columns are written zero (the wgrad GEMM's inner dimension must be a multiple of 16).
 constexpr int kTile = 64;
-__global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restrict__ q_t, float* scale_inv,
-                                                               const bf16* __restrict__ x, const unsigned* amax_bits,
-                                                               int64_t rows, int64_t cols) {
+__global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restrict__ q_t, uint8_t* __restrict__ q,
+                                                               float* scale_inv, const bf16* __restrict__ x,
+                                                               const unsigned* amax_bits, int64_t rows, int64_t cols,
+                                                               int64_t rows_pad) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float s = scale_of(amax_bits);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
@@ -96,12 +99,15 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restric
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 64 x 4
   for (int rr = ty; rr < kTile; rr += kThreads / kTile) {
     const int64_t r = r0 + rr, c = c0 + tx;
-    tile[tx][rr] = r < rows && c < cols ? to_e4m3(to_f(x[r * cols + c]) * s) : 0;
+    const bool in = r < rows && c < cols;
+    const uint8_t code = in ? to_e4m3(to_f(x[r * cols + c]) * s) : 0;
+    tile[tx][rr] = code;
+    if (q != nullptr && in) q[r * cols + c] = code;
   }
   __syncthreads();
   for (int cc = ty; cc < kTile; cc += kThreads / kTile) {
     const int64_t c = c0 + cc, r = r0 + tx;
-    if (c < cols && r < rows) q_t[c * rows + r] = tile[cc][tx];
+    if (c < cols && r < rows_pad) q_t[c * rows_pad + r] = tile[cc][tx];
   }
 }
 
@@ -115,17 +121,16 @@ void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaSt
   fp8_amax_kernel<<<grid, kThreads, 0, s>>>(amax_word, static_cast<const uint16_t*>(p.x), n, vec);
   QT_LAUNCH_CHECK("fp8_amax_kernel");
   const bf16* x = static_cast<const bf16*>(p.x);
-  if (p.q != nullptr) {
+  if (p.q_t != nullptr) {  // both codes from one read of x
+    QT_CHECK(ceil_div(p.rows_pad, kTile) <= 65535, "quantize_fp8: ", p.rows_pad, " rows exceed the transposed cast's grid");
+    const dim3 tgrid(unsigned(ceil_div(p.cols, kTile)), unsigned(ceil_div(p.rows_pad, kTile)));
+    fp8_cast_t_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
+                                                 p.scale_inv, x, amax_word, p.rows, p.cols, p.rows_pad);
+    QT_LAUNCH_CHECK("fp8_cast_t_kernel");
+  } else if (p.q != nullptr) {
     fp8_cast_kernel<<<grid_for(vec ? n / 8 + 1 : n, kThreads), kThreads, 0, s>>>(static_cast<uint8_t*>(p.q),
                                                                                   p.scale_inv, x, amax_word, n, vec);
     QT_LAUNCH_CHECK("fp8_cast_kernel");
-  }
-  if (p.q_t != nullptr) {
-    QT_CHECK(ceil_div(p.rows, kTile) <= 65535, "quantize_fp8: ", p.rows, " rows exceed the transposed cast's grid");
-    const dim3 tgrid(unsigned(ceil_div(p.cols, kTile)), unsigned(ceil_div(p.rows, kTile)));
-    fp8_cast_t_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), p.q == nullptr ? p.scale_inv : nullptr,
-                                                 x, amax_word, p.rows, p.cols);
-    QT_LAUNCH_CHECK("fp8_cast_t_kernel");
   }
 }
 

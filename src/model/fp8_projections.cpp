@@ -1,0 +1,106 @@
+#include "model/fp8_projections.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace qt {
+
+namespace {
+int64_t pad16(int64_t T) { return (T + 15) / 16 * 16; }
+}  // namespace
+
+const char* precision_name(Precision p) { return p == Precision::FP8 ? "fp8" : "bf16"; }
+
+Precision precision_from_name(const std::string& name) {
+  if (name == "bf16") return Precision::BF16;
+  if (name == "fp8") return Precision::FP8;
+  QT_FAIL("train.precision '", name, "' is not bf16 or fp8");
+}
+
+Fp8Projections::Fp8Projections(Backend& be, int64_t max_tokens) : be_(be), max_tokens_(max_tokens) {}
+
+int Fp8Projections::add(int64_t N, int64_t K) {
+  QT_CHECK(eligible(N, K), "fp8 projection [", N, ", ", K, "]: N and K must be multiples of 16");
+  QT_CHECK(x_codes_.data == nullptr, "Fp8Projections::add after allocate()");
+  w_.push_back({N, K, Tensor(), Tensor(), Tensor()});
+  widest_n_ = std::max(widest_n_, N);
+  widest_k_ = std::max(widest_k_, K);
+  return static_cast<int>(w_.size()) - 1;
+}
+
+void Fp8Projections::allocate() {
+  QT_CHECK(!w_.empty(), "Fp8Projections: no projection registered");
+  auto planned = [&](DType t, const Shape& s) {
+    bytes_ += shape_numel(s) * static_cast<int64_t>(dtype_size(t));
+    return be_.alloc(t, s);
+  };
+  scales_ = planned(DType::F32, {static_cast<int64_t>(w_.size()) + 2});
+  be_.zero(scales_);
+  for (size_t i = 0; i < w_.size(); ++i) {
+    Weight& w = w_[i];
+    w.q = planned(DType::F8E4M3, {w.N, w.K});
+    w.q_t = planned(DType::F8E4M3, {w.K, w.N});
+    w.scale_inv = Tensor(scales_.ptr<float>() + 2 + i, DType::F32, {1}, scales_.device);
+  }
+  const int64_t Tp = pad16(max_tokens_);
+  x_codes_ = planned(DType::F8E4M3, {Tp * widest_k_});
+  dy_codes_ = planned(DType::F8E4M3, {Tp * widest_n_});
+  dy_codes_t_ = planned(DType::F8E4M3, {Tp * widest_n_});
+}
+
+Tensor Fp8Projections::view(const Tensor& buf, const Shape& shape) const {
+  QT_CHECK(shape_numel(shape) <= buf.numel(), "fp8 scratch ", buf.describe(), " too small for ", shape_str(shape));
+  return Tensor(buf.data, buf.dtype, shape, buf.device);
+}
+
+void Fp8Projections::quantize_weight(int id, const Tensor& w) {
+  Weight& c = w_.at(static_cast<size_t>(id));
+  QT_CHECK(w.ndim == 2 && w.size(0) == c.N && w.size(1) == c.K, "fp8 weight codes [", c.N, ", ", c.K, "] for ",
+           w.describe());
+  be_.quantize_fp8(c.q, c.q_t, c.scale_inv, w);
+}
+
+void Fp8Projections::forget_inputs() { fwd_ = bwd_ = Input{}; }
+
+void Fp8Projections::use_input(const Tensor& x, bool transposed) {
+  QT_CHECK(x.ndim == 2 && x.size(1) <= widest_k_ && x.size(0) <= max_tokens_, "fp8 projection input ", x.describe(),
+           " exceeds the planned [", max_tokens_, ", ", widest_k_, "]");
+  const Input key{x.data, x.size(0), x.size(1)};
+  Input& held = transposed ? bwd_ : fwd_;
+  if (held.src == key.src && held.T == key.T && held.K == key.K) return;
+  const int64_t T = x.size(0), K = x.size(1);
+  const Tensor scale(scales_.data, DType::F32, {1}, scales_.device);
+  if (transposed) be_.quantize_fp8(Tensor(), view(x_codes_, {K, pad16(T)}), scale, x);
+  else be_.quantize_fp8(view(x_codes_, {T, K}), Tensor(), scale, x);
+  forget_inputs();  // one buffer: the other kind is gone
+  held = key;
+}
+
+void Fp8Projections::forward(const Tensor& y, int id) {
+  const Weight& w = w_.at(static_cast<size_t>(id));
+  QT_CHECK(fwd_.src != nullptr && fwd_.K == w.K, "fp8 forward of [", w.N, ", ", w.K, "] without its input's codes");
+  const Tensor scale(scales_.data, DType::F32, {1}, scales_.device);
+  be_.linear_fp8(y, view(x_codes_, {fwd_.T, w.K}), scale, w.q, w.scale_inv, false);
+}
+
+void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, int id, bool accumulate_dx,
+                              bool accumulate_dw) {
+  const Weight& w = w_.at(static_cast<size_t>(id));
+  QT_CHECK(dy.ndim == 2 && dy.size(1) == w.N, "fp8 backward of [", w.N, ", ", w.K, "]: dy is ", dy.describe());
+  const int64_t T = dy.size(0), Tp = pad16(T);
+  const bool wgrad = dw.data != nullptr, dgrad = dx.data != nullptr;
+  if (!wgrad && !dgrad) return;
+  const Tensor dy_scale(scales_.ptr<float>() + 1, DType::F32, {1}, scales_.device);
+  const Tensor dyq = view(dy_codes_, {T, w.N}), dyq_t = view(dy_codes_t_, {w.N, Tp});
+  be_.quantize_fp8(dgrad ? dyq : Tensor(), wgrad ? dyq_t : Tensor(), dy_scale, dy);
+  if (dgrad) be_.linear_fp8(dx, dyq, dy_scale, w.q_t, w.scale_inv, accumulate_dx);
+  if (wgrad) {
+    QT_CHECK(bwd_.src != nullptr && bwd_.K == w.K && bwd_.T == T, "fp8 wgrad of [", w.N, ", ", w.K,
+             "] without its input's transposed codes over ", T, " tokens");
+    const Tensor scale(scales_.data, DType::F32, {1}, scales_.device);
+    be_.linear_fp8(dw, dyq_t, dy_scale, view(x_codes_, {w.K, Tp}), scale, accumulate_dw);
+  }
+}
+
+}  // namespace qt
