@@ -8,6 +8,9 @@ namespace qt {
 
 namespace {
 int64_t pad16(int64_t T) { return (T + 15) / 16 * 16; }
+// Floats between two scale words: cuBLASLt refuses (NOT_SUPPORTED) scale pointers that are only
+// 4-byte aligned, so each gets its own 256 bytes.
+constexpr int64_t kScaleStride = 64;
 }  // namespace
 
 const char* precision_name(Precision p) { return p == Precision::FP8 ? "fp8" : "bf16"; }
@@ -35,13 +38,13 @@ void Fp8Projections::allocate() {
     bytes_ += shape_numel(s) * static_cast<int64_t>(dtype_size(t));
     return be_.alloc(t, s);
   };
-  scales_ = planned(DType::F32, {static_cast<int64_t>(w_.size()) + 2});
+  scales_ = planned(DType::F32, {(static_cast<int64_t>(w_.size()) + 2) * kScaleStride});
   be_.zero(scales_);
   for (size_t i = 0; i < w_.size(); ++i) {
     Weight& w = w_[i];
     w.q = planned(DType::F8E4M3, {w.N, w.K});
     w.q_t = planned(DType::F8E4M3, {w.K, w.N});
-    w.scale_inv = Tensor(scales_.ptr<float>() + 2 + i, DType::F32, {1}, scales_.device);
+    w.scale_inv = scale_word(2 + static_cast<int64_t>(i));
   }
   const int64_t Tp = pad16(max_tokens_);
   x_codes_ = planned(DType::F8E4M3, {Tp * widest_k_});
@@ -52,6 +55,10 @@ void Fp8Projections::allocate() {
 Tensor Fp8Projections::view(const Tensor& buf, const Shape& shape) const {
   QT_CHECK(shape_numel(shape) <= buf.numel(), "fp8 scratch ", buf.describe(), " too small for ", shape_str(shape));
   return Tensor(buf.data, buf.dtype, shape, buf.device);
+}
+
+Tensor Fp8Projections::scale_word(int64_t i) const {
+  return Tensor(scales_.ptr<float>() + i * kScaleStride, DType::F32, {1}, scales_.device);
 }
 
 void Fp8Projections::quantize_weight(int id, const Tensor& w) {
@@ -70,7 +77,7 @@ void Fp8Projections::use_input(const Tensor& x, bool transposed) {
   Input& held = transposed ? bwd_ : fwd_;
   if (held.src == key.src && held.T == key.T && held.K == key.K) return;
   const int64_t T = x.size(0), K = x.size(1);
-  const Tensor scale(scales_.data, DType::F32, {1}, scales_.device);
+  const Tensor scale = scale_word(0);
   if (transposed) be_.quantize_fp8(Tensor(), view(x_codes_, {K, pad16(T)}), scale, x);
   else be_.quantize_fp8(view(x_codes_, {T, K}), Tensor(), scale, x);
   forget_inputs();  // one buffer: the other kind is gone
@@ -80,7 +87,7 @@ void Fp8Projections::use_input(const Tensor& x, bool transposed) {
 void Fp8Projections::forward(const Tensor& y, int id) {
   const Weight& w = w_.at(static_cast<size_t>(id));
   QT_CHECK(fwd_.src != nullptr && fwd_.K == w.K, "fp8 forward of [", w.N, ", ", w.K, "] without its input's codes");
-  const Tensor scale(scales_.data, DType::F32, {1}, scales_.device);
+  const Tensor scale = scale_word(0);
   be_.linear_fp8(y, view(x_codes_, {fwd_.T, w.K}), scale, w.q, w.scale_inv, false);
 }
 
@@ -91,14 +98,14 @@ void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& 
   const int64_t T = dy.size(0), Tp = pad16(T);
   const bool wgrad = dw.data != nullptr, dgrad = dx.data != nullptr;
   if (!wgrad && !dgrad) return;
-  const Tensor dy_scale(scales_.ptr<float>() + 1, DType::F32, {1}, scales_.device);
+  const Tensor dy_scale = scale_word(1);
   const Tensor dyq = view(dy_codes_, {T, w.N}), dyq_t = view(dy_codes_t_, {w.N, Tp});
   be_.quantize_fp8(dgrad ? dyq : Tensor(), wgrad ? dyq_t : Tensor(), dy_scale, dy);
   if (dgrad) be_.linear_fp8(dx, dyq, dy_scale, w.q_t, w.scale_inv, accumulate_dx);
   if (wgrad) {
     QT_CHECK(bwd_.src != nullptr && bwd_.K == w.K && bwd_.T == T, "fp8 wgrad of [", w.N, ", ", w.K,
              "] without its input's transposed codes over ", T, " tokens");
-    const Tensor scale(scales_.data, DType::F32, {1}, scales_.device);
+    const Tensor scale = scale_word(0);
     be_.linear_fp8(dw, dyq_t, dy_scale, view(x_codes_, {w.K, Tp}), scale, accumulate_dw);
   }
 }

@@ -49,11 +49,12 @@ class Fp8Projections {
     int64_t T = 0, K = 0;
   };
   Tensor view(const Tensor& buf, const Shape& shape) const;
+  Tensor scale_word(int64_t i) const;  // 0: the input's, 1: dy's, 2 + id: weight id's
   Backend& be_;
   int64_t max_tokens_, bytes_ = 0;
   int64_t widest_n_ = 0, widest_k_ = 0;
   std::vector<Weight> w_;
-  Tensor x_codes_, dy_codes_, dy_codes_t_, scales_;  // scratch; scales_: [x, dy]
+  Tensor x_codes_, dy_codes_, dy_codes_t_, scales_;  // scratch; scales_: scale_word()s
   Input fwd_, bwd_;                                  // what x_codes_ holds (one kind at a time)
 };
 

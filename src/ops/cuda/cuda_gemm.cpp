@@ -134,7 +134,12 @@ void GemmRunner::tune(Plan& p, const GemmCall& g, cudaStream_t stream) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return h;
   };
-  CUBLAS_CHECK(run_algo(p.algo));
+  const cublasStatus_t first = run_algo(p.algo);
+  QT_CHECK(first == CUBLAS_STATUS_SUCCESS, "gemm: cuBLASLt's first algorithm does not run for ", g.fp8 ? "fp8 " : "",
+           "M ", g.M, " N ", g.N, " K ", g.K, " (lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc, ", C ",
+           g.c_f32 ? "f32" : "bf16", ", A/B/C aligned to ", alignment_of(g.A), "/", alignment_of(g.B), "/",
+           alignment_of(g.C), " bytes", g.fp8 ? str(", scales to ", alignment_of(g.a_scale), "/", alignment_of(g.b_scale)) : "",
+           "): ", cublas_status_str(first));
   const unsigned long long ref = hash();
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
