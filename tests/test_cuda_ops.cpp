@@ -413,6 +413,28 @@ TEST_F(OpsTest, Fp8BackwardProducts) {
   }
 }
 
+// Shapes off the vectorized cast's layout (13 columns, 7 rows unpadded) take the scalar tile: the
+// same codes as the CPU, both outputs.
+TEST_F(OpsTest, Fp8QuantizeOddShapes) {
+  QT_REQUIRE_GPU();
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{7, 13}, {133, 9}, {66, 200}}) {
+    SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C));
+    Pair x = input({R, C}, -2, 2), s = output({1}, DType::F32);
+    Tensor q = g_->alloc(DType::F8E4M3, {R, C}), q_t = g_->alloc(DType::F8E4M3, {C, R});
+    Tensor qc = c_->alloc(DType::F8E4M3, {R, C}), q_tc = c_->alloc(DType::F8E4M3, {C, R});
+    g_->quantize_fp8(q, q_t, s.gpu, x.gpu);
+    c_->quantize_fp8(qc, q_tc, s.cpu, x.cpu);
+    std::vector<uint8_t> a(size_t(R * C)), b(size_t(R * C));
+    g_->copy_to_host(a.data(), q);
+    g_->copy_to_host(b.data(), q_t);
+    for (int64_t i = 0; i < R * C; ++i) {
+      ASSERT_EQ(a[size_t(i)], static_cast<uint8_t*>(qc.data)[i]) << "q " << i;
+      ASSERT_EQ(b[size_t(i)], static_cast<uint8_t*>(q_tc.data)[i]) << "q_t " << i;
+    }
+    EXPECT_EQ(download(s.gpu)[0], s.cpu.ptr<float>()[0]);
+  }
+}
+
 TEST_F(OpsTest, Fp8BadShapesNamed) {
   QT_REQUIRE_GPU();
   Pair x = input({4, 24}), y = output({4, 8}), s = output({1}, DType::F32);

@@ -111,6 +111,53 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restric
   }
 }
 
+// The same tile with 16-byte loads (8 values a thread), 8-byte row-major and 4-byte transposed
+// stores: for cols % 8 == 0, rows_pad % 4 == 0 and aligned pointers (the model's shapes).
+__global__ void __launch_bounds__(kThreads) fp8_cast_t_vec_kernel(uint8_t* __restrict__ q_t, uint8_t* __restrict__ q,
+                                                                   float* scale_inv, const bf16* __restrict__ x,
+                                                                   const unsigned* amax_bits, int64_t rows,
+                                                                   int64_t cols, int64_t rows_pad) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 4];  // [column][row]
+  const float s = scale_of(amax_bits);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  {
+    const int cv = (threadIdx.x % 8) * 8, rr0 = threadIdx.x / 8;  // 8 threads a row, 32 rows a pass
+    const int64_t c = c0 + cv;
+    for (int rr = rr0; rr < kTile; rr += kThreads / 8) {
+      const int64_t r = r0 + rr;
+      const bool in = r < rows && c < cols;
+      unsigned short p[4] = {0, 0, 0, 0};
+      if (in) {
+        float f[8];
+        load_vec(f, x + r * cols, c / 8);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          p[k] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * k] * s, f[2 * k + 1] * s), __NV_SATFINITE, __NV_E4M3);
+        if (q != nullptr) {
+          uint2 out;
+          out.x = unsigned(p[0]) | (unsigned(p[1]) << 16);
+          out.y = unsigned(p[2]) | (unsigned(p[3]) << 16);
+          *reinterpret_cast<uint2*>(q + r * cols + c) = out;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        tile[cv + 2 * k][rr] = uint8_t(p[k] & 0xFF);
+        tile[cv + 2 * k + 1][rr] = uint8_t(p[k] >> 8);
+      }
+    }
+  }
+  __syncthreads();
+  const int rv = (threadIdx.x % 16) * 4, cc0 = threadIdx.x / 16;  // 16 threads a q_t row, 16 rows a pass
+  const int64_t r = r0 + rv;
+  for (int cc = cc0; cc < kTile; cc += kThreads / 16) {
+    const int64_t c = c0 + cc;
+    if (c < cols && r < rows_pad)
+      *reinterpret_cast<unsigned*>(q_t + c * rows_pad + r) = *reinterpret_cast<const unsigned*>(&tile[cc][rv]);
+  }
+}
+
 }  // namespace
 
 void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaStream_t s) {
@@ -124,9 +171,16 @@ void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaSt
   if (p.q_t != nullptr) {  // both codes from one read of x
     QT_CHECK(ceil_div(p.rows_pad, kTile) <= 65535, "quantize_fp8: ", p.rows_pad, " rows exceed the transposed cast's grid");
     const dim3 tgrid(unsigned(ceil_div(p.cols, kTile)), unsigned(ceil_div(p.rows_pad, kTile)));
-    fp8_cast_t_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
-                                                 p.scale_inv, x, amax_word, p.rows, p.cols, p.rows_pad);
-    QT_LAUNCH_CHECK("fp8_cast_t_kernel");
+    const bool tvec = p.cols % 8 == 0 && p.rows_pad % 4 == 0 && aligned16(p.x) && aligned8(p.q) && aligned16(p.q_t);
+    if (tvec) {
+      fp8_cast_t_vec_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
+                                                       p.scale_inv, x, amax_word, p.rows, p.cols, p.rows_pad);
+      QT_LAUNCH_CHECK("fp8_cast_t_vec_kernel");
+    } else {
+      fp8_cast_t_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
+                                                   p.scale_inv, x, amax_word, p.rows, p.cols, p.rows_pad);
+      QT_LAUNCH_CHECK("fp8_cast_t_kernel");
+    }
   } else if (p.q != nullptr) {
     fp8_cast_kernel<<<grid_for(vec ? n / 8 + 1 : n, kThreads), kThreads, 0, s>>>(static_cast<uint8_t*>(p.q),
                                                                                   p.scale_inv, x, amax_word, n, vec);
