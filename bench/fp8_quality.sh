@@ -4,6 +4,7 @@
 # tools/compare_loss_curves.py finds (the 20-step smoothed relative loss gap, its last-100-step mean:
 # fp8_loss_gap_<preset>, the gradient norms) as one JSON line per preset.
 #   fp8_quality.sh QWENTUNE MAKE_SYNTHETIC_ULTRACHAT TOKENIZER_JSON SCRATCH_DIR [PRESET ...]   (default 0.8b 2b)
+# Each run saves its final checkpoint (weights and optimizer state: ~25 GB at 2b) into SCRATCH_DIR.
 set -eu
 qt=$1 synth=$2 tok=$3 out=$4
 shift 4
