@@ -534,6 +534,10 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
     EXPECT_NE(std::string(e.what()).find("linear_fp8"), std::string::npos) << e.what();
   }
   EXPECT_THROW(be.quantize_fp8(x, Tensor(), xs, x), Error);  // q must be F8E4M3
+  // A scale pointer only 4-byte aligned is refused by name (cuBLASLt would answer NOT_SUPPORTED).
+  Tensor two = be.alloc(DType::F32, {8});
+  const Tensor off(two.ptr<float>() + 1, DType::F32, {1}, two.device);
+  EXPECT_ERROR_CONTAINS([&] { be.linear_fp8(y, xq, off, wq, ws, false); }, "x_scale_inv must be 16-byte aligned");
 }
 
 }  // namespace

@@ -68,31 +68,26 @@ void Fp8Projections::quantize_weight(int id, const Tensor& w) {
   be_.quantize_fp8(c.q, c.q_t, c.scale_inv, w);
 }
 
-void Fp8Projections::forget_inputs() { fwd_ = bwd_ = Input{}; }
-
 void Fp8Projections::use_input(const Tensor& x, bool transposed) {
   QT_CHECK(x.ndim == 2 && x.size(1) <= widest_k_ && x.size(0) <= max_tokens_, "fp8 projection input ", x.describe(),
            " exceeds the planned [", max_tokens_, ", ", widest_k_, "]");
-  const Input key{x.data, x.size(0), x.size(1)};
-  Input& held = transposed ? bwd_ : fwd_;
-  if (held.src == key.src && held.T == key.T && held.K == key.K) return;
+  const Input key{x.data, x.size(0), x.size(1), transposed};
+  if (held_ == key) return;
   const int64_t T = x.size(0), K = x.size(1);
-  const Tensor scale = scale_word(0);
-  if (transposed) be_.quantize_fp8(Tensor(), view(x_codes_, {K, pad16(T)}), scale, x);
-  else be_.quantize_fp8(view(x_codes_, {T, K}), Tensor(), scale, x);
-  forget_inputs();  // one buffer: the other kind is gone
-  held = key;
+  if (transposed) be_.quantize_fp8(Tensor(), view(x_codes_, {K, pad16(T)}), scale_word(0), x);
+  else be_.quantize_fp8(view(x_codes_, {T, K}), Tensor(), scale_word(0), x);
+  held_ = key;
 }
 
-void Fp8Projections::forward(const Tensor& y, int id) {
+void Fp8Projections::forward(const Tensor& y, const Tensor& x, int id) {
   const Weight& w = w_.at(static_cast<size_t>(id));
-  QT_CHECK(fwd_.src != nullptr && fwd_.K == w.K, "fp8 forward of [", w.N, ", ", w.K, "] without its input's codes");
-  const Tensor scale = scale_word(0);
-  be_.linear_fp8(y, view(x_codes_, {fwd_.T, w.K}), scale, w.q, w.scale_inv, false);
+  QT_CHECK(x.ndim == 2 && x.size(1) == w.K, "fp8 forward of [", w.N, ", ", w.K, "]: x is ", x.describe());
+  use_input(x, false);
+  be_.linear_fp8(y, view(x_codes_, {x.size(0), w.K}), scale_word(0), w.q, w.scale_inv, false);
 }
 
-void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, int id, bool accumulate_dx,
-                              bool accumulate_dw) {
+void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, int id,
+                              bool accumulate_dx, bool accumulate_dw) {
   const Weight& w = w_.at(static_cast<size_t>(id));
   QT_CHECK(dy.ndim == 2 && dy.size(1) == w.N, "fp8 backward of [", w.N, ", ", w.K, "]: dy is ", dy.describe());
   const int64_t T = dy.size(0), Tp = pad16(T);
@@ -103,10 +98,10 @@ void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& 
   be_.quantize_fp8(dgrad ? dyq : Tensor(), wgrad ? dyq_t : Tensor(), dy_scale, dy);
   if (dgrad) be_.linear_fp8(dx, dyq, dy_scale, w.q_t, w.scale_inv, accumulate_dx);
   if (wgrad) {
-    QT_CHECK(bwd_.src != nullptr && bwd_.K == w.K && bwd_.T == T, "fp8 wgrad of [", w.N, ", ", w.K,
-             "] without its input's transposed codes over ", T, " tokens");
-    const Tensor scale = scale_word(0);
-    be_.linear_fp8(dw, dyq_t, dy_scale, view(x_codes_, {w.K, Tp}), scale, accumulate_dw);
+    QT_CHECK(x.ndim == 2 && x.size(0) == T && x.size(1) == w.K, "fp8 wgrad of [", w.N, ", ", w.K, "]: x is ",
+             x.describe(), " for dy ", dy.describe());
+    use_input(x, true);
+    be_.linear_fp8(dw, dyq_t, dy_scale, view(x_codes_, {w.K, Tp}), scale_word(0), accumulate_dw);
   }
 }
 

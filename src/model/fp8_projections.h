@@ -28,16 +28,16 @@ class Fp8Projections {
   int64_t bytes() const { return bytes_; }
   // The codes and scale of weight `id` from w (bf16 on the device).
   void quantize_weight(int id, const Tensor& w);
-  // The input the next forward() (transposed = false: its row-major codes) or backward() (its
-  // transposed codes, padded to 16 tokens with zeros) reads. Quantized once per x: a caller whose
-  // buffers change under the same pointer calls forget_inputs() first.
-  void use_input(const Tensor& x, bool transposed);
-  void forget_inputs();
-  // y [T, N] = x W^T from the current input's codes.
-  void forward(const Tensor& y, int id);
-  // dx (= or +=) dy W, skipped for an empty dx; dW (= or +=) dy^T x from the current (transposed)
-  // input, skipped for an empty dw (a frozen weight).
-  void backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, int id, bool accumulate_dx, bool accumulate_dw);
+  // The input's codes are kept for the next call with the same x (the projections that share an
+  // input quantize it once): row-major for forward(), transposed and padded to 16 tokens with zeros
+  // for backward(). A caller whose buffers change under the same pointer calls forget_inputs().
+  void forget_inputs() { held_ = Input{}; }
+  // y [T, N] = x W^T.
+  void forward(const Tensor& y, const Tensor& x, int id);
+  // dx (= or +=) dy W, skipped for an empty dx; dW (= or +=) dy^T x, skipped for an empty dw (a
+  // frozen weight: x is then not read).
+  void backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, int id, bool accumulate_dx,
+                bool accumulate_dw);
 
  private:
   struct Weight {
@@ -47,7 +47,10 @@ class Fp8Projections {
   struct Input {
     const void* src = nullptr;
     int64_t T = 0, K = 0;
+    bool transposed = false;
+    bool operator==(const Input& o) const { return src == o.src && T == o.T && K == o.K && transposed == o.transposed; }
   };
+  void use_input(const Tensor& x, bool transposed);  // x's codes into x_codes_ unless held_ already
   Tensor view(const Tensor& buf, const Shape& shape) const;
   Tensor scale_word(int64_t i) const;  // 0: the input's, 1: dy's, 2 + id: weight id's
   Backend& be_;
@@ -55,7 +58,7 @@ class Fp8Projections {
   int64_t widest_n_ = 0, widest_k_ = 0;
   std::vector<Weight> w_;
   Tensor x_codes_, dy_codes_, dy_codes_t_, scales_;  // scratch; scales_: scale_word()s
-  Input fwd_, bwd_;                                  // what x_codes_ holds (one kind at a time)
+  Input held_;                                       // what x_codes_ holds
 };
 
 }  // namespace qt

@@ -386,7 +386,8 @@ std::string MemoryPlan::describe() const {
   return str("weights ", mib(weights), " MiB | grads ", mib(grads), " MiB | activations ", mib(activations),
              " MiB (checkpointing ", checkpointing_name(checkpointing), ") | GDN state kept for the backward ",
              mib(mixer_state), " MiB (", mixer_kept, ") | gradient scratch ", mib(scratch), " MiB | inputs ",
-             mib(inputs), " MiB | ", fp8 > 0 ? str("fp8 codes ", mib(fp8), " MiB | ") : std::string(), "total ", mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
+             mib(inputs), " MiB | ", fp8 > 0 ? str("fp8 codes ", mib(fp8), " MiB | ") : std::string(), "total ",
+             mib(total()), " MiB (optimizer state and kernel workspaces come on top)");
 }
 
 const Tensor& Qwen35Model::p(ParamRole role, int layer) const {
@@ -517,9 +518,7 @@ void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const T
   const int bi = role_index_[static_cast<size_t>(l + 1)][static_cast<int>(role)];
   const int f = fp8_id(role, l);
   if (f >= 0) {
-    const Tensor& dw = g(role, l);
-    if (dw.data != nullptr) fp8_->use_input(x, true);
-    fp8_->backward(dx, dw, dy, f, accumulate_dx, !grad_overwrites(bi));
+    fp8_->backward(dx, g(role, l), dy, x, f, accumulate_dx, !grad_overwrites(bi));
   } else {
     be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grad_overwrites(bi));
   }
@@ -563,8 +562,7 @@ void Qwen35Model::write_dropout_seed(int32_t* dst, uint64_t salt) const {
 void Qwen35Model::proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
   const int f = fp8_id(role, l);
   if (f >= 0) {
-    fp8_->use_input(x, false);
-    fp8_->forward(y, f);
+    fp8_->forward(y, x, f);
   } else {
     be_.linear_forward(y, x, p(role, l));
   }

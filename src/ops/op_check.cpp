@@ -1,6 +1,7 @@
 #include "ops/op_check.h"
 
 #include <cctype>
+#include <cstdint>
 #include <cmath>
 #include <string>
 
@@ -99,6 +100,10 @@ LinearDims check_linear_fp8(const char* op, const Tensor& y, const Tensor& xq, c
   check_tensor(op, "xq", xq, DType::F8E4M3, {T, K}, dev);
   check_tensor(op, "x_scale_inv", x_scale_inv, DType::F32, {1}, dev);
   check_tensor(op, "w_scale_inv", w_scale_inv, DType::F32, {1}, dev);
+  // cuBLASLt answers NOT_SUPPORTED for scale pointers that are only 4-byte aligned.
+  for (const Tensor* s : {&x_scale_inv, &w_scale_inv})
+    QT_CHECK(reinterpret_cast<uintptr_t>(s->data) % 16 == 0, op, ": ", s == &x_scale_inv ? "x" : "w",
+             "_scale_inv must be 16-byte aligned (an FP8 GEMM scale pointer)");
   check_storage(op, "y", y, y.dtype, dev);
   QT_CHECK(y.ndim == 2 && y.size(0) == T && y.size(1) == N, op, ": y is ", y.describe(), ", expected [", T, ", ", N,
            "]");
