@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
         Tensor as = be.alloc(DType::F32, {1}), bs = be.alloc(DType::F32, {1});
         fill(be, a, 1.0f, 11);
         fill(be, b, 0.02f, 12);
-        be.quantize_fp8(aq, Tensor(), as, a);
-        be.quantize_fp8(bq, Tensor(), bs, b);
+        be.quantize_fp8(aq, Tensor(), as, a, Tensor());
+        be.quantize_fp8(bq, Tensor(), bs, b, Tensor());
         ms_fp8 += time_ms(be, [&] { be.linear_fp8(c, aq, as, bq, bs, false); }, iters);
         ms_bf16 += time_ms(be, [&] { be.linear_forward(c, a, b); }, iters);
         flops += 2.0 * double(M) * double(N) * double(K);
@@ -173,12 +173,12 @@ int main(int argc, char** argv) {
                     "bf16 on the same shapes " + std::to_string(flops / (ms_bf16 * 1e-3) / 1e12)});
     Tensor x = be.alloc(DType::BF16, {T, I}), xq = be.alloc(DType::F8E4M3, {T, I}), xs = be.alloc(DType::F32, {1});
     fill(be, x, 1.0f, 13);
-    const double ms = time_ms(be, [&] { be.quantize_fp8(xq, Tensor(), xs, x); }, iters);
+    const double ms = time_ms(be, [&] { be.quantize_fp8(xq, Tensor(), xs, x, Tensor()); }, iters);
     const double bytes = double(T * I) * (2 + 2 + 1);  // x read twice (amax, cast), q written
     rows.push_back({"fp8_quantize_bw_frac", bytes / (ms * 1e-3) / 1e12 / copy_tbs, "of copy",
                     "x [8192, 6144] bf16 -> e4m3, two passes"});
     Tensor xq_t = be.alloc(DType::F8E4M3, {I, T});
-    const double ms_t = time_ms(be, [&] { be.quantize_fp8(Tensor(), xq_t, xs, x); }, iters);
+    const double ms_t = time_ms(be, [&] { be.quantize_fp8(Tensor(), xq_t, xs, x, Tensor()); }, iters);
     rows.push_back({"fp8_quantize_t_bw_frac", bytes / (ms_t * 1e-3) / 1e12 / copy_tbs, "of copy",
                     "the same, the codes written transposed [6144, 8192]"});
     be.reset_arena();
@@ -326,8 +326,8 @@ int main(int argc, char** argv) {
       fill(be, gt, 2.0f, 41);
       fill(be, up, 2.0f, 42);
       const double n = double(T * I);
-      report("swiglu fwd", time_ms(be, [&] { be.swiglu_forward(h, gt, up); }, iters), 6 * n);
-      report("swiglu bwd", time_ms(be, [&] { be.swiglu_backward(dg, du, h, gt, up); }, iters), 10 * n);
+      report("swiglu fwd", time_ms(be, [&] { be.swiglu_forward(h, gt, up, Tensor()); }, iters), 6 * n);
+      report("swiglu bwd", time_ms(be, [&] { be.swiglu_backward(dg, du, h, gt, up, Tensor(), Tensor()); }, iters), 10 * n);
       be.reset_arena();
     }
   }

@@ -390,8 +390,8 @@ TEST_F(CpuOpsFloat, Dense) {
   ref::swiglu_forward(h.data(), gate.data(), x.data(), T * K);
   ref::swiglu_backward(dg.data(), du.data(), ndy.data(), gate.data(), x.data(), T * K);
   Tensor tgate = upload(be, gate, {T, K}), th = garbage(be, {T, K}), tdg = garbage(be, {T, K}), tdu = garbage(be, {T, K});
-  be.swiglu_forward(th, tgate, tx);
-  be.swiglu_backward(tdg, tdu, upload(be, ndy, {T, K}), tgate, tx);
+  be.swiglu_forward(th, tgate, tx, Tensor());
+  be.swiglu_backward(tdg, tdu, upload(be, ndy, {T, K}), tgate, tx, Tensor(), Tensor());
   expect_close("swiglu h", download(be, th), h, kFloatTol);
   expect_close("swiglu dgate", download(be, tdg), dg, kFloatTol);
   expect_close("swiglu dup", download(be, tdu), du, kFloatTol);
@@ -489,8 +489,8 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   for (int64_t i = 0; i < N * K; ++i) w.ptr<float>()[i] = (i % 3 == 0) ? 0.5f : -0.25f;
   Tensor xq = be.alloc(DType::F8E4M3, {T, K}), wq = be.alloc(DType::F8E4M3, {N, K});
   Tensor xs = be.alloc(DType::F32, {1}), ws = be.alloc(DType::F32, {1}), y = be.alloc(DType::F32, {T, N});
-  be.quantize_fp8(xq, Tensor(), xs, x);
-  be.quantize_fp8(wq, Tensor(), ws, w);
+  be.quantize_fp8(xq, Tensor(), xs, x, Tensor());
+  be.quantize_fp8(wq, Tensor(), ws, w, Tensor());
   EXPECT_FLOAT_EQ(xs.ptr<float>()[0], 3.0f / 448.0f);
   EXPECT_FLOAT_EQ(ws.ptr<float>()[0], 0.5f / 448.0f);
   be.linear_fp8(y, xq, xs, wq, ws, false);
@@ -507,23 +507,23 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
     }
   // The transposed codes are q's, transposed.
   Tensor xq_t = be.alloc(DType::F8E4M3, {K, T});
-  be.quantize_fp8(Tensor(), xq_t, xs, x);
+  be.quantize_fp8(Tensor(), xq_t, xs, x, Tensor());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < K; ++k)
       EXPECT_EQ(static_cast<uint8_t*>(xq_t.data)[k * T + t], static_cast<uint8_t*>(xq.data)[t * K + k]);
   // Padded to 16 tokens (q_t [K, 16]): the same codes, then zeros; past 16 is refused.
   Tensor xq_p = be.alloc(DType::F8E4M3, {K, 16});
-  be.quantize_fp8(Tensor(), xq_p, xs, x);
+  be.quantize_fp8(Tensor(), xq_p, xs, x, Tensor());
   for (int64_t k = 0; k < K; ++k)
     for (int64_t t = 0; t < 16; ++t)
       EXPECT_EQ(static_cast<uint8_t*>(xq_p.data)[k * 16 + t], t < T ? static_cast<uint8_t*>(xq.data)[t * K + k] : 0);
   Tensor xq_p32 = be.alloc(DType::F8E4M3, {K, 32});
-  EXPECT_THROW(be.quantize_fp8(Tensor(), xq_p32, xs, x), Error);
-  EXPECT_THROW(be.quantize_fp8(Tensor(), Tensor(), xs, x), Error);  // neither output
-  EXPECT_THROW(be.quantize_fp8(Tensor(), xq, xs, x), Error);        // q_t must be [K, T]
+  EXPECT_THROW(be.quantize_fp8(Tensor(), xq_p32, xs, x, Tensor()), Error);
+  EXPECT_THROW(be.quantize_fp8(Tensor(), Tensor(), xs, x, Tensor()), Error);  // neither output
+  EXPECT_THROW(be.quantize_fp8(Tensor(), xq, xs, x, Tensor()), Error);        // q_t must be [K, T]
   // All-zero input: scale 1, codes 0.
   Tensor z = be.alloc(DType::F32, {2, 16}), zq = be.alloc(DType::F8E4M3, {2, 16}), zs = be.alloc(DType::F32, {1});
-  be.quantize_fp8(zq, Tensor(), zs, z);
+  be.quantize_fp8(zq, Tensor(), zs, z, Tensor());
   EXPECT_EQ(zs.ptr<float>()[0], 1.0f);
   // Bad shapes and dtypes are named.
   Tensor wq_bad = be.alloc(DType::F8E4M3, {8, 24}), xq_bad = be.alloc(DType::F8E4M3, {T, 24});
@@ -533,7 +533,7 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("linear_fp8"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(be.quantize_fp8(x, Tensor(), xs, x), Error);  // q must be F8E4M3
+  EXPECT_THROW(be.quantize_fp8(x, Tensor(), xs, x, Tensor()), Error);  // q must be F8E4M3
   // A scale pointer only 4-byte aligned is refused by name (cuBLASLt would answer NOT_SUPPORTED).
   Tensor two = be.alloc(DType::F32, {8});
   const Tensor off(two.ptr<float>() + 1, DType::F32, {1}, two.device);

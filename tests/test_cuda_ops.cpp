@@ -303,10 +303,10 @@ TEST_F(OpsTest, Fp8QuantizeAndLinear) {
       Tensor xq(xq_full.data, DType::F8E4M3, {T, K}, xq_full.device), wq(wq_full.data, DType::F8E4M3, {N, K}, wq_full.device);
       Pair xs = output({1}, DType::F32), ws = output({1}, DType::F32);
       Tensor xq_c = c_->alloc(DType::F8E4M3, {T, K}), wq_c = c_->alloc(DType::F8E4M3, {N, K});
-      g_->quantize_fp8(xq, Tensor(), xs.gpu, x.gpu);
-      g_->quantize_fp8(wq, Tensor(), ws.gpu, w.gpu);
-      c_->quantize_fp8(xq_c, Tensor(), xs.cpu, x.cpu);
-      c_->quantize_fp8(wq_c, Tensor(), ws.cpu, w.cpu);
+      g_->quantize_fp8(xq, Tensor(), xs.gpu, x.gpu, Tensor());
+      g_->quantize_fp8(wq, Tensor(), ws.gpu, w.gpu, Tensor());
+      c_->quantize_fp8(xq_c, Tensor(), xs.cpu, x.cpu, Tensor());
+      c_->quantize_fp8(wq_c, Tensor(), ws.cpu, w.cpu, Tensor());
       {
         const std::vector<uint8_t> gx = codes(Tensor(xq_full.data, DType::F8E4M3, {T * K + kGuard}, xq_full.device));
         const std::vector<uint8_t> cx = codes(xq_c), gw = codes(wq), cw = codes(wq_c);
@@ -332,8 +332,8 @@ TEST_F(OpsTest, Fp8QuantizeAndLinear) {
           Tensor q_t(qt_full.data, DType::F8E4M3, {K, Tp}, qt_full.device), q_tc = c_->alloc(DType::F8E4M3, {K, Tp});
           Tensor q(q_full.data, DType::F8E4M3, {T, K}, q_full.device);
           Pair ts = output({1}, DType::F32);
-          g_->quantize_fp8(with_q ? q : Tensor(), q_t, ts.gpu, x.gpu);
-          c_->quantize_fp8(Tensor(), q_tc, ts.cpu, x.cpu);
+          g_->quantize_fp8(with_q ? q : Tensor(), q_t, ts.gpu, x.gpu, Tensor());
+          c_->quantize_fp8(Tensor(), q_tc, ts.cpu, x.cpu, Tensor());
           const std::vector<uint8_t> gt = codes(qt_full), ct = codes(q_tc), cx = codes(xq_c), gq = codes(q_full);
           for (int64_t k = 0; k < K; ++k)
             for (int64_t t = 0; t < Tp; ++t) {
@@ -391,8 +391,8 @@ TEST_F(OpsTest, Fp8BackwardProducts) {
       const auto codes_t = [&](const Pair& v, int64_t R, int64_t C, Pair& s, bool transposed) {
         Codes q{g_->alloc(DType::F8E4M3, transposed ? Shape{C, R} : Shape{R, C}),
                 c_->alloc(DType::F8E4M3, transposed ? Shape{C, R} : Shape{R, C})};
-        g_->quantize_fp8(transposed ? Tensor() : q.g, transposed ? q.g : Tensor(), s.gpu, v.gpu);
-        c_->quantize_fp8(transposed ? Tensor() : q.c, transposed ? q.c : Tensor(), s.cpu, v.cpu);
+        g_->quantize_fp8(transposed ? Tensor() : q.g, transposed ? q.g : Tensor(), s.gpu, v.gpu, Tensor());
+        c_->quantize_fp8(transposed ? Tensor() : q.c, transposed ? q.c : Tensor(), s.cpu, v.cpu, Tensor());
         return q;
       };
       const Codes dyq = codes_t(dy, T, N, dys, false), dyq_t = codes_t(dy, T, N, dys, true);
@@ -422,8 +422,8 @@ TEST_F(OpsTest, Fp8QuantizeOddShapes) {
     Pair x = input({R, C}, -2, 2), s = output({1}, DType::F32);
     Tensor q = g_->alloc(DType::F8E4M3, {R, C}), q_t = g_->alloc(DType::F8E4M3, {C, R});
     Tensor qc = c_->alloc(DType::F8E4M3, {R, C}), q_tc = c_->alloc(DType::F8E4M3, {C, R});
-    g_->quantize_fp8(q, q_t, s.gpu, x.gpu);
-    c_->quantize_fp8(qc, q_tc, s.cpu, x.cpu);
+    g_->quantize_fp8(q, q_t, s.gpu, x.gpu, Tensor());
+    c_->quantize_fp8(qc, q_tc, s.cpu, x.cpu, Tensor());
     std::vector<uint8_t> a(size_t(R * C)), b(size_t(R * C));
     g_->copy_to_host(a.data(), q);
     g_->copy_to_host(b.data(), q_t);
@@ -435,11 +435,42 @@ TEST_F(OpsTest, Fp8QuantizeOddShapes) {
   }
 }
 
+// quantize_fp8 given the amax its producer folded in: the codes and scale of the pass that takes
+// it, the word reset to zero for the next producer; untapped quantizes between them (each cast
+// resets the backend's own word and block counter, no memset) stay exact.
+TEST_F(OpsTest, Fp8QuantizeReadsTheProducersAmax) {
+  QT_REQUIRE_GPU();
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{333, 96}, {7, 13}, {1024, 256}}) {
+    SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C));
+    const int64_t Rp = (R + 15) / 16 * 16;
+    Pair x = input({R, C}, -3, 3), s = output({1}, DType::F32), m = output({1}, DType::F32);
+    float amax = 0;
+    for (float v : download(x.gpu)) amax = std::max(amax, std::fabs(v));
+    Tensor q = g_->alloc(DType::F8E4M3, {R, C}), q_t = g_->alloc(DType::F8E4M3, {C, Rp});
+    Tensor qc = c_->alloc(DType::F8E4M3, {R, C}), q_tc = c_->alloc(DType::F8E4M3, {C, Rp});
+    c_->quantize_fp8(qc, q_tc, s.cpu, x.cpu, Tensor());
+    std::vector<uint8_t> a(size_t(R * C)), b(size_t(C * Rp));
+    for (int round = 0; round < 3; ++round) {
+      const bool tapped = round != 1;
+      if (tapped) upload(m.gpu, {amax});
+      g_->quantize_fp8(q, q_t, s.gpu, x.gpu, tapped ? m.gpu : Tensor());
+      if (tapped) {
+        EXPECT_EQ(download(m.gpu)[0], 0.0f) << "round " << round;
+      }
+      g_->copy_to_host(a.data(), q);
+      g_->copy_to_host(b.data(), q_t);
+      for (int64_t i = 0; i < R * C; ++i) ASSERT_EQ(a[size_t(i)], static_cast<uint8_t*>(qc.data)[i]) << round;
+      for (int64_t i = 0; i < C * Rp; ++i) ASSERT_EQ(b[size_t(i)], static_cast<uint8_t*>(q_tc.data)[i]) << round;
+      EXPECT_EQ(download(s.gpu)[0], s.cpu.ptr<float>()[0]) << round;
+    }
+  }
+}
+
 TEST_F(OpsTest, Fp8BadShapesNamed) {
   QT_REQUIRE_GPU();
   Pair x = input({4, 24}), y = output({4, 8}), s = output({1}, DType::F32);
   Tensor xq = g_->alloc(DType::F8E4M3, {4, 24}), wq = g_->alloc(DType::F8E4M3, {8, 24});
-  g_->quantize_fp8(xq, Tensor(), s.gpu, x.gpu);
+  g_->quantize_fp8(xq, Tensor(), s.gpu, x.gpu, Tensor());
   try {
     g_->linear_fp8(y.gpu, xq, s.gpu, wq, s.gpu, false);
     FAIL() << "K = 24 accepted";
@@ -447,7 +478,7 @@ TEST_F(OpsTest, Fp8BadShapesNamed) {
     EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
   }
   Tensor bad = g_->alloc(DType::BF16, {4, 24});
-  EXPECT_THROW(g_->quantize_fp8(bad, Tensor(), s.gpu, x.gpu), Error);
+  EXPECT_THROW(g_->quantize_fp8(bad, Tensor(), s.gpu, x.gpu, Tensor()), Error);
 }
 
 // LoRA (lora_forward / lora_backward): four thin GEMMs around the projection's, at the ranks
@@ -595,14 +626,35 @@ TEST_F(OpsTest, AddSwiGluAttnGate) {
     c_->add(out.cpu, a.cpu, b.cpu);
     expect_close("add", out);
     Pair h = output({n});
-    g_->swiglu_forward(h.gpu, a.gpu, b.gpu);
-    c_->swiglu_forward(h.cpu, a.cpu, b.cpu);
+    g_->swiglu_forward(h.gpu, a.gpu, b.gpu, Tensor());
+    c_->swiglu_forward(h.cpu, a.cpu, b.cpu, Tensor());
     expect_close("swiglu h", h);
     Pair dh = input({n}), dg = output({n}), du = output({n});
-    g_->swiglu_backward(dg.gpu, du.gpu, dh.gpu, a.gpu, b.gpu);
-    c_->swiglu_backward(dg.cpu, du.cpu, dh.cpu, a.cpu, b.cpu);
+    g_->swiglu_backward(dg.gpu, du.gpu, dh.gpu, a.gpu, b.gpu, Tensor(), Tensor());
+    c_->swiglu_backward(dg.cpu, du.cpu, dh.cpu, a.cpu, b.cpu, Tensor(), Tensor());
     expect_close("swiglu dgate", dg);
     expect_close("swiglu dup", du);
+    {  // the amax outputs: max|out| of the stored bf16 values, folded into what the words held
+      Pair m = output({3}, DType::F32);
+      upload(m.gpu, {0.0f, 0.0f, 0.0f});
+      const auto word = [&](int i) { return Tensor(m.gpu.ptr<float>() + i, DType::F32, {1}, m.gpu.device); };
+      Pair h2 = output({n}), dg2 = output({n}), du2 = output({n});
+      g_->swiglu_forward(h2.gpu, a.gpu, b.gpu, word(0));
+      g_->swiglu_backward(dg2.gpu, du2.gpu, dh.gpu, a.gpu, b.gpu, word(1), word(2));
+      const auto amax = [](const std::vector<float>& v) {
+        float r = 0;
+        for (float x : v) r = std::max(r, std::fabs(x));
+        return r;
+      };
+      const std::vector<float> got = download(m.gpu);
+      EXPECT_EQ(download(h2.gpu), download(h.gpu));
+      EXPECT_EQ(download(dg2.gpu), download(dg.gpu));
+      EXPECT_EQ(got[0], amax(download(h.gpu)));
+      EXPECT_EQ(got[1], amax(download(dg.gpu)));
+      EXPECT_EQ(got[2], amax(download(du.gpu)));
+      g_->swiglu_forward(h2.gpu, a.gpu, b.gpu, word(2));  // folds: keeps the larger of the two
+      EXPECT_EQ(download(m.gpu)[2], std::max(got[0], got[2]));
+    }
     Pair y = output({n});
     g_->attn_gate_forward(y.gpu, a.gpu, b.gpu);
     c_->attn_gate_forward(y.cpu, a.cpu, b.cpu);

@@ -392,5 +392,58 @@ TEST(ModelPrecision, Fp8StepTracksFp32) {
   EXPECT_ERROR_CONTAINS([&] { precision_from_name("fp16"); }, "train.precision 'fp16'", "bf16 or fp8");
 }
 
+// The fp8 input plumbing (model/fp8_projections.h) on the CPU reference: an amax folded in by the
+// producer (a tap) and the transposed codes the forward keeps give the same products as the passes
+// they replace; a tap taken twice, a tap read unfilled and kept codes of another tensor are refused.
+TEST(ModelPrecision, Fp8TapsAndKeptCodesMatchThePasses) {
+  CpuBackend be;
+  const int64_t T = 21, N = 16, K = 32;
+  Fp8Projections f(be, T);
+  const int id = f.add(N, K);
+  const int slot = f.add_slot(K);
+  f.allocate();
+  std::mt19937_64 rng(5);
+  auto filled = [&](const Shape& s) {
+    Tensor t = be.alloc(DType::F32, s);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = d(rng);
+    return t;
+  };
+  auto values = [](const Tensor& t) { return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel()); };
+  const Tensor w = filled({N, K}), x = filled({T, K}), x2 = filled({T, K}), dy = filled({T, N});
+  f.quantize_weight(id, w);
+  auto amax_of = [](const Tensor& t) {
+    float a = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) a = std::max(a, std::fabs(t.ptr<float>()[i]));
+    return a;
+  };
+  const Tensor y_pass = be.alloc(DType::F32, {T, N}), y_tap = be.alloc(DType::F32, {T, N});
+  f.forward(y_pass, x, id, {});
+  f.forget_inputs();
+  const Tensor word = f.tap(Fp8Tap::Act);
+  EXPECT_ERROR_CONTAINS([&] { f.tap(Fp8Tap::Act); }, "amax of act", "taken again");
+  *word.ptr<float>() = amax_of(x);  // what the producer's amax output leaves
+  f.forward(y_tap, x, id, {Fp8Tap::Act, slot, true});
+  EXPECT_FALSE(f.tap_pending(Fp8Tap::Act));
+  EXPECT_EQ(*word.ptr<float>(), 0.0f) << "the quantize resets the word for the next producer";
+  EXPECT_EQ(values(y_tap), values(y_pass));
+  f.forget_inputs();
+  EXPECT_ERROR_CONTAINS([&] { f.forward(y_tap, x2, id, {Fp8Tap::Dup, -1, false}); }, "amax of dup",
+                        "no op has folded in");
+  // The wgrad from the kept codes equals the one that quantizes x again; another x is refused.
+  const Tensor dw_kept = be.alloc(DType::F32, {N, K}), dw_pass = be.alloc(DType::F32, {N, K});
+  const Tensor dx = be.alloc(DType::F32, {T, K});
+  f.backward(dx, dw_kept, dy, x, id, false, false, Fp8Tap::None, slot);
+  f.backward(dx, dw_pass, dy, x, id, false, false, Fp8Tap::None, -1);
+  EXPECT_EQ(values(dw_kept), values(dw_pass));
+  EXPECT_ERROR_CONTAINS([&] { f.backward(dx, dw_kept, dy, x2, id, false, false, Fp8Tap::None, slot); },
+                        "kept codes of its input were not written from");
+  // A forward that does not keep them (an eval pass) leaves none to read.
+  f.forget_inputs();
+  f.forward(y_tap, x, id, {Fp8Tap::None, slot, false});
+  EXPECT_ERROR_CONTAINS([&] { f.backward(dx, dw_kept, dy, x, id, false, false, Fp8Tap::None, slot); },
+                        "kept codes");
+}
+
 }  // namespace
 }  // namespace qt

@@ -279,8 +279,8 @@ const std::vector<OpRow>& op_rows() {
                    s.grad_out("gate");
                    s.grad_out("up");
                  },
-                 [](Case& c) { c.be.swiglu_forward(c["h"], c["gate"], c["up"]); },
-                 [](Case& c) { c.be.swiglu_backward(c["dgate"], c["dup"], c["dh"], c["gate"], c["up"]); }});
+                 [](Case& c) { c.be.swiglu_forward(c["h"], c["gate"], c["up"], Tensor()); },
+                 [](Case& c) { c.be.swiglu_backward(c["dgate"], c["dup"], c["dh"], c["gate"], c["up"], Tensor(), Tensor()); }});
     r.push_back({"dropout",
                  [](CaseSpec& s) {
                    s.in("x", {s.T(), 40});

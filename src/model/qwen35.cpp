@@ -512,13 +512,13 @@ void Qwen35Model::zero3_reduce(int group, bool accumulate) {
 }
 
 void Qwen35Model::proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x,
-                                bool accumulate_dx) {
+                                bool accumulate_dx, Fp8Tap dy_tap, int x_slot) {
   // Keeps is_projection (which gradients zero_grads() skips) in step with the roles written here.
   QT_CHECK(is_projection(role), "proj_backward: role ", static_cast<int>(role), " is not a projection");
   const int bi = role_index_[static_cast<size_t>(l + 1)][static_cast<int>(role)];
   const int f = fp8_id(role, l);
   if (f >= 0) {
-    fp8_->backward(dx, g(role, l), dy, x, f, accumulate_dx, !grad_overwrites(bi));
+    fp8_->backward(dx, g(role, l), dy, x, f, accumulate_dx, !grad_overwrites(bi), dy_tap, x_slot);
   } else {
     be_.linear_backward(dx, g(role, l), dy, x, p(role, l), accumulate_dx, !grad_overwrites(bi));
   }
@@ -559,10 +559,10 @@ void Qwen35Model::write_dropout_seed(int32_t* dst, uint64_t salt) const {
   dst[1] = static_cast<int32_t>(static_cast<uint32_t>(seed >> 32));
 }
 
-void Qwen35Model::proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x) {
+void Qwen35Model::proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x, const Fp8Input& in) {
   const int f = fp8_id(role, l);
   if (f >= 0) {
-    fp8_->forward(y, x, f);
+    fp8_->forward(y, x, f, in);
   } else {
     be_.linear_forward(y, x, p(role, l));
   }
@@ -571,6 +571,19 @@ void Qwen35Model::proj_forward(const Tensor& y, ParamRole role, int l, const Ten
 
 int Qwen35Model::fp8_id(ParamRole role, int l) const {
   return fp8_ ? fp8_ids_[static_cast<size_t>(l)][static_cast<int>(role)] : -1;
+}
+
+int Qwen35Model::fp8_slot(int l, Fp8Feed f) const {
+  return fp8_slots_.empty() ? -1 : fp8_slots_[static_cast<size_t>(l)][static_cast<size_t>(f)];
+}
+
+Fp8Input Qwen35Model::fp8_input(int l, Fp8Feed f, LayerPass pass, Fp8Tap tap) const {
+  const int slot = fp8_slot(l, f);
+  return {tap, slot, slot >= 0 && pass == LayerPass::Forward && pass_backward_};
+}
+
+Tensor Qwen35Model::fp8_tap(ParamRole consumer, int l, Fp8Tap t) {
+  return fp8_id(consumer, l) >= 0 ? fp8_->tap(t) : none();
 }
 
 void Qwen35Model::set_precision(Precision precision) {
@@ -595,6 +608,26 @@ void Qwen35Model::set_precision(Precision precision) {
   }
   QT_CHECK(skipped.empty(), "train.precision fp8: ", skipped,
            " has a dimension that is not a multiple of 16 (the FP8 GEMM layouts); use bf16 for this model");
+  // The wgrad's transposed input codes, written by the forward with the row-major ones (one read of
+  // each input instead of a second pass): kept per layer unless full checkpointing recomputes the
+  // layer anyway; none for LoRA's frozen projections (no wgrad).
+  if (ckpt_ != Checkpointing::Full && !lora_) {
+    const AttnDims ad = attn_dims(cfg_);
+    fp8_slots_.assign(static_cast<size_t>(cfg_.num_hidden_layers),
+                      std::vector<int>(static_cast<size_t>(Fp8Feed::kCount), -1));
+    for (int l = 0; l < static_cast<int>(cfg_.num_hidden_layers); ++l) {
+      const bool gdn = cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet;
+      const int64_t mix = gdn ? cfg_.value_dim() : ad.num_q_heads * ad.head_dim;
+      const std::pair<Fp8Feed, std::pair<ParamRole, int64_t>> feeds[] = {
+          {Fp8Feed::In, {gdn ? ParamRole::GdnInProjQkv : ParamRole::AttnQProj, cfg_.hidden_size}},
+          {Fp8Feed::Mix, {gdn ? ParamRole::GdnOutProj : ParamRole::AttnOProj, mix}},
+          {Fp8Feed::Hn, {ParamRole::MlpGate, cfg_.hidden_size}},
+          {Fp8Feed::Act, {ParamRole::MlpDown, cfg_.intermediate_size}}};
+      for (const auto& [feed, use] : feeds)
+        if (fp8_id(use.first, l) >= 0)
+          fp8_slots_[static_cast<size_t>(l)][static_cast<size_t>(feed)] = fp8_->add_slot(use.second);
+    }
+  }
   fp8_->allocate();
   plan_.fp8 = fp8_->bytes();
 }
@@ -811,8 +844,9 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
     const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
     if (heavy) {
-      proj_forward(mixed, ParamRole::GdnInProjQkv, l, xn);
-      proj_forward(z, ParamRole::GdnInProjZ, l, xn);
+      const Fp8Input in = fp8_input(l, Fp8Feed::In, pass);
+      proj_forward(mixed, ParamRole::GdnInProjQkv, l, xn, in);
+      proj_forward(z, ParamRole::GdnInProjZ, l, xn, in);
       proj_forward(b, ParamRole::GdnInProjB, l, xn);
       proj_forward(a, ParamRole::GdnInProjA, l, xn);
     }
@@ -825,23 +859,24 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     }
     be_.gated_rmsnorm_forward(y.view({T, Hv, dv}), slab(A.gnorm_rstd, {T * Hv}), o, z.view({T, Hv, dv}),
                               p(ParamRole::GdnNorm, l), c.rms_norm_eps);
-    if (heavy) proj_forward(mix_out, ParamRole::GdnOutProj, l, y);
+    if (heavy) proj_forward(mix_out, ParamRole::GdnOutProj, l, y, fp8_input(l, Fp8Feed::Mix, pass));
   } else {
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     const Tensor qg = rows(A.qg, T), kr = rows(A.kr, T), v = rows(A.v, T);
     const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
     const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
     if (heavy) {
-      proj_forward(qg, ParamRole::AttnQProj, l, xn);
-      proj_forward(kr, ParamRole::AttnKProj, l, xn);
-      proj_forward(v, ParamRole::AttnVProj, l, xn);
+      const Fp8Input in = fp8_input(l, Fp8Feed::In, pass);
+      proj_forward(qg, ParamRole::AttnQProj, l, xn, in);
+      proj_forward(kr, ParamRole::AttnKProj, l, xn, in);
+      proj_forward(v, ParamRole::AttnVProj, l, xn, in);
     }
     be_.attn_prep_forward(q, k, gate, slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), qg, kr,
                           p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l), rows(positions_, T), ad,
                           c.rms_norm_eps);
     if (heavy) be_.attention_forward(o, slab(A.lse, {Hq, T}), q, k, v.view({T, Hkv, D}), ad, seqs_);
     be_.attn_gate_forward(y, o.view({T, Hq * D}), gate);
-    if (heavy) proj_forward(mix_out, ParamRole::AttnOProj, l, y);
+    if (heavy) proj_forward(mix_out, ParamRole::AttnOProj, l, y, fp8_input(l, Fp8Feed::Mix, pass));
   }
   const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
   if (heavy)  // h = x + mixer (in place over the mixer output), then its norm
@@ -850,17 +885,20 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
   const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
   if (heavy) {
-    proj_forward(mg, ParamRole::MlpGate, l, hn);
-    proj_forward(mu, ParamRole::MlpUp, l, hn);
+    const Fp8Input in = fp8_input(l, Fp8Feed::Hn, pass);
+    proj_forward(mg, ParamRole::MlpGate, l, hn, in);
+    proj_forward(mu, ParamRole::MlpUp, l, hn, in);
   }
-  be_.swiglu_forward(act, mg, mu);
+  // Only the forward pass runs the down projection on act: its amax is folded in there.
+  const bool act_tap = pass == LayerPass::Forward && fp8_id(ParamRole::MlpDown, l) >= 0;
+  be_.swiglu_forward(act, mg, mu, act_tap ? fp8_->tap(Fp8Tap::Act) : none());
   if (pass != LayerPass::Forward) return;  // the backward needs neither the MLP output nor the next input
   // MLP output, then next = h + mlp (in place) fused with the next layer's input norm, or the final
   // norm after the last layer.
   const bool last = l + 1 == static_cast<int>(c.num_hidden_layers);
   const LayerActs* N = last ? nullptr : &acts_[static_cast<size_t>(l) + 1];
   const Tensor next = rows(last ? final_in_ : N->x, T);
-  proj_forward(next, ParamRole::MlpDown, l, act);
+  proj_forward(next, ParamRole::MlpDown, l, act, fp8_input(l, Fp8Feed::Act, pass, act_tap ? Fp8Tap::Act : Fp8Tap::None));
   be_.add_rmsnorm_forward(next, rows(last ? final_out_ : N->xn, T), rows(last ? final_rstd_ : N->rstd_in, T), h, next,
                           last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps);
 }
@@ -886,10 +924,14 @@ void Qwen35Model::backward_layers(int64_t T) {
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);
     // MLP: next = h + down(silu(gate(hn)) * up(hn))
     const Tensor dact = slab(d_a_, {T, I}), dgate = slab(d_b_, {T, I}), dup = slab(d_c_, {T, I});
-    proj_backward(dact, ParamRole::MlpDown, l, dr, rows(A.mlp_act, T), false);
-    be_.swiglu_backward(dgate, dup, dact, rows(A.mlp_gate, T), rows(A.mlp_up, T));
-    proj_backward(dn, ParamRole::MlpGate, l, dgate, hn, false);
-    proj_backward(dn, ParamRole::MlpUp, l, dup, hn, true);
+    proj_backward(dact, ParamRole::MlpDown, l, dr, rows(A.mlp_act, T), false, Fp8Tap::None,
+                  fp8_slot(l, Fp8Feed::Act));
+    const Tensor tap_g = fp8_tap(ParamRole::MlpGate, l, Fp8Tap::Dgate), tap_u = fp8_tap(ParamRole::MlpUp, l, Fp8Tap::Dup);
+    be_.swiglu_backward(dgate, dup, dact, rows(A.mlp_gate, T), rows(A.mlp_up, T), tap_g, tap_u);
+    proj_backward(dn, ParamRole::MlpGate, l, dgate, hn, false, tap_g.data ? Fp8Tap::Dgate : Fp8Tap::None,
+                  fp8_slot(l, Fp8Feed::Hn));
+    proj_backward(dn, ParamRole::MlpUp, l, dup, hn, true, tap_u.data ? Fp8Tap::Dup : Fp8Tap::None,
+                  fp8_slot(l, Fp8Feed::Hn));
     be_.rmsnorm_backward(dr, g(ParamRole::PostAttnNorm, l), dn, h, p(ParamRole::PostAttnNorm, l),
                          rows(A.rstd_post, T), true);
     // Mixer: h = x + mixer(xn); dr now holds dL/dh.
@@ -897,7 +939,7 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor dy = slab(d_a_, {T, VD}), d_o = slab(d_b_, {T, Hv, dv}), dz = slab(d_c_, {T, VD});
       const Tensor dconv = slab(d_d_, {T, C}), dmixed = slab(d_e_, {T, C});
       const Tensor dbeta = slab(d_f32_a_, {T, Hv}), dg = slab(d_f32_b_, {T, Hv});
-      proj_backward(dy, ParamRole::GdnOutProj, l, dr, rows(A.y, T), false);
+      proj_backward(dy, ParamRole::GdnOutProj, l, dr, rows(A.y, T), false, Fp8Tap::None, fp8_slot(l, Fp8Feed::Mix));
       be_.gated_rmsnorm_backward(d_o, dz.view({T, Hv, dv}), g(ParamRole::GdnNorm, l), dy.view({T, Hv, dv}),
                                  rows(A.o, T).view({T, Hv, dv}), rows(A.z, T).view({T, Hv, dv}),
                                  p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
@@ -914,8 +956,8 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor& cgw = g(ParamRole::GdnConv1d, l);
       be_.conv1d_silu_backward(dmixed, cgw.data ? cgw.view({cgw.size(0), cgw.size(2)}) : none(), dconv, rows(A.mixed, T),
                                cw.view({cw.size(0), cw.size(2)}), seqs_);
-      proj_backward(dn, ParamRole::GdnInProjQkv, l, dmixed, xn, false);
-      proj_backward(dn, ParamRole::GdnInProjZ, l, dz, xn, true);
+      proj_backward(dn, ParamRole::GdnInProjQkv, l, dmixed, xn, false, Fp8Tap::None, fp8_slot(l, Fp8Feed::In));
+      proj_backward(dn, ParamRole::GdnInProjZ, l, dz, xn, true, Fp8Tap::None, fp8_slot(l, Fp8Feed::In));
       proj_backward(dn, ParamRole::GdnInProjB, l, db, xn, true);
       proj_backward(dn, ParamRole::GdnInProjA, l, da, xn, true);
     } else {
@@ -926,7 +968,8 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor dk = slab(d_e_, {T, Hkv, D});
       const Tensor dv = Tensor(static_cast<char*>(d_e_.data) + static_cast<size_t>(T * Hkv * D) * dtype_size(d_e_.dtype),
                                d_e_.dtype, {T, Hkv, D}, d_e_.device);
-      proj_backward(dy, ParamRole::AttnOProj, l, dr, rows(A.attn_y, T), false);
+      proj_backward(dy, ParamRole::AttnOProj, l, dr, rows(A.attn_y, T), false, Fp8Tap::None,
+                    fp8_slot(l, Fp8Feed::Mix));
       be_.attn_gate_backward(d_o, dgt, dy, rows(A.attn_o, T), rows(A.gate, T));
       be_.attention_backward(dq, dk, dv, d_o.view({T, Hq, D}), rows(A.q, T).view({T, Hq, D}),
                              rows(A.k, T).view({T, Hkv, D}), rows(A.v, T).view({T, Hkv, D}),
@@ -936,9 +979,10 @@ void Qwen35Model::backward_layers(int64_t T) {
       be_.attn_prep_backward(dqg, dkr, g(ParamRole::AttnQNorm, l), g(ParamRole::AttnKNorm, l), dq, dk, dgt,
                              rows(A.qg, T), rows(A.kr, T), p(ParamRole::AttnQNorm, l), p(ParamRole::AttnKNorm, l),
                              slab(A.q_rstd, {T * Hq}), slab(A.k_rstd, {T * Hkv}), rows(positions_, T), ad);
-      proj_backward(dn, ParamRole::AttnQProj, l, dqg, xn, false);
-      proj_backward(dn, ParamRole::AttnKProj, l, dkr, xn, true);
-      proj_backward(dn, ParamRole::AttnVProj, l, dv.view({T, Hkv * D}), xn, true);
+      const int in = fp8_slot(l, Fp8Feed::In);
+      proj_backward(dn, ParamRole::AttnQProj, l, dqg, xn, false, Fp8Tap::None, in);
+      proj_backward(dn, ParamRole::AttnKProj, l, dkr, xn, true, Fp8Tap::None, in);
+      proj_backward(dn, ParamRole::AttnVProj, l, dv.view({T, Hkv * D}), xn, true, Fp8Tap::None, in);
     }
     be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
     zero3_reduce(l, false);

@@ -231,14 +231,24 @@ class Qwen35Model {
   void forward_layers(int64_t T);
   void backward_layers(int64_t T);
   // dx (= or +=) dy W and the projection's dW (see grads_fresh_) for the weight of `role` in layer l.
-  void proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x, bool accumulate_dx);
+  // fp8: dy_tap names the amax its producer folded in; x_slot the kept transposed codes of x.
+  void proj_backward(const Tensor& dx, ParamRole role, int l, const Tensor& dy, const Tensor& x, bool accumulate_dx,
+                     Fp8Tap dy_tap = Fp8Tap::None, int x_slot = -1);
   // With LoRA: after the projection of `role` in layer l wrote y from x, adds its adapter's term.
   void proj_lora_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
   // The projection of `role` in layer l: y = x W^T, plus its LoRA adapter's term where it has one.
-  void proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x);
+  void proj_forward(const Tensor& y, ParamRole role, int l, const Tensor& x, const Fp8Input& in = {});
   // fp8: layer l's weight codes from its current weights.
   void fp8_refresh(int l);
   int fp8_id(ParamRole role, int l) const;  // -1: the projection runs in bf16
+  // The projection inputs whose transposed codes the forward keeps for the wgrad (not under full
+  // checkpointing, whose recompute refills them, nor for frozen weights).
+  enum class Fp8Feed { In, Mix, Hn, Act, kCount };  // xn, the mixer's gated output, hn, act
+  int fp8_slot(int l, Fp8Feed f) const;             // -1: not kept
+  Fp8Input fp8_input(int l, Fp8Feed f, LayerPass pass, Fp8Tap tap = Fp8Tap::None) const;
+  // The amax word the op producing the input of `consumer` folds into, or empty when that
+  // projection runs in bf16.
+  Tensor fp8_tap(ParamRole consumer, int l, Fp8Tap t);
   std::vector<float> download_f32(const Tensor& t) const;
   void upload_f32(const Tensor& t, const std::vector<float>& values, const std::string& name);
   const Tensor& p(ParamRole role, int layer) const;
@@ -279,6 +289,7 @@ class Qwen35Model {
   std::unique_ptr<Fp8Projections> fp8_;   // train.precision fp8
   std::vector<std::vector<int>> fp8_ids_; // [layer][role] -> codes id (-1: bf16)
   bool fp8_per_use_ = false;              // ZeRO-3: one set of codes, written at each layer's use
+  std::vector<std::vector<int>> fp8_slots_;  // [layer][Fp8Feed] -> kept input codes (-1: none)
   bool pass_backward_ = false;  // the pass running now has a backward
   int micro_ = 0;               // backwards since zero_grads() (ZeRO-3: the first one's sums are written, later added)
   std::vector<std::vector<int>> role_index_;  // [layer + 1][role] -> index into base_ (-1 if none)

@@ -77,8 +77,15 @@ LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const 
   return {T, N, K};
 }
 
+bool check_amax(const char* op, const char* name, const Tensor& amax, DeviceKind dev) {
+  if (amax.data == nullptr) return false;
+  check_tensor(op, name, amax, DType::F32, {1}, dev);
+  return true;
+}
+
 int64_t check_quantize_fp8(const char* op, const Tensor& q, const Tensor& q_t, const Tensor& scale_inv,
-                           const Tensor& x, DType act, DeviceKind dev) {
+                           const Tensor& x, const Tensor& amax, DType act, DeviceKind dev) {
+  check_amax(op, "amax", amax, dev);
   check_storage(op, "x", x, act, dev);
   QT_CHECK(q.data != nullptr || q_t.data != nullptr || x.numel() == 0, op, ": neither q nor q_t given");
   if (q.data != nullptr) check_tensor(op, "q", q, DType::F8E4M3, x.shape_vec(), dev);

@@ -52,9 +52,11 @@ struct LinearDims {
 LinearDims check_linear(const char* op, const Tensor& w, const Tensor& x, const char* out_name, const Tensor& out,
                         DType act, DeviceKind dev);
 // quantize_fp8: q F8E4M3 shaped like x (of `act`), q_t F8E4M3 [C, R] for a 2-D x [R, C] (each
-// optional, not both), scale_inv f32 [1]. Returns numel(x).
+// optional, not both), scale_inv f32 [1], amax optional f32 [1]. Returns numel(x).
 int64_t check_quantize_fp8(const char* op, const Tensor& q, const Tensor& q_t, const Tensor& scale_inv,
-                           const Tensor& x, DType act, DeviceKind dev);
+                           const Tensor& x, const Tensor& amax, DType act, DeviceKind dev);
+// An optional amax output (f32 [1]) named `name`; whether it is given.
+bool check_amax(const char* op, const char* name, const Tensor& amax, DeviceKind dev);
 // linear_fp8: wq [N, K], xq [T, K] F8E4M3, the scales f32 [1], y [T, N] (its dtype is the
 // backend's to check); K a multiple of 16 and N of 8 (the FP8 GEMM's operand layouts).
 LinearDims check_linear_fp8(const char* op, const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv,

@@ -247,17 +247,30 @@ void CpuBackend::linear_forward(const Tensor& y, const Tensor& x, const Tensor& 
 
 // The fp32 reference of the fp8 ops: the same codes as the device (core/fp8.h), then an fp32 GEMM of
 // the decoded values (every fp8 x fp8 product is exact in fp32).
-void CpuBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& scale_inv, const Tensor& x) {
-  const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, F32, DeviceKind::CPU);
+// An op's amax output (ops/backend_ops.def): *amax = max(*amax, max|v|), NaN above everything (the
+// device's order of magnitude bits).
+namespace {
+void fold_amax(const Tensor& amax, const float* v, int64_t n) {
+  if (amax.data == nullptr) return;
+  float& a = *amax.ptr<float>();
+  for (int64_t i = 0; i < n && !std::isnan(a); ++i) {
+    const float m = std::fabs(v[i]);
+    if (std::isnan(m) || m > a) a = m;
+  }
+}
+}  // namespace
+
+void CpuBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& scale_inv, const Tensor& x,
+                              const Tensor& amax_in) {
+  const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, amax_in, F32, DeviceKind::CPU);
   const float* in = x.ptr<float>();
   float amax = 0.0f;
-  bool nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(in[i]);
-    nan = nan || std::isnan(a);
-    amax = std::max(amax, a);
+  if (amax_in.data != nullptr) {  // folded in by x's producer; reset for its next one
+    amax = *amax_in.ptr<float>();
+    *amax_in.ptr<float>() = 0.0f;
+  } else {
+    fold_amax(Tensor(&amax, DType::F32, {1}), in, n);
   }
-  if (nan) amax = std::nanf("");
   const float s = fp8_scale_for_amax(amax);
   if (q.data != nullptr) {
     uint8_t* out = static_cast<uint8_t*>(q.data);
@@ -377,17 +390,24 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
                         x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), rows, cols, accumulate_dx);
 }
 
-void CpuBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) {
+void CpuBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up, const Tensor& amax_h) {
   ops::check_same_shape("swiglu_forward", F32, DeviceKind::CPU, {{"gate", &gate}, {"up", &up}, {"h", &h}});
+  ops::check_amax("swiglu_forward", "amax_h", amax_h, DeviceKind::CPU);
   ref::swiglu_forward(h.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
+  fold_amax(amax_h, h.ptr<float>(), h.numel());
 }
 
 void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dh, const Tensor& gate,
-                                 const Tensor& up) {
-  ops::check_same_shape("swiglu_backward", F32, DeviceKind::CPU,
+                                 const Tensor& up, const Tensor& amax_dgate, const Tensor& amax_dup) {
+  const char* op = "swiglu_backward";
+  ops::check_same_shape(op, F32, DeviceKind::CPU,
                         {{"gate", &gate}, {"up", &up}, {"dh", &dh}, {"dgate", &dgate}, {"dup", &dup}});
+  ops::check_amax(op, "amax_dgate", amax_dgate, DeviceKind::CPU);
+  ops::check_amax(op, "amax_dup", amax_dup, DeviceKind::CPU);
   ref::swiglu_backward(dgate.ptr<float>(), dup.ptr<float>(), dh.ptr<float>(), gate.ptr<float>(), up.ptr<float>(),
                        gate.numel());
+  fold_amax(amax_dgate, dgate.ptr<float>(), dgate.numel());
+  fold_amax(amax_dup, dup.ptr<float>(), dup.numel());
 }
 
 }  // namespace qt

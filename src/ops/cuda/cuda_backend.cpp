@@ -123,8 +123,13 @@ void CudaBackend::reset_arena() {
   alloc_scalars();
 }
 
-// The backend's own device word (the loss sum) from the arena.
-void CudaBackend::alloc_scalars() { d_scalar_ = static_cast<double*>(alloc(DType::F64, {1}).data); }
+// The backend's own device words from the arena: the loss sum, and quantize_fp8's amax word and
+// block counter (zero between quantizes: each cast leaves them so).
+void CudaBackend::alloc_scalars() {
+  d_scalar_ = static_cast<double*>(alloc(DType::F64, {1}).data);
+  fp8_words_ = static_cast<unsigned*>(alloc(DType::I32, {2}).data);
+  CUDA_CHECK(cudaMemsetAsync(fp8_words_, 0, 2 * sizeof(unsigned), stream_));
+}
 
 size_t CudaBackend::arena_bytes_reserved() const { return arena_.reserved_bytes(); }
 
@@ -226,13 +231,15 @@ void CudaBackend::linear_backward(const Tensor& dx, const Tensor& dw, const Tens
   }
 }
 
-void CudaBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& scale_inv, const Tensor& x) {
-  const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, BF16, DeviceKind::CUDA);
+void CudaBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& scale_inv, const Tensor& x,
+                               const Tensor& amax) {
+  const int64_t n = ops::check_quantize_fp8("quantize_fp8", q, q_t, scale_inv, x, amax, BF16, DeviceKind::CUDA);
   if (n == 0) return;
   const int64_t rows = q_t.data != nullptr ? x.size(0) : 1;
   const int64_t rows_pad = q_t.data != nullptr ? q_t.size(1) : 1;
-  cuda::launch_quantize_fp8({q.data, q_t.data, scale_inv.ptr<float>(), x.data, n, rows, n / rows, rows_pad},
-                            static_cast<unsigned*>(workspace(16)), stream_);
+  cuda::launch_quantize_fp8({q.data, q_t.data, scale_inv.ptr<float>(), x.data, n, rows, n / rows, rows_pad,
+                             static_cast<unsigned*>(amax.data), fp8_words_, fp8_words_ + 1},
+                            stream_);
 }
 
 void CudaBackend::linear_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
@@ -327,16 +334,21 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Ten
                                 cuda::NormKind::OnePlusW, ws, stream_);
 }
 
-void CudaBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up) {
+void CudaBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up, const Tensor& amax_h) {
   ops::check_same_shape("swiglu_forward", BF16, DeviceKind::CUDA, {{"gate", &gate}, {"up", &up}, {"h", &h}});
-  cuda::launch_swiglu_forward(h.data, gate.data, up.data, gate.numel(), stream_);
+  ops::check_amax("swiglu_forward", "amax_h", amax_h, DeviceKind::CUDA);
+  cuda::launch_swiglu_forward(h.data, amax_h.ptr<float>(), gate.data, up.data, gate.numel(), stream_);
 }
 
 void CudaBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dh, const Tensor& gate,
-                                  const Tensor& up) {
-  ops::check_same_shape("swiglu_backward", BF16, DeviceKind::CUDA,
+                                  const Tensor& up, const Tensor& amax_dgate, const Tensor& amax_dup) {
+  const char* op = "swiglu_backward";
+  ops::check_same_shape(op, BF16, DeviceKind::CUDA,
                         {{"gate", &gate}, {"up", &up}, {"dh", &dh}, {"dgate", &dgate}, {"dup", &dup}});
-  cuda::launch_swiglu_backward(dgate.data, dup.data, dh.data, gate.data, up.data, gate.numel(), stream_);
+  ops::check_amax(op, "amax_dgate", amax_dgate, DeviceKind::CUDA);
+  ops::check_amax(op, "amax_dup", amax_dup, DeviceKind::CUDA);
+  cuda::launch_swiglu_backward(dgate.data, dup.data, amax_dgate.ptr<float>(), amax_dup.ptr<float>(), dh.data,
+                               gate.data, up.data, gate.numel(), stream_);
 }
 
 // ---- Gated DeltaNet ----------------------------------------------------------------------------

@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
   size_t ws_bytes_ = 0;
   uint64_t ws_generation_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
+  unsigned* fp8_words_ = nullptr;  // quantize_fp8's amax word and block counter
   bool deterministic_attention_ = true;
   int64_t ce_chunk_rows_ = 0;
   int64_t ce_budget_bytes_ = 0;

@@ -116,6 +116,31 @@ __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
   return raw;
 }
 
+// FP8 amax taps (docs/fp8.md): the magnitude of v rounded to bf16, as the bits of a float, so the
+// unsigned order is the magnitude order (NaN above inf) and the word reads as max|x| in f32.
+__device__ __forceinline__ unsigned bf16_mag_bits(float v) {
+  return (unsigned(__bfloat16_as_ushort(__float2bfloat16_rn(v))) & 0x7FFFu) << 16;
+}
+__device__ __forceinline__ unsigned bf16x8_mag_bits(const uint4& raw) {
+  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+  unsigned m = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) m = max(m, max((w[k] & 0x7FFFu) << 16, (w[k] >> 16 & 0x7FFFu) << 16));
+  return m;
+}
+// Folds every thread's m into *amax with one atomicMax per block (none for an all-zero block).
+// Every thread of the block calls it; blockDim.x a multiple of 32.
+__device__ __forceinline__ void fold_amax_block(unsigned* amax, unsigned m) {
+  __shared__ unsigned warp_m[32];
+  m = __reduce_max_sync(0xffffffffu, m);
+  if ((threadIdx.x & 31) == 0) warp_m[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max(m, warp_m[w]);
+    if (m != 0) atomicMax(amax, m);
+  }
+}
+
 // Adds v into an accumulator element stored as bf16 or f32.
 __device__ __forceinline__ void acc_store(void* out, bool out_f32, int64_t i, float v) {
   if (out_f32) {

@@ -19,9 +19,10 @@ void launch_dropout(void* out, const void* x, const int32_t* seed, int64_t n, ui
 // ---- dense/pointwise.cu ----
 void launch_add(void* out, const void* a, const void* b, int64_t n, cudaStream_t s);
 void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaStream_t s);
-void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s);
-void launch_swiglu_backward(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
-                            cudaStream_t s);
+// amax_* (optional): max|out| folded in (an op's amax output, docs/fp8.md).
+void launch_swiglu_forward(void* h, float* amax_h, const void* gate, const void* up, int64_t n, cudaStream_t s);
+void launch_swiglu_backward(void* dgate, void* dup, float* amax_dgate, float* amax_dup, const void* dh,
+                            const void* gate, const void* up, int64_t n, cudaStream_t s);
 void launch_attn_gate_forward(void* y, const void* o, const void* gate, int64_t n, cudaStream_t s);
 void launch_attn_gate_backward(void* d_o, void* dgate, const void* dy, const void* o, const void* gate, int64_t n,
                                cudaStream_t s);
@@ -63,9 +64,14 @@ struct QuantizeFp8Params {
   float* scale_inv;
   const void* x;
   int64_t n, rows, cols, rows_pad;
+  unsigned* amax_in;   // max|x| folded in by x's producer (an op's amax output), or null: a pass takes it
+  unsigned* own_amax;  // the backend's amax word for that pass (zero between quantizes)
+  unsigned* done;      // the backend's block counter (zero between quantizes)
 };
-// amax_word: one device word of scratch.
-void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaStream_t s);
+void launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t s);
+// *amax = max(*amax, max|x|) over n bf16 values (as float bits): the amax output of an op whose
+// kernel does not fold it in itself.
+void launch_amax_fold(unsigned* amax, const void* x, int64_t n, cudaStream_t s);
 
 // ---- dense/reductions.cu ----
 // out[c] (+)= sum_{p < P} partials[p * ld + c] for c < ncols, p in order (fp32), then stored.

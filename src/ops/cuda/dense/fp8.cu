@@ -1,8 +1,11 @@
-// FP8 casts with per-tensor current scaling: one pass takes max|x| (as the bit pattern of the bf16
-// magnitude, so NaN outranks inf and every value, and the result does not depend on the order),
-// a second writes q = e4m3(x * 448 / amax) (saturating, round to nearest even) and 1 / s, and/or
-// the transposed codes (the K-major operands of the backward's FP8 GEMMs). Both read
-// the amax from device memory: no host round trip, so a captured step can run them.
+// FP8 casts with per-tensor current scaling. The amax is a device word holding max|x| as a float
+// (the bits of the bf16 magnitude, so NaN outranks inf and every value, and the result does not
+// depend on the order): either folded in by the op that wrote x (its amax output, ops_device.cuh's
+// fold_amax_block) or taken here by a pass over x into the backend's own word. The cast then
+// writes q = e4m3(x * 448 / amax) (saturating, round to nearest even) and 1 / s, and/or the
+// transposed codes (the K-major operands of the backward's FP8 GEMMs), and its last block to
+// finish resets the amax word to zero for its next producer: no memset node, no host round trip,
+// so a captured step runs them as they are.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -17,36 +20,34 @@ namespace qt::cuda {
 
 namespace {
 
-__device__ __forceinline__ unsigned bf16_mag(uint16_t b) { return b & 0x7FFFu; }
-
-// amax_bits (zeroed by the launcher) = max over the tensor of the bf16 magnitude bits.
-__global__ void __launch_bounds__(kThreads) fp8_amax_kernel(unsigned* amax_bits, const uint16_t* __restrict__ x,
-                                                             int64_t n, bool vec) {
+// *amax (zero on entry: the previous cast reset it) = max(|x|) as float bits.
+__global__ void __launch_bounds__(kThreads) fp8_amax_kernel(unsigned* amax, const uint16_t* __restrict__ x, int64_t n,
+                                                             bool vec) {
   unsigned m = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
-    for (; i < n / 8; i += stride) {
-      const uint4 v = reinterpret_cast<const uint4*>(x)[i];
-      const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) m = max(m, max(bf16_mag(uint16_t(w[k])), bf16_mag(uint16_t(w[k] >> 16))));
-    }
+    for (; i < n / 8; i += stride) m = max(m, dev::bf16x8_mag_bits(reinterpret_cast<const uint4*>(x)[i]));
     i = n / 8 * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // the tail
   }
-  for (; i < n; i += stride) m = max(m, bf16_mag(x[i]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ unsigned warp_max[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-    atomicMax(amax_bits, m);
-  }
+  for (; i < n; i += stride) m = max(m, unsigned(x[i] & 0x7FFFu) << 16);
+  dev::fold_amax_block(amax, m);
 }
 
-__device__ __forceinline__ float amax_of(const unsigned* amax_bits) { return __uint_as_float(*amax_bits << 16); }
+__device__ __forceinline__ float amax_of(const unsigned* amax_bits) { return __uint_as_float(*amax_bits); }
+
+// The end of every cast kernel: once all its blocks have read the amax (each has used its scale by
+// now), the last one resets the word and the block counter for the next quantize.
+__device__ __forceinline__ void release_amax(unsigned* amax_bits, unsigned* done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1) {
+      *amax_bits = 0;
+      *done = 0;
+    }
+  }
+}
 
 // s = fp8_scale_for_amax (core/fp8.h), from the device word.
 __device__ __forceinline__ float scale_of(const unsigned* amax_bits) {
@@ -59,7 +60,7 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
 }
 
 __global__ void __launch_bounds__(kThreads) fp8_cast_kernel(uint8_t* __restrict__ q, float* scale_inv,
-                                                             const bf16* __restrict__ x, const unsigned* amax_bits,
+                                                             const bf16* __restrict__ x, unsigned* amax_bits, unsigned* done,
                                                              int64_t n, bool vec) {
   const float s = scale_of(amax_bits);
   if (blockIdx.x == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_kernel(uint8_t* __restrict_
     i = n / 8 * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   }
   for (; i < n; i += stride) q[i] = to_e4m3(to_f(x[i]) * s);
+  release_amax(amax_bits, done);
 }
 
 // The transposed codes: a 64 x 64 tile of x (rows r, columns c) read row-wise, its codes written
@@ -90,8 +92,8 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_kernel(uint8_t* __restrict_
 constexpr int kTile = 64;
 __global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restrict__ q_t, uint8_t* __restrict__ q,
                                                                float* scale_inv, const bf16* __restrict__ x,
-                                                               const unsigned* amax_bits, int64_t rows, int64_t cols,
-                                                               int64_t rows_pad) {
+                                                               unsigned* amax_bits, unsigned* done, int64_t rows,
+                                                               int64_t cols, int64_t rows_pad) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float s = scale_of(amax_bits);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
@@ -109,14 +111,15 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restric
     const int64_t c = c0 + cc, r = r0 + tx;
     if (c < cols && r < rows_pad) q_t[c * rows_pad + r] = tile[cc][tx];
   }
+  release_amax(amax_bits, done);
 }
 
 // The same tile with 16-byte loads (8 values a thread), 8-byte row-major and 4-byte transposed
 // stores: for cols % 8 == 0, rows_pad % 4 == 0 and aligned pointers (the model's shapes).
 __global__ void __launch_bounds__(kThreads) fp8_cast_t_vec_kernel(uint8_t* __restrict__ q_t, uint8_t* __restrict__ q,
                                                                    float* scale_inv, const bf16* __restrict__ x,
-                                                                   const unsigned* amax_bits, int64_t rows,
-                                                                   int64_t cols, int64_t rows_pad) {
+                                                                   unsigned* amax_bits, unsigned* done,
+                                                                   int64_t rows, int64_t cols, int64_t rows_pad) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 4];  // [column][row]
   const float s = scale_of(amax_bits);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
@@ -156,17 +159,24 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_t_vec_kernel(uint8_t* __res
     if (c < cols && r < rows_pad)
       *reinterpret_cast<unsigned*>(q_t + c * rows_pad + r) = *reinterpret_cast<const unsigned*>(&tile[cc][rv]);
   }
+  release_amax(amax_bits, done);
 }
 
 }  // namespace
 
-void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaStream_t s) {
-  CUDA_CHECK(cudaMemsetAsync(amax_word, 0, sizeof(unsigned), s));
-  const int64_t n = p.n;
-  const bool vec = aligned16(p.x) && (p.q == nullptr || aligned8(p.q));
+void launch_amax_fold(unsigned* amax, const void* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const bool vec = aligned16(x);
   const unsigned grid = std::min(grid_for(vec ? n / 8 + 1 : n, kThreads), 1056u);  // 8 blocks per SM at most
-  fp8_amax_kernel<<<grid, kThreads, 0, s>>>(amax_word, static_cast<const uint16_t*>(p.x), n, vec);
+  fp8_amax_kernel<<<grid, kThreads, 0, s>>>(amax, static_cast<const uint16_t*>(x), n, vec);
   QT_LAUNCH_CHECK("fp8_amax_kernel");
+}
+
+void launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t s) {
+  const int64_t n = p.n;
+  unsigned* amax = p.amax_in != nullptr ? p.amax_in : p.own_amax;
+  if (p.amax_in == nullptr) launch_amax_fold(amax, p.x, n, s);
+  const bool vec = aligned16(p.x) && (p.q == nullptr || aligned8(p.q));
   const bf16* x = static_cast<const bf16*>(p.x);
   if (p.q_t != nullptr) {  // both codes from one read of x
     QT_CHECK(ceil_div(p.rows_pad, kTile) <= 65535, "quantize_fp8: ", p.rows_pad, " rows exceed the transposed cast's grid");
@@ -174,16 +184,16 @@ void launch_quantize_fp8(const QuantizeFp8Params& p, unsigned* amax_word, cudaSt
     const bool tvec = p.cols % 8 == 0 && p.rows_pad % 4 == 0 && aligned16(p.x) && aligned8(p.q) && aligned16(p.q_t);
     if (tvec) {
       fp8_cast_t_vec_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
-                                                       p.scale_inv, x, amax_word, p.rows, p.cols, p.rows_pad);
+                                                       p.scale_inv, x, amax, p.done, p.rows, p.cols, p.rows_pad);
       QT_LAUNCH_CHECK("fp8_cast_t_vec_kernel");
     } else {
       fp8_cast_t_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
-                                                   p.scale_inv, x, amax_word, p.rows, p.cols, p.rows_pad);
+                                                   p.scale_inv, x, amax, p.done, p.rows, p.cols, p.rows_pad);
       QT_LAUNCH_CHECK("fp8_cast_t_kernel");
     }
-  } else if (p.q != nullptr) {
+  } else {
     fp8_cast_kernel<<<grid_for(vec ? n / 8 + 1 : n, kThreads), kThreads, 0, s>>>(static_cast<uint8_t*>(p.q),
-                                                                                  p.scale_inv, x, amax_word, n, vec);
+                                                                                  p.scale_inv, x, amax, p.done, n, vec);
     QT_LAUNCH_CHECK("fp8_cast_kernel");
   }
 }

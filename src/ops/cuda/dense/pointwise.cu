@@ -1,5 +1,7 @@
 // CudaBackend kernels: elementwise add (bf16, f32), SwiGLU and the attention output gate
 // (forward / backward), 16-byte vectors where the pointers allow.
+#include <algorithm>
+
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/dense/dense_common.cuh"
 #include "ops/cuda/ops_launch.h"
@@ -33,8 +35,10 @@ __global__ void add_f32_kernel(float* out, const float* a, const float* b, int64
   }
 }
 
+// amax_* (optional): max|out| folded in (ops_device.cuh), from the bf16-rounded stored values.
 template <int VEC>
-__global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t nvec) {
+__global__ void swiglu_fwd_kernel(bf16* h, unsigned* amax_h, const bf16* gate, const bf16* up, int64_t nvec) {
+  unsigned m = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
     float g[VEC], u[VEC];
     load_vec<VEC>(g, gate, i);
@@ -42,12 +46,17 @@ __global__ void swiglu_fwd_kernel(bf16* h, const bf16* gate, const bf16* up, int
 #pragma unroll
     for (int k = 0; k < VEC; ++k) g[k] = dev::siluf_(g[k]) * u[k];
     store_vec<VEC>(h, i, g);
+    if (amax_h != nullptr)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) m = max(m, dev::bf16_mag_bits(g[k]));
   }
+  if (amax_h != nullptr) dev::fold_amax_block(amax_h, m);
 }
 
 template <int VEC>
-__global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const bf16* gate, const bf16* up,
-                                  int64_t nvec) {
+__global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, unsigned* amax_dgate, unsigned* amax_dup, const bf16* dh,
+                                  const bf16* gate, const bf16* up, int64_t nvec) {
+  unsigned mg = 0, mu = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
     float d[VEC], g[VEC], u[VEC], dg[VEC], du[VEC];
     load_vec<VEC>(d, dh, i);
@@ -60,7 +69,15 @@ __global__ void swiglu_bwd_kernel(bf16* dgate, bf16* dup, const bf16* dh, const 
     }
     store_vec<VEC>(dgate, i, dg);
     store_vec<VEC>(dup, i, du);
+    if (amax_dgate != nullptr)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) mg = max(mg, dev::bf16_mag_bits(dg[k]));
+    if (amax_dup != nullptr)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) mu = max(mu, dev::bf16_mag_bits(du[k]));
   }
+  if (amax_dgate != nullptr) dev::fold_amax_block(amax_dgate, mg);
+  if (amax_dup != nullptr) dev::fold_amax_block(amax_dup, mu);
 }
 
 template <int VEC>
@@ -122,17 +139,33 @@ void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaS
   QT_LAUNCH_CHECK("add (f32)");
 }
 
-void launch_swiglu_forward(void* h, const void* gate, const void* up, int64_t n, cudaStream_t s) {
-  QT_POINTWISE_LAUNCH(swiglu_fwd_kernel, "swiglu_forward", n, (aligned16(h) && aligned16(gate) && aligned16(up)), static_cast<bf16*>(h),
-                      static_cast<const bf16*>(gate), static_cast<const bf16*>(up));
+// With an amax output the grid is capped (8 blocks an SM, grid-stride): one atomic per block.
+#define QT_POINTWISE_LAUNCH_TAPPED(kernel, name, n, ptrs, tapped, ...)                                      \
+  do {                                                                                                    \
+    if ((n) <= 0) return;                                                                                 \
+    const int64_t nv_ = (n) % 8 == 0 && (ptrs) ? (n) / 8 : (n);                                           \
+    const unsigned grid_ = (tapped) ? std::min(grid_for(nv_, kThreads), 1056u) : grid_for(nv_, kThreads); \
+    if (nv_ != (n)) kernel<8><<<grid_, kThreads, 0, s>>>(__VA_ARGS__, nv_);                               \
+    else kernel<1><<<grid_, kThreads, 0, s>>>(__VA_ARGS__, nv_);                                          \
+    QT_LAUNCH_CHECK(name);                                                                                \
+  } while (0)
+
+void launch_swiglu_forward(void* h, float* amax_h, const void* gate, const void* up, int64_t n, cudaStream_t s) {
+  QT_POINTWISE_LAUNCH_TAPPED(swiglu_fwd_kernel, "swiglu_forward", n, (aligned16(h) && aligned16(gate) && aligned16(up)),
+                             amax_h != nullptr, static_cast<bf16*>(h), reinterpret_cast<unsigned*>(amax_h),
+                             static_cast<const bf16*>(gate), static_cast<const bf16*>(up));
 }
 
-void launch_swiglu_backward(void* dgate, void* dup, const void* dh, const void* gate, const void* up, int64_t n,
-                            cudaStream_t s) {
-  QT_POINTWISE_LAUNCH(swiglu_bwd_kernel, "swiglu_backward", n, (aligned16(dgate) && aligned16(dup) && aligned16(dh) && aligned16(gate) && aligned16(up)),
-                      static_cast<bf16*>(dgate), static_cast<bf16*>(dup), static_cast<const bf16*>(dh),
-                      static_cast<const bf16*>(gate), static_cast<const bf16*>(up));
+void launch_swiglu_backward(void* dgate, void* dup, float* amax_dgate, float* amax_dup, const void* dh,
+                            const void* gate, const void* up, int64_t n, cudaStream_t s) {
+  QT_POINTWISE_LAUNCH_TAPPED(
+      swiglu_bwd_kernel, "swiglu_backward", n,
+      (aligned16(dgate) && aligned16(dup) && aligned16(dh) && aligned16(gate) && aligned16(up)),
+      amax_dgate != nullptr || amax_dup != nullptr, static_cast<bf16*>(dgate), static_cast<bf16*>(dup),
+      reinterpret_cast<unsigned*>(amax_dgate), reinterpret_cast<unsigned*>(amax_dup), static_cast<const bf16*>(dh),
+      static_cast<const bf16*>(gate), static_cast<const bf16*>(up));
 }
+#undef QT_POINTWISE_LAUNCH_TAPPED
 
 void launch_attn_gate_forward(void* y, const void* o, const void* gate, int64_t n, cudaStream_t s) {
   QT_POINTWISE_LAUNCH(attn_gate_fwd_kernel, "attn_gate_forward", n, (aligned16(y) && aligned16(o) && aligned16(gate)), static_cast<bf16*>(y),
