@@ -191,11 +191,11 @@ int main(int argc, char** argv) {
     fill(be, x, 1.0f, 6);
     fill(be, w, 0.1f, 7);
     const double ms = time_ms(be, [&] {
-      be.rmsnorm_forward(y, rstd, x, w, 1e-6);
-      be.rmsnorm_backward(dx, dw, y, x, w, rstd, false);
+      be.rmsnorm_forward(y, rstd, x, w, 1e-6, Tensor());
+      be.rmsnorm_backward(dx, dw, y, x, w, rstd, false, Tensor());
     }, iters);
-    const double fms = time_ms(be, [&] { be.rmsnorm_forward(y, rstd, x, w, 1e-6); }, iters);
-    const double bms = time_ms(be, [&] { be.rmsnorm_backward(dx, dw, y, x, w, rstd, false); }, iters);
+    const double fms = time_ms(be, [&] { be.rmsnorm_forward(y, rstd, x, w, 1e-6, Tensor()); }, iters);
+    const double bms = time_ms(be, [&] { be.rmsnorm_backward(dx, dw, y, x, w, rstd, false, Tensor()); }, iters);
     std::printf("  rmsnorm  fwd %.1f us (%.2f TB/s), bwd+dw %.1f us (%.2f TB/s)\n", fms * 1e3,
                 4.0 * T * H / (fms * 1e-3) / 1e12, bms * 1e3, 6.0 * T * H / (bms * 1e-3) / 1e12);
     const double bytes = 10.0 * double(T) * double(H) + 8.0 * double(T);  // fwd x,y; bwd x,dy,dx (bf16)

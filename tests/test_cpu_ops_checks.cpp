@@ -61,7 +61,7 @@ TEST(CpuOpsErrors, WrongShapesAndDtypes) {
   EXPECT_ERROR_CONTAINS(
       [&] { be.linear_cross_entropy(be.alloc(DType::F32, {3, 5}), Tensor(), Tensor(), be.alloc(DType::F32, {3, 4}), be.alloc(DType::F32, {6, 4}), upload_i32(be, {1, 2, 3}), 1.0, true); },
       "linear_cross_entropy", "dhidden", "f32[3, 5]", "[3, 4]");
-  EXPECT_ERROR_CONTAINS([&] { be.rmsnorm_forward(x, be.alloc(DType::F32, {10}), x, be.alloc(DType::F32, {7}), 1e-6); },
+  EXPECT_ERROR_CONTAINS([&] { be.rmsnorm_forward(x, be.alloc(DType::F32, {10}), x, be.alloc(DType::F32, {7}), 1e-6, Tensor()); },
                         "rmsnorm_forward", "x", "last dim 7");
 }
 

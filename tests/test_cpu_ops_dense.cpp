@@ -378,8 +378,8 @@ TEST_F(CpuOpsFloat, Dense) {
   ref::rmsnorm_backward(ndx.data(), ndw.data(), ndy.data(), x.data(), nw.data(), rstd.data(), T, K, false);
   Tensor tx3 = upload(be, x, {T, 1, K}), tnw = upload(be, nw, {K}), tny = garbage(be, {T, 1, K}),
          trstd = garbage(be, {T}), tndx = garbage(be, {T, 1, K}), tndw = filled(be, {K}, kAccInit);
-  be.rmsnorm_forward(tny, trstd, tx3, tnw, 1e-6);
-  be.rmsnorm_backward(tndx, tndw, upload(be, ndy, {T, 1, K}), tx3, tnw, trstd, false);
+  be.rmsnorm_forward(tny, trstd, tx3, tnw, 1e-6, Tensor());
+  be.rmsnorm_backward(tndx, tndw, upload(be, ndy, {T, 1, K}), tx3, tnw, trstd, false, Tensor());
   expect_close("rmsnorm y", download(be, tny), ny, kFloatTol);
   expect_close("rmsnorm rstd", download(be, trstd), rstd, kFloatTol);
   expect_close("rmsnorm dx", download(be, tndx), ndx, kFloatTol);

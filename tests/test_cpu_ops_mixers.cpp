@@ -474,8 +474,8 @@ TEST_F(CpuOpsFloat, BackwardIsIndependentOfThreadCount) {
            rdw = filled(be, {CD}, 0), rstd = garbage(be, {T}), y = garbage(be, {T, CD});
     be.gdn_backward(dqkv, dg, db, d_o, qkv, g, beta, dims, seqs.info, Tensor(), GdnKeep::States);
     be.conv1d_silu_backward(dx, dw, qkv, qkv, cw, seqs.info);
-    be.rmsnorm_forward(y, rstd, qkv, nw, 1e-6);
-    be.rmsnorm_backward(rdx, rdw, qkv, qkv, nw, rstd, false);
+    be.rmsnorm_forward(y, rstd, qkv, nw, 1e-6, Tensor());
+    be.rmsnorm_backward(rdx, rdw, qkv, qkv, nw, rstd, false, Tensor());
     Vec all;
     for (const Tensor* t : {&dqkv, &dg, &db, &dx, &dw, &rdx, &rdw}) {
       const Vec v = download(be, *t);

@@ -34,6 +34,13 @@
 namespace qt {
 namespace {
 
+float max_abs(const std::vector<float>& v) {
+  float r = 0;
+  for (float x : v) r = std::max(r, std::fabs(x));
+  return r;
+}
+
+
 bool has_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -188,17 +195,28 @@ class OpsTest : public ::testing::Test {
   void rmsnorm_case(int64_t T, int64_t H, DType dw_type) {
     SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
     Pair x = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5), y = output({T, H}), rstd = output({T}, DType::F32);
-    g_->rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6);
-    c_->rmsnorm_forward(y.cpu, rstd.cpu, x.cpu, w.cpu, 1e-6);
+    g_->rmsnorm_forward(y.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6, Tensor());
+    c_->rmsnorm_forward(y.cpu, rstd.cpu, x.cpu, w.cpu, 1e-6, Tensor());
     expect_close("y", y);
     expect_close("rstd", rstd);
     for (bool acc : {false, true}) {
       Pair dy = input({T, H}), dx = output({T, H}, DType::BF16, acc), dw = output({H}, dw_type, true);
-      g_->rmsnorm_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, rstd.gpu, acc);
-      c_->rmsnorm_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, rstd.cpu, acc);
+      g_->rmsnorm_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, rstd.gpu, acc, Tensor());
+      c_->rmsnorm_backward(dx.cpu, dw.cpu, dy.cpu, x.cpu, w.cpu, rstd.cpu, acc, Tensor());
       expect_close(acc ? "dx (acc)" : "dx", dx);
       expect_close("dw", dw);
     }
+    // The amax outputs on every kernel path (folded in by the wide-row and ring kernels, by a pass
+    // after the others): max|out| of the stored values.
+    Pair m = output({2}, DType::F32), y2 = output({T, H});
+    upload(m.gpu, {0.0f, 0.0f});
+    const auto word = [&](int i) { return Tensor(m.gpu.ptr<float>() + i, DType::F32, {1}, m.gpu.device); };
+    g_->rmsnorm_forward(y2.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6, word(0));
+    EXPECT_EQ(download(y2.gpu), download(y.gpu));
+    Pair dy = input({T, H}), dx = output({T, H}, DType::BF16, true);
+    g_->rmsnorm_backward(dx.gpu, Tensor(), dy.gpu, x.gpu, w.gpu, rstd.gpu, true, word(1));
+    EXPECT_EQ(download(m.gpu)[0], max_abs(download(y.gpu)));
+    EXPECT_EQ(download(m.gpu)[1], max_abs(download(dx.gpu)));
   }
 
   // Sample lengths: many short samples (1- and 2-token ones included), then one long sample.
@@ -641,11 +659,7 @@ TEST_F(OpsTest, AddSwiGluAttnGate) {
       Pair h2 = output({n}), dg2 = output({n}), du2 = output({n});
       g_->swiglu_forward(h2.gpu, a.gpu, b.gpu, word(0));
       g_->swiglu_backward(dg2.gpu, du2.gpu, dh.gpu, a.gpu, b.gpu, word(1), word(2));
-      const auto amax = [](const std::vector<float>& v) {
-        float r = 0;
-        for (float x : v) r = std::max(r, std::fabs(x));
-        return r;
-      };
+      const auto amax = max_abs;
       const std::vector<float> got = download(m.gpu);
       EXPECT_EQ(download(h2.gpu), download(h.gpu));
       EXPECT_EQ(download(dg2.gpu), download(dg.gpu));
@@ -695,8 +709,8 @@ TEST_F(OpsTest, AddRmsNorm) {
       SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H));
       Pair x = input({T, H}, -3, 3), r = input({T, H}, -3, 3), w = input({H}, -0.5, 0.5);
       Pair h = output({T, H}), y = output({T, H}), rstd = output({T}, DType::F32);
-      g_->add_rmsnorm_forward(h.gpu, y.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6);
-      c_->add_rmsnorm_forward(h.cpu, y.cpu, rstd.cpu, x.cpu, r.cpu, w.cpu, 1e-6);
+      g_->add_rmsnorm_forward(h.gpu, y.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6, Tensor());
+      c_->add_rmsnorm_forward(h.cpu, y.cpu, rstd.cpu, x.cpu, r.cpu, w.cpu, 1e-6, Tensor());
       expect_close("h", h);
       // The op normalizes h as stored (bf16 on the GPU): the reference norm reads the rounded h.
       Pair hr = output({T, H});
@@ -704,11 +718,18 @@ TEST_F(OpsTest, AddRmsNorm) {
       std::memcpy(hv.data(), h.cpu.data, hv.size() * 4);
       for (float& v : hv) v = round_bf16(v);
       std::memcpy(hr.cpu.data, hv.data(), hv.size() * 4);
-      c_->rmsnorm_forward(y.cpu, rstd.cpu, hr.cpu, w.cpu, 1e-6);
+      c_->rmsnorm_forward(y.cpu, rstd.cpu, hr.cpu, w.cpu, 1e-6, Tensor());
       expect_close("y", y);
       expect_close("rstd", rstd);
+      {  // its amax output
+        Pair m = output({1}, DType::F32), y2 = output({T, H}), h2 = output({T, H});
+        upload(m.gpu, {0.0f});
+        g_->add_rmsnorm_forward(h2.gpu, y2.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6, m.gpu);
+        EXPECT_EQ(download(y2.gpu), download(y.gpu));
+        EXPECT_EQ(download(m.gpu)[0], max_abs(download(y.gpu)));
+      }
       // In place (h over r) gives the same bits as the separate output.
-      g_->add_rmsnorm_forward(r.gpu, y.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6);
+      g_->add_rmsnorm_forward(r.gpu, y.gpu, rstd.gpu, x.gpu, r.gpu, w.gpu, 1e-6, Tensor());
       std::vector<uint16_t> a(static_cast<size_t>(T * H)), b(a.size());
       g_->copy_to_host(a.data(), r.gpu);
       g_->copy_to_host(b.data(), h.gpu);

@@ -257,8 +257,8 @@ const std::vector<OpRow>& op_rows() {
                    s.grad_out("x");
                    s.grad_out("w", DType::F32);
                  },
-                 [](Case& c) { c.be.rmsnorm_forward(c["y"], c["rstd"], c["x"], c["w"], 1e-6); },
-                 [](Case& c) { c.be.rmsnorm_backward(c["dx"], c["dw"], c["dy"], c["x"], c["w"], c["rstd"], false); }});
+                 [](Case& c) { c.be.rmsnorm_forward(c["y"], c["rstd"], c["x"], c["w"], 1e-6, Tensor()); },
+                 [](Case& c) { c.be.rmsnorm_backward(c["dx"], c["dw"], c["dy"], c["x"], c["w"], c["rstd"], false, Tensor()); }});
     r.push_back({"add_rmsnorm_forward",
                  [](CaseSpec& s) {
                    s.in("x", {s.T(), 96}, -2, 2);
@@ -268,7 +268,7 @@ const std::vector<OpRow>& op_rows() {
                    s.out("y", {s.T(), 96});
                    s.out("rstd", {s.T()}, DType::F32);
                  },
-                 [](Case& c) { c.be.add_rmsnorm_forward(c["h"], c["y"], c["rstd"], c["x"], c["r"], c["w"], 1e-6); },
+                 [](Case& c) { c.be.add_rmsnorm_forward(c["h"], c["y"], c["rstd"], c["x"], c["r"], c["w"], 1e-6, Tensor()); },
                  nullptr, 4.0});  // y normalizes the bf16-rounded h on the device
     r.push_back({"swiglu_forward/backward",
                  [](CaseSpec& s) {

@@ -586,6 +586,15 @@ Tensor Qwen35Model::fp8_tap(ParamRole consumer, int l, Fp8Tap t) {
   return fp8_id(consumer, l) >= 0 ? fp8_->tap(t) : none();
 }
 
+Fp8Tap Qwen35Model::fp8_tapped(ParamRole consumer, int l, Fp8Tap t) const {
+  return fp8_id(consumer, l) >= 0 ? t : Fp8Tap::None;
+}
+
+ParamRole Qwen35Model::input_proj_role(int l) const {
+  return cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet ? ParamRole::GdnInProjQkv
+                                                                               : ParamRole::AttnQProj;
+}
+
 void Qwen35Model::set_precision(Precision precision) {
   QT_CHECK(fp8_ == nullptr, "set_precision: already set");
   if (precision == Precision::BF16) return;
@@ -812,7 +821,7 @@ void Qwen35Model::forward_layers(int64_t T) {
   // The first layer normalizes its input; every later norm (layer inputs, the final norm) is fused
   // with the residual add that ends the layer before it.
   be_.rmsnorm_forward(rows(acts_[0].xn, T), rows(acts_[0].rstd_in, T), rows(acts_[0].x, T),
-                      p(ParamRole::InputNorm, 0), c.rms_norm_eps);
+                      p(ParamRole::InputNorm, 0), c.rms_norm_eps, fp8_tap(input_proj_role(0), 0, Fp8Tap::Xn));
   for (int l = 0; l < static_cast<int>(c.num_hidden_layers); ++l) {
     zero3_gather(l, false);
     forward_layer(l, T, LayerPass::Forward);
@@ -835,16 +844,19 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     // The weights changed since the last step's forward (or a pass without backward: always).
     if (pass == LayerPass::Forward && (fp8_per_use_ || micro_ == 0 || !pass_backward_)) fp8_refresh(l);
   }
-  // The forward pass got xn with x (forward_layers, or the previous layer's residual add).
+  // The forward pass got xn with x (forward_layers, or the previous layer's residual add), and its
+  // amax where the input projections run fp8; a heavy recompute folds it in here.
   if (pass != LayerPass::Forward)
-    be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps);
+    be_.rmsnorm_forward(xn, rows(A.rstd_in, T), x, p(ParamRole::InputNorm, l), c.rms_norm_eps,
+                        heavy ? fp8_tap(input_proj_role(l), l, Fp8Tap::Xn) : none());
+  const Fp8Tap xn_tap = heavy ? fp8_tapped(input_proj_role(l), l, Fp8Tap::Xn) : Fp8Tap::None;
   Tensor mix_out = rows(A.h, T);  // mixer output, turned into h = x + mixer in place
   if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
     const Tensor mixed = rows(A.mixed, T), z = rows(A.z, T), b = rows(A.b, T), a = rows(A.a, T);
     const Tensor conv = rows(A.conv, T), beta = rows(A.beta, T), gg = rows(A.g, T);
     const Tensor o = rows(A.o, T).view({T, Hv, dv}), y = rows(A.y, T);
     if (heavy) {
-      const Fp8Input in = fp8_input(l, Fp8Feed::In, pass);
+      const Fp8Input in = fp8_input(l, Fp8Feed::In, pass, xn_tap);
       proj_forward(mixed, ParamRole::GdnInProjQkv, l, xn, in);
       proj_forward(z, ParamRole::GdnInProjZ, l, xn, in);
       proj_forward(b, ParamRole::GdnInProjB, l, xn);
@@ -866,7 +878,7 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
     const Tensor q = rows(A.q, T).view({T, Hq, D}), k = rows(A.k, T).view({T, Hkv, D}), gate = rows(A.gate, T);
     const Tensor o = rows(A.attn_o, T).view({T, Hq, D}), y = rows(A.attn_y, T);
     if (heavy) {
-      const Fp8Input in = fp8_input(l, Fp8Feed::In, pass);
+      const Fp8Input in = fp8_input(l, Fp8Feed::In, pass, xn_tap);
       proj_forward(qg, ParamRole::AttnQProj, l, xn, in);
       proj_forward(kr, ParamRole::AttnKProj, l, xn, in);
       proj_forward(v, ParamRole::AttnVProj, l, xn, in);
@@ -880,12 +892,13 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   }
   const Tensor h = rows(A.h, T), hn = rows(A.hn, T);
   if (heavy)  // h = x + mixer (in place over the mixer output), then its norm
-    be_.add_rmsnorm_forward(h, hn, rows(A.rstd_post, T), x, mix_out, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
+    be_.add_rmsnorm_forward(h, hn, rows(A.rstd_post, T), x, mix_out, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps,
+                            fp8_tap(ParamRole::MlpGate, l, Fp8Tap::Hn));
   else
-    be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps);
+    be_.rmsnorm_forward(hn, rows(A.rstd_post, T), h, p(ParamRole::PostAttnNorm, l), c.rms_norm_eps, none());
   const Tensor mg = rows(A.mlp_gate, T), mu = rows(A.mlp_up, T), act = rows(A.mlp_act, T);
   if (heavy) {
-    const Fp8Input in = fp8_input(l, Fp8Feed::Hn, pass);
+    const Fp8Input in = fp8_input(l, Fp8Feed::Hn, pass, fp8_tapped(ParamRole::MlpGate, l, Fp8Tap::Hn));
     proj_forward(mg, ParamRole::MlpGate, l, hn, in);
     proj_forward(mu, ParamRole::MlpUp, l, hn, in);
   }
@@ -900,7 +913,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   const Tensor next = rows(last ? final_in_ : N->x, T);
   proj_forward(next, ParamRole::MlpDown, l, act, fp8_input(l, Fp8Feed::Act, pass, act_tap ? Fp8Tap::Act : Fp8Tap::None));
   be_.add_rmsnorm_forward(next, rows(last ? final_out_ : N->xn, T), rows(last ? final_rstd_ : N->rstd_in, T), h, next,
-                          last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps);
+                          last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps,
+                          last ? none() : fp8_tap(input_proj_role(l + 1), l + 1, Fp8Tap::Xn));
 }
 
 void Qwen35Model::backward_layers(int64_t T) {
@@ -924,7 +938,8 @@ void Qwen35Model::backward_layers(int64_t T) {
     const Tensor x = rows(A.x, T), xn = rows(A.xn, T), h = rows(A.h, T), hn = rows(A.hn, T);
     // MLP: next = h + down(silu(gate(hn)) * up(hn))
     const Tensor dact = slab(d_a_, {T, I}), dgate = slab(d_b_, {T, I}), dup = slab(d_c_, {T, I});
-    proj_backward(dact, ParamRole::MlpDown, l, dr, rows(A.mlp_act, T), false, Fp8Tap::None,
+    // dr's amax: folded in by the norm backward that wrote it (the next layer's input norm, or the final norm).
+    proj_backward(dact, ParamRole::MlpDown, l, dr, rows(A.mlp_act, T), false, fp8_tapped(ParamRole::MlpDown, l, Fp8Tap::Dr),
                   fp8_slot(l, Fp8Feed::Act));
     const Tensor tap_g = fp8_tap(ParamRole::MlpGate, l, Fp8Tap::Dgate), tap_u = fp8_tap(ParamRole::MlpUp, l, Fp8Tap::Dup);
     be_.swiglu_backward(dgate, dup, dact, rows(A.mlp_gate, T), rows(A.mlp_up, T), tap_g, tap_u);
@@ -932,14 +947,17 @@ void Qwen35Model::backward_layers(int64_t T) {
                   fp8_slot(l, Fp8Feed::Hn));
     proj_backward(dn, ParamRole::MlpUp, l, dup, hn, true, tap_u.data ? Fp8Tap::Dup : Fp8Tap::None,
                   fp8_slot(l, Fp8Feed::Hn));
+    const ParamRole out_role =
+        c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet ? ParamRole::GdnOutProj : ParamRole::AttnOProj;
     be_.rmsnorm_backward(dr, g(ParamRole::PostAttnNorm, l), dn, h, p(ParamRole::PostAttnNorm, l),
-                         rows(A.rstd_post, T), true);
+                         rows(A.rstd_post, T), true, fp8_tap(out_role, l, Fp8Tap::Dr));
     // Mixer: h = x + mixer(xn); dr now holds dL/dh.
     if (c.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet) {
       const Tensor dy = slab(d_a_, {T, VD}), d_o = slab(d_b_, {T, Hv, dv}), dz = slab(d_c_, {T, VD});
       const Tensor dconv = slab(d_d_, {T, C}), dmixed = slab(d_e_, {T, C});
       const Tensor dbeta = slab(d_f32_a_, {T, Hv}), dg = slab(d_f32_b_, {T, Hv});
-      proj_backward(dy, ParamRole::GdnOutProj, l, dr, rows(A.y, T), false, Fp8Tap::None, fp8_slot(l, Fp8Feed::Mix));
+      proj_backward(dy, ParamRole::GdnOutProj, l, dr, rows(A.y, T), false,
+                    fp8_tapped(ParamRole::GdnOutProj, l, Fp8Tap::Dr), fp8_slot(l, Fp8Feed::Mix));
       be_.gated_rmsnorm_backward(d_o, dz.view({T, Hv, dv}), g(ParamRole::GdnNorm, l), dy.view({T, Hv, dv}),
                                  rows(A.o, T).view({T, Hv, dv}), rows(A.z, T).view({T, Hv, dv}),
                                  p(ParamRole::GdnNorm, l), slab(A.gnorm_rstd, {T * Hv}));
@@ -968,8 +986,8 @@ void Qwen35Model::backward_layers(int64_t T) {
       const Tensor dk = slab(d_e_, {T, Hkv, D});
       const Tensor dv = Tensor(static_cast<char*>(d_e_.data) + static_cast<size_t>(T * Hkv * D) * dtype_size(d_e_.dtype),
                                d_e_.dtype, {T, Hkv, D}, d_e_.device);
-      proj_backward(dy, ParamRole::AttnOProj, l, dr, rows(A.attn_y, T), false, Fp8Tap::None,
-                    fp8_slot(l, Fp8Feed::Mix));
+      proj_backward(dy, ParamRole::AttnOProj, l, dr, rows(A.attn_y, T), false,
+                    fp8_tapped(ParamRole::AttnOProj, l, Fp8Tap::Dr), fp8_slot(l, Fp8Feed::Mix));
       be_.attn_gate_backward(d_o, dgt, dy, rows(A.attn_o, T), rows(A.gate, T));
       be_.attention_backward(dq, dk, dv, d_o.view({T, Hq, D}), rows(A.q, T).view({T, Hq, D}),
                              rows(A.k, T).view({T, Hkv, D}), rows(A.v, T).view({T, Hkv, D}),
@@ -984,7 +1002,8 @@ void Qwen35Model::backward_layers(int64_t T) {
       proj_backward(dn, ParamRole::AttnKProj, l, dkr, xn, true, Fp8Tap::None, in);
       proj_backward(dn, ParamRole::AttnVProj, l, dv.view({T, Hkv * D}), xn, true, Fp8Tap::None, in);
     }
-    be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true);
+    be_.rmsnorm_backward(dr, g(ParamRole::InputNorm, l), dn, x, p(ParamRole::InputNorm, l), rows(A.rstd_in, T), true,
+                         l > 0 ? fp8_tap(ParamRole::MlpDown, l - 1, Fp8Tap::Dr) : none());
     zero3_reduce(l, false);
   }
   if (g(ParamRole::EmbedTokens, -1).data) {
@@ -1039,7 +1058,8 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
     zero3_reduce(tied ? WeightShards::kEmbed : WeightShards::kHead, false);
     const Tensor dr = rows(d_res_, T);  // the residual stream's gradient starts at the final norm's dx
     be_.rmsnorm_backward(dr, g(ParamRole::FinalNorm, -1), dn, rows(final_in_, T), p(ParamRole::FinalNorm, -1),
-                         rows(final_rstd_, T), false);
+                         rows(final_rstd_, T), false,
+                         fp8_tap(ParamRole::MlpDown, static_cast<int>(cfg_.num_hidden_layers) - 1, Fp8Tap::Dr));
     backward_layers(T);
   }
   return loss_sum;

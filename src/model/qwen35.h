@@ -249,6 +249,8 @@ class Qwen35Model {
   // The amax word the op producing the input of `consumer` folds into, or empty when that
   // projection runs in bf16.
   Tensor fp8_tap(ParamRole consumer, int l, Fp8Tap t);
+  Fp8Tap fp8_tapped(ParamRole consumer, int l, Fp8Tap t) const;  // t where fp8_tap gave a word, else None
+  ParamRole input_proj_role(int l) const;  // the first projection reading layer l's xn
   std::vector<float> download_f32(const Tensor& t) const;
   void upload_f32(const Tensor& t, const std::vector<float>& values, const std::string& name);
   const Tensor& p(ParamRole role, int layer) const;

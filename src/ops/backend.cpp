@@ -5,9 +5,9 @@ namespace qt {
 // The defaults of the table's QT_OP_DEFAULTED ops, built from other ops.
 
 void Backend::add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x,
-                                  const Tensor& r, const Tensor& w, double eps) {
+                                  const Tensor& r, const Tensor& w, double eps, const Tensor& amax_y) {
   add(h, x, r);
-  rmsnorm_forward(y, rstd, h, w, eps);
+  rmsnorm_forward(y, rstd, h, w, eps, amax_y);
 }
 
 void Backend::linear_cross_entropy_to(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,

@@ -375,19 +375,24 @@ void CpuBackend::embedding_backward(const Tensor& dtable, const Tensor& dout, co
   ref::embedding_backward(dtable.ptr<float>(), dout.ptr<float>(), ids.ptr<int32_t>(), T, H);
 }
 
-void CpuBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+void CpuBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps,
+                                 const Tensor& amax_y) {
   const auto [rows, cols] = ops::check_norm("rmsnorm_forward", w, x, {{"y", &y}}, rstd, F32, DeviceKind::CPU);
+  ops::check_amax("rmsnorm_forward", "amax_y", amax_y, DeviceKind::CPU);
   ref::rmsnorm_forward(y.ptr<float>(), rstd.ptr<float>(), x.ptr<float>(), w.ptr<float>(), rows, cols, eps);
+  fold_amax(amax_y, y.ptr<float>(), y.numel());
 }
 
 void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                  const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
+                                  const Tensor& w, const Tensor& rstd, bool accumulate_dx, const Tensor& amax_dx) {
   const char* op = "rmsnorm_backward";
   const auto [rows, cols] = ops::check_norm(op, w, x, {{"dy", &dy}}, rstd, F32, DeviceKind::CPU);
   const bool want_dx = check_optional(op, "dx", dx, F32, x.shape_vec());
+  QT_CHECK(!ops::check_amax(op, "amax_dx", amax_dx, DeviceKind::CPU) || want_dx, op, ": amax_dx given without dx");
   const bool want_dw = check_optional(op, "dw", dw, F32, {cols});
   ref::rmsnorm_backward(want_dx ? dx.ptr<float>() : nullptr, want_dw ? dw.ptr<float>() : nullptr, dy.ptr<float>(),
                         x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), rows, cols, accumulate_dx);
+  if (want_dx) fold_amax(amax_dx, dx.ptr<float>(), dx.numel());
 }
 
 void CpuBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up, const Tensor& amax_h) {

@@ -305,33 +305,37 @@ void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout, c
   cuda::launch_embedding_backward(dtable.data, f32, dout.data, ids.ptr<int32_t>(), T, H, V, ws, bytes, stream_);
 }
 
-void CudaBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+void CudaBackend::rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps,
+                                  const Tensor& amax_y) {
   const auto [rows, cols] = ops::check_norm("rmsnorm_forward", w, x, {{"y", &y}}, rstd, BF16, DeviceKind::CUDA);
+  ops::check_amax("rmsnorm_forward", "amax_y", amax_y, DeviceKind::CUDA);
   cuda::launch_rmsnorm_forward(y.data, rstd.ptr<float>(), x.data, nullptr, w.data, rows, cols, float(eps),
-                               cuda::NormKind::OnePlusW, stream_);
+                               cuda::NormKind::OnePlusW, amax_y.ptr<float>(), stream_);
 }
 
 void CudaBackend::add_rmsnorm_forward(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& x,
-                                      const Tensor& r, const Tensor& w, double eps) {
+                                      const Tensor& r, const Tensor& w, double eps, const Tensor& amax_y) {
   const auto [rows, cols] =
       ops::check_norm("add_rmsnorm_forward", w, x, {{"r", &r}, {"h", &h}, {"y", &y}}, rstd, BF16, DeviceKind::CUDA);
+  ops::check_amax("add_rmsnorm_forward", "amax_y", amax_y, DeviceKind::CUDA);
   if (cuda::launch_add_rmsnorm_forward(h.data, y.data, rstd.ptr<float>(), x.data, r.data, w.data, rows, cols,
-                                       float(eps), stream_))
+                                       float(eps), amax_y.ptr<float>(), stream_))
     return;
-  Backend::add_rmsnorm_forward(h, y, rstd, x, r, w, eps);  // shapes outside the fused kernel
+  Backend::add_rmsnorm_forward(h, y, rstd, x, r, w, eps, amax_y);  // shapes outside the fused kernel
 }
 
 void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                   const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
+                                   const Tensor& w, const Tensor& rstd, bool accumulate_dx, const Tensor& amax_dx) {
   const char* op = "rmsnorm_backward";
   const auto [rows, cols] = ops::check_norm(op, w, x, {{"dy", &dy}}, rstd, BF16, DeviceKind::CUDA);
   const bool want_dx = check_optional(op, "dx", dx, BF16, x.shape_vec());
+  QT_CHECK(!ops::check_amax(op, "amax_dx", amax_dx, DeviceKind::CUDA) || want_dx, op, ": amax_dx given without dx");
   const bool want_dw = dw.data != nullptr;
   const bool f32 = want_dw && check_grad(op, "dw", dw, {cols});
   void* ws = want_dw ? workspace(cuda::rmsnorm_backward_workspace_bytes(rows, cols)) : nullptr;
   cuda::launch_rmsnorm_backward(want_dx ? dx.data : nullptr, accumulate_dx, nullptr, want_dw ? dw.data : nullptr, f32,
                                 dy.data, x.data, nullptr, w.data, rstd.ptr<float>(), rows, cols,
-                                cuda::NormKind::OnePlusW, ws, stream_);
+                                cuda::NormKind::OnePlusW, ws, amax_dx.ptr<float>(), stream_);
 }
 
 void CudaBackend::swiglu_forward(const Tensor& h, const Tensor& gate, const Tensor& up, const Tensor& amax_h) {
@@ -517,7 +521,7 @@ void CudaBackend::gated_rmsnorm_forward(const Tensor& y, const Tensor& rstd, con
   const auto [rows, cols] =
       ops::check_norm("gated_rmsnorm_forward", w, x, {{"z", &z}, {"y", &y}}, rstd, BF16, DeviceKind::CUDA);
   cuda::launch_rmsnorm_forward(y.data, rstd.ptr<float>(), x.data, z.data, w.data, rows, cols, float(eps),
-                               cuda::NormKind::Gated, stream_);
+                               cuda::NormKind::Gated, nullptr, stream_);
 }
 
 void CudaBackend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
@@ -529,7 +533,7 @@ void CudaBackend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, con
   const bool f32 = want_dw && check_grad(op, "dw", dw, {cols});
   void* ws = want_dw ? workspace(cuda::rmsnorm_backward_workspace_bytes(rows, cols)) : nullptr;
   cuda::launch_rmsnorm_backward(dx.data, false, dz.data, want_dw ? dw.data : nullptr, f32, dy.data, x.data, z.data,
-                                w.data, rstd.ptr<float>(), rows, cols, cuda::NormKind::Gated, ws, stream_);
+                                w.data, rstd.ptr<float>(), rows, cols, cuda::NormKind::Gated, ws, nullptr, stream_);
 }
 
 // ---- gated full attention ----------------------------------------------------------------------

@@ -139,6 +139,14 @@ __device__ __forceinline__ void fold_amax_block(unsigned* amax, unsigned m) {
     for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max(m, warp_m[w]);
     if (m != 0) atomicMax(amax, m);
   }
+  __syncthreads();  // warp_m is shared by every call in the kernel
+}
+
+// The same for kernels whose warps work alone (a warp per row): one atomicMax per warp, skipped
+// when the word already holds as much. All 32 lanes call it.
+__device__ __forceinline__ void fold_amax_warp(unsigned* amax, unsigned m) {
+  m = __reduce_max_sync(0xffffffffu, m);
+  if ((threadIdx.x & 31) == 0 && m > *reinterpret_cast<volatile unsigned*>(amax)) atomicMax(amax, m);
 }
 
 // Adds v into an accumulator element stored as bf16 or f32.

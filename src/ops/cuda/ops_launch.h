@@ -93,17 +93,18 @@ void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s
 
 // ---- dense/rmsnorm.cu (rmsnorm_wide.cu, rmsnorm_narrow.cu) ----
 enum class NormKind { OnePlusW, Gated };  // y = x rstd (1 + w)  |  y = w x rstd silu(z)
+// amax (optional, here and below): max|y| (max|dx| for the backward) folded in, an op's amax output.
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
-                            int64_t cols, float eps, NormKind kind, cudaStream_t s);
+                            int64_t cols, float eps, NormKind kind, float* amax, cudaStream_t s);
 // h = x + r (bf16), then the (1+w) RMSNorm of h, in one pass; false (nothing launched) when the
 // shape or alignment is outside the fused kernel's wide-row path (cols % 8, cols <= 4096, 16-byte).
 bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, const void* r, const void* w,
-                                int64_t rows, int64_t cols, float eps, cudaStream_t s);
+                                int64_t rows, int64_t cols, float eps, float* amax_y, cudaStream_t s);
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols);
 // dx (= or += per accumulate_dx; may be null for OnePlusW), dz (Gated only, overwritten), dw acc (may be null).
 void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, bool dw_f32, const void* dy,
                              const void* x, const void* z, const void* w, const float* rstd, int64_t rows,
-                             int64_t cols, NormKind kind, void* ws, cudaStream_t s);
+                             int64_t cols, NormKind kind, void* ws, float* amax_dx, cudaStream_t s);
 
 // ---- dense/attention_prep.cu ----
 void launch_attn_prep_forward(void* q, void* k, void* gate, float* q_rstd, float* k_rstd, const void* qg,

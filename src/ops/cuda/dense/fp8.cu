@@ -42,7 +42,7 @@ __device__ __forceinline__ void release_amax(unsigned* amax_bits, unsigned* done
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1) {
+    if (atomicAdd(done, 1u) == gridDim.x - 1) {
       *amax_bits = 0;
       *done = 0;
     }
@@ -90,26 +90,31 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_kernel(uint8_t* __restrict_
 // (optional) gets the row-major codes from the same read. q_t's rows are rows_pad >= rows long: the
 // padding columns are written zero (the wgrad GEMM's inner dimension must be a multiple of 16).
 constexpr int kTile = 64;
+constexpr int64_t kCastBlocks = 1056;  // 8 blocks per SM of an H200: a full wave, grid-stride beyond
 __global__ void __launch_bounds__(kThreads) fp8_cast_t_kernel(uint8_t* __restrict__ q_t, uint8_t* __restrict__ q,
                                                                float* scale_inv, const bf16* __restrict__ x,
                                                                unsigned* amax_bits, unsigned* done, int64_t rows,
                                                                int64_t cols, int64_t rows_pad) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float s = scale_of(amax_bits);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
+  const int64_t tiles_x = (cols + kTile - 1) / kTile, ntiles = tiles_x * ((rows_pad + kTile - 1) / kTile);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 64 x 4
-  for (int rr = ty; rr < kTile; rr += kThreads / kTile) {
-    const int64_t r = r0 + rr, c = c0 + tx;
-    const bool in = r < rows && c < cols;
-    const uint8_t code = in ? to_e4m3(to_f(x[r * cols + c]) * s) : 0;
-    tile[tx][rr] = code;
-    if (q != nullptr && in) q[r * cols + c] = code;
-  }
-  __syncthreads();
-  for (int cc = ty; cc < kTile; cc += kThreads / kTile) {
-    const int64_t c = c0 + cc, r = r0 + tx;
-    if (c < cols && r < rows_pad) q_t[c * rows_pad + r] = tile[cc][tx];
+  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_x * kTile, c0 = t % tiles_x * kTile;
+    for (int rr = ty; rr < kTile; rr += kThreads / kTile) {
+      const int64_t r = r0 + rr, c = c0 + tx;
+      const bool in = r < rows && c < cols;
+      const uint8_t code = in ? to_e4m3(to_f(x[r * cols + c]) * s) : 0;
+      tile[tx][rr] = code;
+      if (q != nullptr && in) q[r * cols + c] = code;
+    }
+    __syncthreads();
+    for (int cc = ty; cc < kTile; cc += kThreads / kTile) {
+      const int64_t c = c0 + cc, r = r0 + tx;
+      if (c < cols && r < rows_pad) q_t[c * rows_pad + r] = tile[cc][tx];
+    }
+    __syncthreads();  // the tile is refilled next
   }
   release_amax(amax_bits, done);
 }
@@ -122,42 +127,46 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_t_vec_kernel(uint8_t* __res
                                                                    int64_t rows, int64_t cols, int64_t rows_pad) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 4];  // [column][row]
   const float s = scale_of(amax_bits);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  {
-    const int cv = (threadIdx.x % 8) * 8, rr0 = threadIdx.x / 8;  // 8 threads a row, 32 rows a pass
-    const int64_t c = c0 + cv;
-    for (int rr = rr0; rr < kTile; rr += kThreads / 8) {
-      const int64_t r = r0 + rr;
-      const bool in = r < rows && c < cols;
-      unsigned short p[4] = {0, 0, 0, 0};
-      if (in) {
-        float f[8];
-        load_vec(f, x + r * cols, c / 8);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && scale_inv != nullptr) *scale_inv = 1.0f / s;
+  const int64_t tiles_x = (cols + kTile - 1) / kTile, ntiles = tiles_x * ((rows_pad + kTile - 1) / kTile);
+  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_x * kTile, c0 = t % tiles_x * kTile;
+    {
+      const int cv = (threadIdx.x % 8) * 8, rr0 = threadIdx.x / 8;  // 8 threads a row, 32 rows a pass
+      const int64_t c = c0 + cv;
+      for (int rr = rr0; rr < kTile; rr += kThreads / 8) {
+        const int64_t r = r0 + rr;
+        const bool in = r < rows && c < cols;
+        unsigned short p[4] = {0, 0, 0, 0};
+        if (in) {
+          float f[8];
+          load_vec(f, x + r * cols, c / 8);
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          p[k] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * k] * s, f[2 * k + 1] * s), __NV_SATFINITE, __NV_E4M3);
-        if (q != nullptr) {
-          uint2 out;
-          out.x = unsigned(p[0]) | (unsigned(p[1]) << 16);
-          out.y = unsigned(p[2]) | (unsigned(p[3]) << 16);
-          *reinterpret_cast<uint2*>(q + r * cols + c) = out;
+          for (int k = 0; k < 4; ++k)
+            p[k] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * k] * s, f[2 * k + 1] * s), __NV_SATFINITE, __NV_E4M3);
+          if (q != nullptr) {
+            uint2 out;
+            out.x = unsigned(p[0]) | (unsigned(p[1]) << 16);
+            out.y = unsigned(p[2]) | (unsigned(p[3]) << 16);
+            *reinterpret_cast<uint2*>(q + r * cols + c) = out;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          tile[cv + 2 * k][rr] = uint8_t(p[k] & 0xFF);
+          tile[cv + 2 * k + 1][rr] = uint8_t(p[k] >> 8);
         }
       }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        tile[cv + 2 * k][rr] = uint8_t(p[k] & 0xFF);
-        tile[cv + 2 * k + 1][rr] = uint8_t(p[k] >> 8);
-      }
     }
-  }
-  __syncthreads();
-  const int rv = (threadIdx.x % 16) * 4, cc0 = threadIdx.x / 16;  // 16 threads a q_t row, 16 rows a pass
-  const int64_t r = r0 + rv;
-  for (int cc = cc0; cc < kTile; cc += kThreads / 16) {
-    const int64_t c = c0 + cc;
-    if (c < cols && r < rows_pad)
-      *reinterpret_cast<unsigned*>(q_t + c * rows_pad + r) = *reinterpret_cast<const unsigned*>(&tile[cc][rv]);
+    __syncthreads();
+    const int rv = (threadIdx.x % 16) * 4, cc0 = threadIdx.x / 16;  // 16 threads a q_t row, 16 rows a pass
+    const int64_t r = r0 + rv;
+    for (int cc = cc0; cc < kTile; cc += kThreads / 16) {
+      const int64_t c = c0 + cc;
+      if (c < cols && r < rows_pad)
+        *reinterpret_cast<unsigned*>(q_t + c * rows_pad + r) = *reinterpret_cast<const unsigned*>(&tile[cc][rv]);
+    }
+    __syncthreads();  // the tile is refilled next
   }
   release_amax(amax_bits, done);
 }
@@ -179,8 +188,9 @@ void launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t s) {
   const bool vec = aligned16(p.x) && (p.q == nullptr || aligned8(p.q));
   const bf16* x = static_cast<const bf16*>(p.x);
   if (p.q_t != nullptr) {  // both codes from one read of x
-    QT_CHECK(ceil_div(p.rows_pad, kTile) <= 65535, "quantize_fp8: ", p.rows_pad, " rows exceed the transposed cast's grid");
-    const dim3 tgrid(unsigned(ceil_div(p.cols, kTile)), unsigned(ceil_div(p.rows_pad, kTile)));
+    // Every block adds to the release counter: a wave of blocks looping over the tiles keeps that
+    // to one atomic per block (a block per tile made the counter the bottleneck).
+    const unsigned tgrid = unsigned(std::min<int64_t>(ceil_div(p.cols, kTile) * ceil_div(p.rows_pad, kTile), kCastBlocks));
     const bool tvec = p.cols % 8 == 0 && p.rows_pad % 4 == 0 && aligned16(p.x) && aligned8(p.q) && aligned16(p.q_t);
     if (tvec) {
       fp8_cast_t_vec_kernel<<<tgrid, kThreads, 0, s>>>(static_cast<uint8_t*>(p.q_t), static_cast<uint8_t*>(p.q),
@@ -192,7 +202,7 @@ void launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t s) {
       QT_LAUNCH_CHECK("fp8_cast_t_kernel");
     }
   } else {
-    fp8_cast_kernel<<<grid_for(vec ? n / 8 + 1 : n, kThreads), kThreads, 0, s>>>(static_cast<uint8_t*>(p.q),
+    fp8_cast_kernel<<<std::min(grid_for(vec ? n / 8 + 1 : n, kThreads), unsigned(kCastBlocks)), kThreads, 0, s>>>(static_cast<uint8_t*>(p.q),
                                                                                   p.scale_inv, x, amax, p.done, n, vec);
     QT_LAUNCH_CHECK("fp8_cast_kernel");
   }

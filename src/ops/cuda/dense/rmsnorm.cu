@@ -140,7 +140,7 @@ void rmsnorm_bwd_launch(void* dx, bool accumulate_dx, void* dz, float* partials,
 }  // namespace
 
 void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
-                            int64_t cols, float eps, NormKind kind, cudaStream_t s) {
+                            int64_t cols, float eps, NormKind kind, float* amax, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
   const bool vec = cols % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(w) && (z == nullptr || aligned16(z));
   const unsigned grid = static_cast<unsigned>(ceil_div(rows, kFwdWarps));
@@ -148,10 +148,12 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
   const auto* zb = static_cast<const bf16*>(z);
   const auto* wb = static_cast<const bf16*>(w);
   auto* yb = static_cast<bf16*>(y);
+  bool fused = false;  // the amax folded in by the kernel (the wide rows), else by a pass after it
   if (vec && narrow_lanes(cols) > 0) {
     rmsnorm_narrow_forward(y, rstd, x, z, w, rows, cols, eps, kind, s);
   } else if (const int nv = vec ? wide_nv(cols) : 0; nv > 0) {
-    rmsnorm_wide_forward(nv, y, rstd, x, z, w, rows, cols, eps, kind, s);
+    rmsnorm_wide_forward(nv, y, rstd, x, z, w, rows, cols, eps, kind, reinterpret_cast<unsigned*>(amax), s);
+    fused = true;
   } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_fwd_kernel<8, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
     else rmsnorm_fwd_kernel<1, NormKind::OnePlusW><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
@@ -160,6 +162,7 @@ void launch_rmsnorm_forward(void* y, float* rstd, const void* x, const void* z, 
     else rmsnorm_fwd_kernel<1, NormKind::Gated><<<grid, kFwdWarps * 32, 0, s>>>(yb, rstd, xb, zb, wb, rows, cols, eps);
   }
   QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_forward" : "gated_rmsnorm_forward");
+  if (amax != nullptr && !fused) launch_amax_fold(reinterpret_cast<unsigned*>(amax), y, rows * cols, s);
 }
 
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols) {
@@ -168,11 +171,13 @@ size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t cols) {
 
 void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, bool dw_f32, const void* dy,
                              const void* x, const void* z, const void* w, const float* rstd, int64_t rows,
-                             int64_t cols, NormKind kind, void* ws, cudaStream_t s) {
+                             int64_t cols, NormKind kind, void* ws, float* amax_dx, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
   QT_CHECK(dw == nullptr || cols <= 12288, "rmsnorm_backward: cols ", cols, " exceeds the CUDA kernel's 12288");
   const bool vec = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) &&
                    (dx == nullptr || aligned16(dx)) && (z == nullptr || aligned16(z)) && (dz == nullptr || aligned16(dz));
+  QT_CHECK(amax_dx == nullptr || dx != nullptr, "rmsnorm_backward: an amax of dx without dx");
+  bool fused = false;  // the amax folded in by the kernel (the ring), else by a pass after it
   int64_t blocks = bwd_blocks(rows);
   float* partials = dw != nullptr ? static_cast<float*>(ws) : nullptr;
   // Gated keeps z in registers too: its wide-row path stops at NV 4 (1024 columns).
@@ -181,7 +186,7 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
     rmsnorm_narrow_backward(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, kind, s);
   } else if (nv > 0 && (kind == NormKind::OnePlusW ? nv <= kRingMaxNv : nv <= 4)) {
     blocks = rmsnorm_wide_backward(nv, blocks, dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols,
-                                   kind, s);
+                                   kind, reinterpret_cast<unsigned*>(amax_dx), &fused, s);
   } else if (kind == NormKind::OnePlusW) {
     if (vec) rmsnorm_bwd_launch<8, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
     else rmsnorm_bwd_launch<1, NormKind::OnePlusW>(dx, accumulate_dx, dz, partials, dy, x, z, w, rstd, rows, cols, blocks, s);
@@ -191,6 +196,7 @@ void launch_rmsnorm_backward(void* dx, bool accumulate_dx, void* dz, void* dw, b
   }
   QT_LAUNCH_CHECK(kind == NormKind::OnePlusW ? "rmsnorm_backward" : "gated_rmsnorm_backward");
   if (dw != nullptr) launch_column_reduce(dw, dw_f32, partials, blocks, cols, cols, s);
+  if (amax_dx != nullptr && !fused) launch_amax_fold(reinterpret_cast<unsigned*>(amax_dx), dx, rows * cols, s);
 }
 
 }  // namespace qt::cuda

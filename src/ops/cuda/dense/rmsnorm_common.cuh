@@ -60,11 +60,13 @@ constexpr int kRingMaxNv = 10;
 // rmsnorm_wide.cu: one warp per row, nv = wide_nv(cols) > 0. The backward takes the ring kernel
 // for (1+w) (nv <= kRingMaxNv) and the register kernel for the gated norm (nv <= 4); it returns the
 // number of partial rows written (blocks when nothing was launched).
+// amax (optional): max|y| (forward) or max|dx| (the ring backward, which sets *amax_done) folded in.
 void rmsnorm_wide_forward(int nv, void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
-                          int64_t cols, float eps, NormKind kind, cudaStream_t s);
+                          int64_t cols, float eps, NormKind kind, unsigned* amax, cudaStream_t s);
 int64_t rmsnorm_wide_backward(int nv, int64_t blocks, void* dx, bool accumulate_dx, void* dz, float* partials,
                               const void* dy, const void* x, const void* z, const void* w, const float* rstd,
-                              int64_t rows, int64_t cols, NormKind kind, cudaStream_t s);
+                              int64_t rows, int64_t cols, NormKind kind, unsigned* amax, bool* amax_done,
+                              cudaStream_t s);
 // rmsnorm_narrow.cu: narrow_lanes(cols) > 0.
 void rmsnorm_narrow_forward(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
                             int64_t cols, float eps, NormKind kind, cudaStream_t s);

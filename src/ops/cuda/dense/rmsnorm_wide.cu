@@ -19,7 +19,8 @@ constexpr int kWideWarps = 4;
 // row): rstd and y = x rstd (1 + w) or w x rstd silu(z).
 template <int NV, NormKind KIND>
 __device__ __forceinline__ void norm_row_from_regs(const uint4 (&xr)[NV], bf16* y, float* rstd, const bf16* z,
-                                                   const bf16* w, int64_t row, int64_t cols, float eps, int lane) {
+                                                   const bf16* w, int64_t row, int64_t cols, float eps, int lane,
+                                                   unsigned* amax) {
   const int64_t cvec = cols / 8;
   float ss = 0.0f;
 #pragma unroll
@@ -33,14 +34,18 @@ __device__ __forceinline__ void norm_row_from_regs(const uint4 (&xr)[NV], bf16* 
   const float rs = 1.0f / sqrtf(ss / float(cols) + eps);
   if (lane == 0) rstd[row] = rs;
   uint4* yp = reinterpret_cast<uint4*>(y + row * cols);
+  unsigned m = 0;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int64_t i = lane + 32 * j;
     if (i >= cvec) break;
     float v[8];
     dev::unpack8(v, xr[j]);
-    yp[i] = norm_vec8<KIND>(v, rs, w, z + row * cols, i);
+    const uint4 out = norm_vec8<KIND>(v, rs, w, z + row * cols, i);
+    yp[i] = out;
+    m = max(m, dev::bf16x8_mag_bits(out));
   }
+  if (amax != nullptr) dev::fold_amax_warp(amax, m);
 }
 
 template <int NV, NormKind KIND>
@@ -48,7 +53,7 @@ __global__ void __launch_bounds__(kWideWarps * 32) rmsnorm_fwd_wide(bf16* __rest
                                                                      const bf16* __restrict__ x,
                                                                      const bf16* __restrict__ z,
                                                                      const bf16* __restrict__ w, int64_t rows,
-                                                                     int64_t cols, float eps) {
+                                                                     int64_t cols, float eps, unsigned* amax) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWideWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -60,7 +65,7 @@ __global__ void __launch_bounds__(kWideWarps * 32) rmsnorm_fwd_wide(bf16* __rest
     const int64_t i = lane + 32 * j;
     xr[j] = i < cvec ? xp[i] : make_uint4(0u, 0u, 0u, 0u);
   }
-  norm_row_from_regs<NV, KIND>(xr, y, rstd, z, w, row, cols, eps, lane);
+  norm_row_from_regs<NV, KIND>(xr, y, rstd, z, w, row, cols, eps, lane, amax);
 }
 
 // Residual add + (1+w) RMSNorm, wide-row layout: h = bf16(x + r) is formed in registers, stored,
@@ -70,7 +75,7 @@ __global__ void __launch_bounds__(kWideWarps * 32) rmsnorm_fwd_wide(bf16* __rest
 template <int NV>
 __global__ void __launch_bounds__(kWideWarps * 32) add_rmsnorm_fwd_wide(bf16* h, bf16* y, float* rstd, const bf16* x,
                                                                          const bf16* r, const bf16* w, int64_t rows,
-                                                                         int64_t cols, float eps) {
+                                                                         int64_t cols, float eps, unsigned* amax) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWideWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -93,7 +98,7 @@ __global__ void __launch_bounds__(kWideWarps * 32) add_rmsnorm_fwd_wide(bf16* h,
       hp[i] = hr[j];
     }
   }
-  norm_row_from_regs<NV, NormKind::OnePlusW>(hr, y, rstd, nullptr, w, row, cols, eps, lane);
+  norm_row_from_regs<NV, NormKind::OnePlusW>(hr, y, rstd, nullptr, w, row, cols, eps, lane, amax);
 }
 
 // smem (only with partials): kWideWarps x NV x 256 floats, each warp's dw partials (layout below).
@@ -218,10 +223,10 @@ void dispatch_wide(int nv, F&& f) {
 
 template <int NV, NormKind KIND>
 void rmsnorm_fwd_wide_launch(void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
-                             int64_t cols, float eps, cudaStream_t s) {
+                             int64_t cols, float eps, unsigned* amax, cudaStream_t s) {
   rmsnorm_fwd_wide<NV, KIND><<<static_cast<unsigned>(ceil_div(rows, kWideWarps)), kWideWarps * 32, 0, s>>>(
       static_cast<bf16*>(y), rstd, static_cast<const bf16*>(x), static_cast<const bf16*>(z),
-      static_cast<const bf16*>(w), rows, cols, eps);
+      static_cast<const bf16*>(w), rows, cols, eps, amax);
 }
 
 template <int NV, NormKind KIND>
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict_
                                                                const bf16* __restrict__ x,
                                                                const bf16* __restrict__ w,
                                                                const float* __restrict__ rstd, int64_t rows,
-                                                               int64_t cols) {
+                                                               int64_t cols, unsigned* amax) {
   extern __shared__ __align__(128) char rg_sm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t cvec = cols / 8;
@@ -317,6 +322,7 @@ __global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict_
   for (int j = 0; j < NV; ++j)
 #pragma unroll
     for (int k = 0; k < 8; ++k) dwr[j][k] = 0.0f;
+  unsigned m = 0;  // max |dx| over the warp's rows (the amax output)
   for (int64_t k = 0;; ++k) {
     const int64_t row = gw + k * GW;
     if (row >= rows) break;
@@ -366,9 +372,14 @@ __global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict_
         if (dx != nullptr && accumulate_dx) dxv[e] += old[e];
         dwr[j][e] += dv[e] * n;
       }
-      if (dx != nullptr) reinterpret_cast<uint4*>(dx + row * cols)[i] = dev::pack8(dxv);
+      if (dx != nullptr) {
+        const uint4 out = dev::pack8(dxv);
+        reinterpret_cast<uint4*>(dx + row * cols)[i] = out;
+        m = max(m, dev::bf16x8_mag_bits(out));
+      }
     }
   }
+  if (amax != nullptr) dev::fold_amax_warp(amax, m);
   if (partials == nullptr) return;
   // The warp's dw row into its own (drained) ring: column c at float c.
   float4* mine = reinterpret_cast<float4*>(rg_sm + rg_w_bytes<NV>() + size_t(warp) * D * stage);
@@ -391,7 +402,8 @@ __global__ void __launch_bounds__(NW * 32, 1) rmsnorm_bwd_ring(bf16* __restrict_
 
 template <int NV, int NW, int D>
 int64_t rmsnorm_bwd_ring_launch(void* dx, bool accumulate_dx, float* partials, const void* dy, const void* x,
-                                const void* w, const float* rstd, int64_t rows, int64_t cols, cudaStream_t s) {
+                                const void* w, const float* rstd, int64_t rows, int64_t cols, unsigned* amax,
+                                cudaStream_t s) {
   auto kernel = rmsnorm_bwd_ring<NV, NW, D>;
   const size_t smem = size_t(rg_w_bytes<NV>()) + size_t(NW) * D * (4 * size_t(cols) + 8);
   // One wave: blocks resident per SM at this shared-memory size (cached per size), at most
@@ -408,7 +420,7 @@ int64_t rmsnorm_bwd_ring_launch(void* dx, bool accumulate_dx, float* partials, c
   const int64_t blocks = std::min<int64_t>(bwd_blocks(rows), capacity);
   kernel<<<static_cast<unsigned>(blocks), NW * 32, smem, s>>>(
       static_cast<bf16*>(dx), accumulate_dx, partials, static_cast<const bf16*>(dy), static_cast<const bf16*>(x),
-      static_cast<const bf16*>(w), rstd, rows, cols);
+      static_cast<const bf16*>(w), rstd, rows, cols, amax);
   QT_LAUNCH_CHECK("rmsnorm_backward");
   return blocks;
 }
@@ -416,7 +428,7 @@ int64_t rmsnorm_bwd_ring_launch(void* dx, bool accumulate_dx, float* partials, c
 }  // namespace
 
 bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, const void* r, const void* w,
-                                int64_t rows, int64_t cols, float eps, cudaStream_t s) {
+                                int64_t rows, int64_t cols, float eps, float* amax_y, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return true;
   const bool vec = cols % 8 == 0 && aligned16(h) && aligned16(y) && aligned16(x) && aligned16(r) && aligned16(w);
   const int nv = vec ? wide_nv(cols) : 0;
@@ -429,32 +441,35 @@ bool launch_add_rmsnorm_forward(void* h, void* y, float* rstd, const void* x, co
   const auto* wb = static_cast<const bf16*>(w);
   dispatch_wide(nv, [&](auto c) {
     add_rmsnorm_fwd_wide<decltype(c)::value>
-        <<<grid, kWideWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps);
+        <<<grid, kWideWarps * 32, 0, s>>>(hb, yb, rstd, xb, rb, wb, rows, cols, eps,
+                                          reinterpret_cast<unsigned*>(amax_y));
   });
   QT_LAUNCH_CHECK("add_rmsnorm_forward");
   return true;
 }
 
 void rmsnorm_wide_forward(int nv, void* y, float* rstd, const void* x, const void* z, const void* w, int64_t rows,
-                          int64_t cols, float eps, NormKind kind, cudaStream_t s) {
+                          int64_t cols, float eps, NormKind kind, unsigned* amax, cudaStream_t s) {
   dispatch_wide(nv, [&](auto c) {
     constexpr int NV = decltype(c)::value;
     if (kind == NormKind::OnePlusW)
-      rmsnorm_fwd_wide_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, s);
+      rmsnorm_fwd_wide_launch<NV, NormKind::OnePlusW>(y, rstd, x, z, w, rows, cols, eps, amax, s);
     else
-      rmsnorm_fwd_wide_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, s);
+      rmsnorm_fwd_wide_launch<NV, NormKind::Gated>(y, rstd, x, z, w, rows, cols, eps, amax, s);
   });
 }
 
 int64_t rmsnorm_wide_backward(int nv, int64_t blocks, void* dx, bool accumulate_dx, void* dz, float* partials,
                               const void* dy, const void* x, const void* z, const void* w, const float* rstd,
-                              int64_t rows, int64_t cols, NormKind kind, cudaStream_t s) {
+                              int64_t rows, int64_t cols, NormKind kind, unsigned* amax, bool* amax_done,
+                              cudaStream_t s) {
   if (kind == NormKind::OnePlusW) {
     // The ring kernel, 8 warps x 2 row stages per block (3 stages, or 6 warps x 4, measured slower).
     dispatch_wide(nv, [&](auto c) {
       constexpr int NV = decltype(c)::value;
       if constexpr (NV <= kRingMaxNv)
-        blocks = rmsnorm_bwd_ring_launch<NV, 8, 2>(dx, accumulate_dx, partials, dy, x, w, rstd, rows, cols, s);
+        blocks = rmsnorm_bwd_ring_launch<NV, 8, 2>(dx, accumulate_dx, partials, dy, x, w, rstd, rows, cols, amax, s);
+      *amax_done = true;
     });
   } else {
     dispatch_wide(nv, [&](auto c) {
