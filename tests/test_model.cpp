@@ -280,6 +280,17 @@ TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
   const int64_t sel = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Selective);
   const int64_t full = fixed + activation_bytes(cfg, DType::BF16, T, Checkpointing::Full);
   EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, sel + 2 * mib), Checkpointing::Selective);
+  {  // fp8 counts its codes: where bf16 just fits none, fp8 takes the policy that fits with them.
+    const int64_t none_fp8 = need_none + 2 * mib + fp8_codes_bytes(cfg, T, Checkpointing::None, false, false);
+    EXPECT_GT(fp8_codes_bytes(cfg, T, Checkpointing::None, false, false),
+              fp8_codes_bytes(cfg, T, Checkpointing::Full, false, false));  // the kept input codes
+    EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, need_none + 2 * mib), Checkpointing::None);
+    EXPECT_NE(choose_checkpointing_within(cfg, DType::BF16, T, state, need_none + 2 * mib, nullptr, -1, 0,
+                                          Precision::FP8),
+              Checkpointing::None);
+    EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, none_fp8, nullptr, -1, 0, Precision::FP8),
+              Checkpointing::None);
+  }
   EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, full + 2 * mib), Checkpointing::Full);
   EXPECT_ERROR_CONTAINS([&] { choose_checkpointing_within(cfg, DType::BF16, T, state, full - 2 * mib); },
                         "does not fit on this device", "full needs", "MiB free");
@@ -342,6 +353,7 @@ TEST(ModelPrecision, Fp8StepTracksFp32) {
     Qwen35Model model(cfg, be, row.num_tokens(), c);
     model.set_precision(p);
     EXPECT_EQ(model.precision(), p);
+    EXPECT_EQ(model.memory_plan().fp8, p == Precision::FP8 ? fp8_codes_bytes(cfg, row.num_tokens(), c, false, false) : 0);
     EXPECT_EQ(model.memory_plan().fp8 > 0, p == Precision::FP8);
     for (size_t i = 0; i < model.specs().size(); ++i) {
       std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));

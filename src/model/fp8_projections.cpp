@@ -67,6 +67,25 @@ void Fp8Projections::allocate() {
   x_codes_ = planned(DType::F8E4M3, {Tp * widest_k_});
   dy_codes_ = planned(DType::F8E4M3, {Tp * widest_n_});
   dy_codes_t_ = planned(DType::F8E4M3, {Tp * widest_n_});
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  std::vector<int64_t> widths;
+  for (const Weight& w : w_) shapes.push_back({w.N, w.K});
+  for (const Slot& sl : slots_) widths.push_back(sl.K);
+  QT_CHECK(bytes_ == bytes_for(max_tokens_, shapes, widths), "Fp8Projections::bytes_for is out of step with allocate()");
+}
+
+int64_t Fp8Projections::bytes_for(int64_t max_tokens, const std::vector<std::pair<int64_t, int64_t>>& weights,
+                                  const std::vector<int64_t>& slot_widths) {
+  int64_t b = ((static_cast<int64_t>(weights.size() + slot_widths.size()) + 2) * kScaleStride + int64_t(kTaps)) * 4;
+  int64_t widest_n = 0, widest_k = 0;
+  for (const auto& [N, K] : weights) {
+    b += 2 * N * K;
+    widest_n = std::max(widest_n, N);
+    widest_k = std::max(widest_k, K);
+  }
+  const int64_t Tp = pad16(max_tokens);
+  for (const int64_t K : slot_widths) b += K * Tp;
+  return b + Tp * (widest_k + 2 * widest_n);
 }
 
 Tensor Fp8Projections::view(const Tensor& buf, const Shape& shape) const {

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/backend.h"
@@ -43,6 +44,9 @@ class Fp8Projections {
   int add_slot(int64_t K);
   void allocate();
   int64_t bytes() const { return bytes_; }
+  // What allocate() takes for these weights ([N, K] each) and kept input widths at max_tokens.
+  static int64_t bytes_for(int64_t max_tokens, const std::vector<std::pair<int64_t, int64_t>>& weights,
+                           const std::vector<int64_t>& slot_widths);
   // The codes and scale of weight `id` from w (bf16 on the device).
   void quantize_weight(int id, const Tensor& w);
   // The amax word of `t` for its producer's amax output; a quantize with the same tap reads and

@@ -196,7 +196,7 @@ std::optional<Checkpointing> checkpointing_from_name(const std::string& name) {
 }
 
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
-                                   std::string* why, int64_t trained_params, int zero3_world) {
+                                   std::string* why, int64_t trained_params, int zero3_world, Precision precision) {
   const int64_t free_bytes = backend.free_memory_bytes();
   if (free_bytes < 0) {
     if (why != nullptr) *why = "host memory: none";
@@ -207,7 +207,7 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   const int64_t kept = backend.gdn_state_bytes(gd, max_tokens, max_seqs, gdn_keep_for(Checkpointing::None, backend.gdn_prefers_prep(gd)));
   return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens,
                                      gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why, trained_params,
-                                     zero3_world);
+                                     zero3_world, precision);
 }
 
 GdnKeep gdn_keep_for(Checkpointing ckpt, bool prefers_prep) {
@@ -225,7 +225,7 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes) {
 
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
                                           int64_t free_bytes, std::string* why, int64_t trained_params,
-                                          int zero3_world) {
+                                          int zero3_world, Precision precision) {
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
   // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
   // LoRA: the frozen base takes only its weights; the adapters weights, gradients and AdamW state.
@@ -238,6 +238,7 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
     int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
     if (c == Checkpointing::None) need += gdn_state_bytes;
+    if (precision == Precision::FP8) need += fp8_codes_bytes(cfg, max_tokens, c, zero3_world > 0, trained_params >= 0);
     detail += str(detail.empty() ? "" : ", ", checkpointing_name(c), " needs ", need >> 20, " MiB");
     if (need <= free_bytes) {
       if (why != nullptr) *why = str(detail, " of ", free_bytes >> 20, " MiB free: ", checkpointing_name(c));
@@ -595,48 +596,81 @@ ParamRole Qwen35Model::input_proj_role(int l) const {
                                                                                : ParamRole::AttnQProj;
 }
 
-void Qwen35Model::set_precision(Precision precision) {
-  QT_CHECK(fp8_ == nullptr, "set_precision: already set");
-  if (precision == Precision::BF16) return;
-  fp8_ = std::make_unique<Fp8Projections>(be_, max_tokens_);
-  fp8_per_use_ = shards_ != nullptr;
-  fp8_ids_.assign(static_cast<size_t>(cfg_.num_hidden_layers), std::vector<int>(kNumRoles, -1));
-  std::vector<int> shared(kNumRoles, -1);  // per use: one set of codes per role, every layer's
-  std::string skipped;
-  for (const ParamSpec& s : base_specs_) {
+namespace {
+// Which codes train.precision fp8 allocates (Fp8Projections): weights [N, K] by id, each layer's
+// role -> id (-1: bf16), kept input widths by slot, each layer's Fp8Feed -> slot. per_use (ZeRO-3):
+// one set of weight codes per role, written at each layer's use.
+struct Fp8Plan {
+  std::vector<std::pair<int64_t, int64_t>> weights;
+  std::vector<int64_t> slot_widths;
+  std::vector<std::vector<int>> ids, slots;
+  std::string skipped;  // the first projection off the FP8 layouts
+};
+
+Fp8Plan plan_fp8(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Checkpointing ckpt, bool per_use,
+                 bool frozen) {
+  Fp8Plan p;
+  const auto layers = static_cast<size_t>(cfg.num_hidden_layers);
+  p.ids.assign(layers, std::vector<int>(kNumRoles, -1));
+  std::vector<int> shared(kNumRoles, -1);
+  for (const ParamSpec& s : specs) {
     if (s.layer < 0 || !runs_fp8(s.role)) continue;
     const int64_t N = s.shape[0], K = s.shape[1];
     if (!Fp8Projections::eligible(N, K)) {
-      if (skipped.empty()) skipped = str(s.name, " [", N, ", ", K, "]");
+      if (p.skipped.empty()) p.skipped = str(s.name, " [", N, ", ", K, "]");
       continue;
     }
-    int& id = fp8_ids_[static_cast<size_t>(s.layer)][static_cast<int>(s.role)];
+    int& id = p.ids[static_cast<size_t>(s.layer)][static_cast<int>(s.role)];
     int& sh = shared[static_cast<size_t>(s.role)];
-    id = fp8_per_use_ && sh >= 0 ? sh : fp8_->add(N, K);
-    if (fp8_per_use_) sh = id;
+    if (per_use && sh >= 0) {
+      id = sh;
+      continue;
+    }
+    p.weights.push_back({N, K});
+    id = static_cast<int>(p.weights.size()) - 1;
+    if (per_use) sh = id;
   }
-  QT_CHECK(skipped.empty(), "train.precision fp8: ", skipped,
-           " has a dimension that is not a multiple of 16 (the FP8 GEMM layouts); use bf16 for this model");
   // The wgrad's transposed input codes, written by the forward with the row-major ones (one read of
   // each input instead of a second pass): kept per layer unless full checkpointing recomputes the
-  // layer anyway; none for LoRA's frozen projections (no wgrad).
-  if (ckpt_ != Checkpointing::Full && !lora_) {
-    const AttnDims ad = attn_dims(cfg_);
-    fp8_slots_.assign(static_cast<size_t>(cfg_.num_hidden_layers),
-                      std::vector<int>(static_cast<size_t>(Fp8Feed::kCount), -1));
-    for (int l = 0; l < static_cast<int>(cfg_.num_hidden_layers); ++l) {
-      const bool gdn = cfg_.layer_types[static_cast<size_t>(l)] == LayerKind::GatedDeltaNet;
-      const int64_t mix = gdn ? cfg_.value_dim() : ad.num_q_heads * ad.head_dim;
-      const std::pair<Fp8Feed, std::pair<ParamRole, int64_t>> feeds[] = {
-          {Fp8Feed::In, {gdn ? ParamRole::GdnInProjQkv : ParamRole::AttnQProj, cfg_.hidden_size}},
-          {Fp8Feed::Mix, {gdn ? ParamRole::GdnOutProj : ParamRole::AttnOProj, mix}},
-          {Fp8Feed::Hn, {ParamRole::MlpGate, cfg_.hidden_size}},
-          {Fp8Feed::Act, {ParamRole::MlpDown, cfg_.intermediate_size}}};
-      for (const auto& [feed, use] : feeds)
-        if (fp8_id(use.first, l) >= 0)
-          fp8_slots_[static_cast<size_t>(l)][static_cast<size_t>(feed)] = fp8_->add_slot(use.second);
+  // layer anyway; none for frozen projections (LoRA: no wgrad).
+  if (ckpt == Checkpointing::Full || frozen) return p;
+  const AttnDims ad = attn_dims(cfg);
+  p.slots.assign(layers, std::vector<int>(4, -1));
+  for (size_t l = 0; l < layers; ++l) {
+    const bool gdn = cfg.layer_types[l] == LayerKind::GatedDeltaNet;
+    const int64_t mix = gdn ? cfg.value_dim() : ad.num_q_heads * ad.head_dim;
+    // Fp8Feed order: xn, the mixer's gated output, hn, act; by the projection that reads each first.
+    const std::pair<ParamRole, int64_t> feeds[] = {{gdn ? ParamRole::GdnInProjQkv : ParamRole::AttnQProj, cfg.hidden_size},
+                                                   {gdn ? ParamRole::GdnOutProj : ParamRole::AttnOProj, mix},
+                                                   {ParamRole::MlpGate, cfg.hidden_size},
+                                                   {ParamRole::MlpDown, cfg.intermediate_size}};
+    for (size_t f = 0; f < 4; ++f) {
+      if (p.ids[l][static_cast<int>(feeds[f].first)] < 0) continue;
+      p.slot_widths.push_back(feeds[f].second);
+      p.slots[l][f] = static_cast<int>(p.slot_widths.size()) - 1;
     }
   }
+  return p;
+}
+}  // namespace
+
+int64_t fp8_codes_bytes(const ModelConfig& cfg, int64_t max_tokens, Checkpointing ckpt, bool sharded, bool frozen) {
+  const Fp8Plan p = plan_fp8(cfg, param_table(cfg), ckpt, sharded, frozen);
+  return p.weights.empty() ? 0 : Fp8Projections::bytes_for(max_tokens, p.weights, p.slot_widths);
+}
+
+void Qwen35Model::set_precision(Precision precision) {
+  QT_CHECK(fp8_ == nullptr, "set_precision: already set");
+  if (precision == Precision::BF16) return;
+  fp8_per_use_ = shards_ != nullptr;
+  Fp8Plan plan = plan_fp8(cfg_, base_specs_, ckpt_, fp8_per_use_, lora_);
+  QT_CHECK(plan.skipped.empty(), "train.precision fp8: ", plan.skipped,
+           " has a dimension that is not a multiple of 16 (the FP8 GEMM layouts); use bf16 for this model");
+  fp8_ = std::make_unique<Fp8Projections>(be_, max_tokens_);
+  for (const auto& [N, K] : plan.weights) fp8_->add(N, K);  // ids in plan order
+  for (const int64_t K : plan.slot_widths) fp8_->add_slot(K);
+  fp8_ids_ = std::move(plan.ids);
+  fp8_slots_ = std::move(plan.slots);
   fp8_->allocate();
   plan_.fp8 = fp8_->bytes();
 }

@@ -20,7 +20,8 @@ struct TrainStep::GraphState {
 };
 
 Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig& cfg, const Backend& backend,
-                                    int64_t tokens_per_row, int max_seqs, int64_t trained_params, int zero3_world) {
+                                    int64_t tokens_per_row, int max_seqs, int64_t trained_params, int zero3_world,
+                                    Precision precision) {
   if (policy != "auto") {
     const std::optional<Checkpointing> c = checkpointing_from_name(policy);
     QT_CHECK(c.has_value(), "activation checkpointing '", policy, "' is not auto, none, selective or full");
@@ -28,7 +29,8 @@ Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig
     return *c;
   }
   std::string why;
-  const Checkpointing c = choose_checkpointing(cfg, backend, tokens_per_row, max_seqs, &why, trained_params, zero3_world);
+  const Checkpointing c =
+      choose_checkpointing(cfg, backend, tokens_per_row, max_seqs, &why, trained_params, zero3_world, precision);
   log_info("activation checkpointing (auto): ", why);
   return c;
 }
