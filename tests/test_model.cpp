@@ -434,6 +434,11 @@ TEST(ModelPrecision, Fp8TapsAndKeptCodesMatchThePasses) {
   f.forget_inputs();
   const Tensor word = f.tap(Fp8Tap::Act);
   EXPECT_ERROR_CONTAINS([&] { f.tap(Fp8Tap::Act); }, "amax of act", "taken again");
+  *word.ptr<float>() = 123.0f;  // a pass that failed before its quantize
+  f.reset_taps();
+  EXPECT_FALSE(f.tap_pending(Fp8Tap::Act));
+  EXPECT_EQ(*word.ptr<float>(), 0.0f);
+  EXPECT_EQ(f.tap(Fp8Tap::Act).data, word.data);
   *word.ptr<float>() = amax_of(x);  // what the producer's amax output leaves
   f.forward(y_tap, x, id, {Fp8Tap::Act, slot, true});
   EXPECT_FALSE(f.tap_pending(Fp8Tap::Act));

@@ -105,6 +105,14 @@ Tensor Fp8Projections::tap(Fp8Tap t) {
   return Tensor(amax_.ptr<float>() + static_cast<int64_t>(t), DType::F32, {1}, amax_.device);
 }
 
+void Fp8Projections::reset_taps() {
+  for (size_t i = 0; i < kTaps; ++i) {
+    if (!pending_[i]) continue;
+    be_.zero(Tensor(amax_.ptr<float>() + static_cast<int64_t>(i), DType::F32, {1}, amax_.device));
+    pending_[i] = false;
+  }
+}
+
 Tensor Fp8Projections::take(Fp8Tap t) {
   if (t == Fp8Tap::None) return Tensor();
   bool& p = pending_[static_cast<size_t>(t)];

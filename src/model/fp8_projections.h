@@ -52,6 +52,9 @@ class Fp8Projections {
   // The amax word of `t` for its producer's amax output; a quantize with the same tap reads and
   // resets it. Taking a tap that no quantize has read since is an error (it would widen the scale).
   Tensor tap(Fp8Tap t);
+  // A pass that stopped between a tap and its quantize (an error) left the word filled: zero the
+  // pending ones (a memset each, nothing when none is pending) before the next pass.
+  void reset_taps();
   // Whether `t` was taken and no quantize has read it yet.
   bool tap_pending(Fp8Tap t) const { return t != Fp8Tap::None && pending_[static_cast<size_t>(t)]; }
   // The input's codes are kept for the next call with the same x (the projections that share an

@@ -1070,6 +1070,7 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
                                           const Tensor* loss_dev) {
   dropout_active_ = backward && lora_ && lora_spec_.dropout > 0;  // training passes only (not eval)
   pass_backward_ = backward;
+  if (fp8_) fp8_->reset_taps();
   forward_layers(T);
   const bool tied = cfg_.tie_word_embeddings;
   zero3_gather(tied ? WeightShards::kEmbed : WeightShards::kHead, false);  // the layers reused the embedding's buffer
