@@ -493,7 +493,7 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   be.quantize_fp8(wq, Tensor(), ws, w, Tensor());
   EXPECT_FLOAT_EQ(xs.ptr<float>()[0], 3.0f / 448.0f);
   EXPECT_FLOAT_EQ(ws.ptr<float>()[0], 0.5f / 448.0f);
-  be.linear_fp8(y, xq, xs, wq, ws, false);
+  be.linear_fp8(y, xq, xs, wq, ws, false, false);
   // w's values are exact in e4m3 after scaling, x's (integers times 448 / 3) are not: the product
   // stays within e4m3's rounding of x (2^-4 relative per term; mag / 8 leaves a factor of 2).
   for (int64_t t = 0; t < T; ++t)
@@ -528,7 +528,7 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   // Bad shapes and dtypes are named.
   Tensor wq_bad = be.alloc(DType::F8E4M3, {8, 24}), xq_bad = be.alloc(DType::F8E4M3, {T, 24});
   try {
-    be.linear_fp8(y, xq_bad, xs, wq_bad, ws, false);
+    be.linear_fp8(y, xq_bad, xs, wq_bad, ws, false, false);
     FAIL() << "K = 24 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("linear_fp8"), std::string::npos) << e.what();
@@ -537,7 +537,7 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   // A scale pointer only 4-byte aligned is refused by name (cuBLASLt would answer NOT_SUPPORTED).
   Tensor two = be.alloc(DType::F32, {8});
   const Tensor off(two.ptr<float>() + 1, DType::F32, {1}, two.device);
-  EXPECT_ERROR_CONTAINS([&] { be.linear_fp8(y, xq, off, wq, ws, false); }, "x_scale_inv must be 16-byte aligned");
+  EXPECT_ERROR_CONTAINS([&] { be.linear_fp8(y, xq, off, wq, ws, false, false); }, "x_scale_inv must be 16-byte aligned");
 }
 
 }  // namespace

@@ -149,10 +149,8 @@ class OpsTest : public ::testing::Test {
     return out;
   }
 
-  // Compares an output against the CPU reference with the precision-derived tolerance.
-  void expect_close(const char* what, const Pair& p, double k = 2.0) {
-    SCOPED_TRACE(what);
-    // Guard region untouched.
+  // An output's guard region is untouched.
+  void expect_guards(const char* what, const Pair& p) {
     if (p.output) {
       const size_t n = static_cast<size_t>(p.gpu.numel()), es = dtype_size(p.gpu.dtype);
       std::vector<uint8_t> raw((n + kGuard) * es);
@@ -169,6 +167,12 @@ class OpsTest : public ::testing::Test {
         }
       }
     }
+  }
+
+  // Compares an output against the CPU reference with the precision-derived tolerance.
+  void expect_close(const char* what, const Pair& p, double k = 2.0) {
+    SCOPED_TRACE(what);
+    expect_guards(what, p);
     const std::vector<float> got = download(p.gpu);
     const float* ref = p.cpu.ptr<float>();
     double err = 0, err_bf16 = 0, ref_max = 0;
@@ -294,7 +298,7 @@ TEST_F(OpsTest, Linear) {
 TEST_F(OpsTest, Fp8QuantizeAndLinear) {
   QT_REQUIRE_GPU();
   for (int64_t T : kTokens) {
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 208}, {200, 96}, {8, 16}}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 208}, {200, 96}, {8, 16}, {48, 4096}}) {
       SCOPED_TRACE("T " + std::to_string(T) + " N " + std::to_string(N) + " K " + std::to_string(K));
       const float xr = T == 7 ? 1e-3f : 3.0f;  // 1e-3: below e4m3's normal range unless scaled
       Pair x = input({T, K}, -xr, xr), w = input({N, K}, -0.05f, 0.05f);
@@ -365,9 +369,35 @@ TEST_F(OpsTest, Fp8QuantizeAndLinear) {
         }
       }
       Pair y = output({T, N});
-      g_->linear_fp8(y.gpu, xq, xs.gpu, wq, ws.gpu, false);
-      c_->linear_fp8(y.cpu, xq_c, xs.cpu, wq_c, ws.cpu, false);
+      g_->linear_fp8(y.gpu, xq, xs.gpu, wq, ws.gpu, false, false);
+      c_->linear_fp8(y.cpu, xq_c, xs.cpu, wq_c, ws.cpu, false, false);
       expect_close("y (fp8 codes)", y);
+      {
+        // Fast accumulation (the forward's recipe) sums the same codes in the FP8 tensor cores' own
+        // reduced precision: each element within 2^-7 of sum |x||w| (DeepSeek-V3 reports ~2^-6
+        // relative at K = 4096), the whole within 2^-8 rms of the fp32-accumulated product (bf16's
+        // half ulp); guards as everywhere.
+        Pair yf = output({T, N});
+        g_->linear_fp8(yf.gpu, xq, xs.gpu, wq, ws.gpu, false, true);
+        const std::vector<float> fast = download(yf.gpu);
+        const float* want = y.cpu.ptr<float>();
+        const float* xv = x.cpu.ptr<float>();
+        const float* wv = w.cpu.ptr<float>();
+        double err2 = 0, ref2 = 0;
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t n = 0; n < N; ++n) {
+            double mag = 0;
+            for (int64_t k = 0; k < K; ++k) mag += std::fabs(double(xv[t * K + k]) * wv[n * K + k]);
+            const double d = double(fast[size_t(t * N + n)]) - want[t * N + n];
+            err2 += d * d;
+            ref2 += double(want[t * N + n]) * want[t * N + n];
+            ASSERT_LE(std::fabs(d), mag / 128 + std::fabs(want[t * N + n]) / 128 + 1e-30)
+                << "fast-accumulated y[" << t << ", " << n << "] = " << fast[size_t(t * N + n)] << ", fp32 sum "
+                << want[t * N + n];
+          }
+        EXPECT_LE(std::sqrt(err2), std::sqrt(ref2) / 256) << "fast accumulation's rms error";
+        expect_guards("y (fast accumulation)", yf);
+      }
       // Against the unquantized product.
       const std::vector<float> got = download(y.gpu);
       const float* xv = x.cpu.ptr<float>();
@@ -419,11 +449,11 @@ TEST_F(OpsTest, Fp8BackwardProducts) {
         for (DType out : {DType::BF16, DType::F32}) {
           SCOPED_TRACE(std::string(acc ? "accumulate " : "write ") + dtype_name(out));
           Pair dx = output({T, K}, out, acc), dw = output({N, K}, out, acc);
-          g_->linear_fp8(dx.gpu, dyq.g, dys.gpu, wq_t.g, ws.gpu, acc);
-          c_->linear_fp8(dx.cpu, dyq.c, dys.cpu, wq_t.c, ws.cpu, acc);
+          g_->linear_fp8(dx.gpu, dyq.g, dys.gpu, wq_t.g, ws.gpu, acc, false);
+          c_->linear_fp8(dx.cpu, dyq.c, dys.cpu, wq_t.c, ws.cpu, acc, false);
           expect_close("dx = dy W", dx);
-          g_->linear_fp8(dw.gpu, dyq_t.g, dys.gpu, xq_t.g, xs.gpu, acc);
-          c_->linear_fp8(dw.cpu, dyq_t.c, dys.cpu, xq_t.c, xs.cpu, acc);
+          g_->linear_fp8(dw.gpu, dyq_t.g, dys.gpu, xq_t.g, xs.gpu, acc, false);
+          c_->linear_fp8(dw.cpu, dyq_t.c, dys.cpu, xq_t.c, xs.cpu, acc, false);
           expect_close("dW = dy^T x", dw);
         }
       }
@@ -490,7 +520,7 @@ TEST_F(OpsTest, Fp8BadShapesNamed) {
   Tensor xq = g_->alloc(DType::F8E4M3, {4, 24}), wq = g_->alloc(DType::F8E4M3, {8, 24});
   g_->quantize_fp8(xq, Tensor(), s.gpu, x.gpu, Tensor());
   try {
-    g_->linear_fp8(y.gpu, xq, s.gpu, wq, s.gpu, false);
+    g_->linear_fp8(y.gpu, xq, s.gpu, wq, s.gpu, false, false);
     FAIL() << "K = 24 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();

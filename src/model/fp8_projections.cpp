@@ -163,7 +163,9 @@ void Fp8Projections::forward(const Tensor& y, const Tensor& x, int id, const Fp8
     slot = nullptr;
   }
   const Tensor scale = use_input(x, false, in.tap, slot);
-  be_.linear_fp8(y, view(x_codes_, {x.size(0), w.K}), scale, w.q, w.scale_inv, false);
+  // The forward accumulates in the tensor cores' fast mode (K is a layer width, at most a few
+  // thousand); dgrad and wgrad promote to fp32 (wgrad's K is the token count).
+  be_.linear_fp8(y, view(x_codes_, {x.size(0), w.K}), scale, w.q, w.scale_inv, false, true);
 }
 
 void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, int id,
@@ -180,7 +182,7 @@ void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& 
   const Tensor dy_scale = scale_word(1);
   const Tensor dyq = view(dy_codes_, {T, w.N}), dyq_t = view(dy_codes_t_, {w.N, Tp});
   be_.quantize_fp8(dgrad ? dyq : Tensor(), wgrad ? dyq_t : Tensor(), dy_scale, dy, dy_amax);
-  if (dgrad) be_.linear_fp8(dx, dyq, dy_scale, w.q_t, w.scale_inv, accumulate_dx);
+  if (dgrad) be_.linear_fp8(dx, dyq, dy_scale, w.q_t, w.scale_inv, accumulate_dx, false);
   if (!wgrad) return;
   QT_CHECK(x.ndim == 2 && x.size(0) == T && x.size(1) == w.K, "fp8 wgrad of [", w.N, ", ", w.K, "]: x is ",
            x.describe(), " for dy ", dy.describe());
@@ -188,11 +190,11 @@ void Fp8Projections::backward(const Tensor& dx, const Tensor& dw, const Tensor& 
     const Slot& s = slots_.at(static_cast<size_t>(x_slot));
     QT_CHECK(s.holds == (Input{x.data, T, w.K, true}), "fp8 wgrad of [", w.N, ", ", w.K,
              "]: the kept codes of its input were not written from ", x.describe(), " by this pass's forward");
-    be_.linear_fp8(dw, dyq_t, dy_scale, view(s.q_t, {w.K, Tp}), s.scale_inv, accumulate_dw);
+    be_.linear_fp8(dw, dyq_t, dy_scale, view(s.q_t, {w.K, Tp}), s.scale_inv, accumulate_dw, false);
     return;
   }
   const Tensor x_scale = use_input(x, true, Fp8Tap::None, nullptr);
-  be_.linear_fp8(dw, dyq_t, dy_scale, view(x_codes_, {w.K, Tp}), x_scale, accumulate_dw);
+  be_.linear_fp8(dw, dyq_t, dy_scale, view(x_codes_, {w.K, Tp}), x_scale, accumulate_dw, false);
 }
 
 }  // namespace qt

@@ -288,7 +288,7 @@ void CpuBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor& 
 }
 
 void CpuBackend::linear_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
-                            const Tensor& w_scale_inv, bool accumulate) {
+                            const Tensor& w_scale_inv, bool accumulate, bool /*fast_accum: fp32 here always*/) {
   const auto [T, N, K] = ops::check_linear_fp8("linear_fp8", y, xq, x_scale_inv, wq, w_scale_inv, DeviceKind::CPU);
   check_storage("linear_fp8", "y", y, F32);
   std::vector<float> xf(size_t(T * K)), wf(size_t(N * K));

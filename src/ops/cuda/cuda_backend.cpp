@@ -243,11 +243,12 @@ void CudaBackend::quantize_fp8(const Tensor& q, const Tensor& q_t, const Tensor&
 }
 
 void CudaBackend::linear_fp8(const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq,
-                             const Tensor& w_scale_inv, bool accumulate) {
+                             const Tensor& w_scale_inv, bool accumulate, bool fast_accum) {
   const auto [T, N, K] = ops::check_linear_fp8("linear_fp8", y, xq, x_scale_inv, wq, w_scale_inv, DeviceKind::CUDA);
   const bool y_f32 = check_grad("linear_fp8", "y", y, {T, N});
   cuda::GemmCall g{false, true, T, N, K, xq.data, K, wq.data, K, y.data, N, y_f32, accumulate ? 1.0f : 0.0f, 1.0f};
   g.fp8 = true;
+  g.fast_accum = fast_accum;
   g.a_scale = x_scale_inv.ptr<float>();
   g.b_scale = w_scale_inv.ptr<float>();
   gemm_.run(g, stream_, capturing());
