@@ -154,9 +154,9 @@ int main(int argc, char** argv) {
     double flops = 0, ms_fp8 = 0, ms_precise = 0, ms_bf16 = 0;
     for (const Proj& p : projs) {
       const int64_t shapes[3][3] = {{T, p.N, p.K}, {T, p.K, p.N}, {p.N, p.K, T}};  // M, N, K: fwd, dgrad, wgrad
-      for (const auto& sh : shapes) {
-        const bool fwd = &sh == &shapes[0];  // the recipe: fast accumulation in the forward only
-        const int64_t M = sh[0], N = sh[1], K = sh[2];
+      for (int s = 0; s < 3; ++s) {
+        const bool fwd = s == 0;  // the recipe: fast accumulation in the forward only
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         Tensor a = be.alloc(DType::BF16, {M, K}), b = be.alloc(DType::BF16, {N, K}), c = be.alloc(DType::BF16, {M, N});
         Tensor aq = be.alloc(DType::F8E4M3, {M, K}), bq = be.alloc(DType::F8E4M3, {N, K});
         Tensor as = be.alloc(DType::F32, {1}), bs = be.alloc(DType::F32, {1});
