@@ -393,6 +393,23 @@ int main(int argc, char** argv) {
     std::printf("  linear_ce chunk %lld rows: %.3f ms\n", static_cast<long long>(be.cross_entropy_chunk_rows(V, T)), ms);
     rows.push_back({"linear_ce_extra_gib", be.cross_entropy_workspace_bytes(V, T) / double(1 << 30), "GiB",
                     "workspace " + std::to_string(extra / double(1 << 30)) + " GiB (< 1 GiB goal)"});
+    // The FP8 head (train.fp8_lm_head) on the same shapes: its three products from codes, the
+    // e5m2 logit gradients and their transposes; the codes' quantize passes timed apart.
+    const int64_t Tp = (T + 15) / 16 * 16;
+    Fp8HeadCodes c{be.alloc(DType::F8E4M3, {T, H}), be.alloc(DType::F8E4M3, {H, Tp}), be.alloc(DType::F32, {64}),
+                   be.alloc(DType::F8E4M3, {V, H}), be.alloc(DType::F8E4M3, {H, V}), be.alloc(DType::F32, {64})};
+    c.h_scale_inv = Tensor(c.h_scale_inv.data, DType::F32, {1}, c.h_scale_inv.device);
+    c.w_scale_inv = Tensor(c.w_scale_inv.data, DType::F32, {1}, c.w_scale_inv.device);
+    Tensor sum = be.alloc(DType::F64, {1}), dw32 = be.alloc(DType::F32, {V, H});
+    const double q_ms = time_ms(be, [&] {
+      be.quantize_fp8(c.hq, c.hq_t, c.h_scale_inv, hidden, Tensor());
+      be.quantize_fp8(c.wq, c.wq_t, c.w_scale_inv, w, Tensor());
+    }, quick ? 2 : 5, 1);
+    const double ms8 = time_ms(be, [&] { be.linear_cross_entropy_fp8(sum, dh, dw32, Tensor(), c, targets, 1.0 / T, true); },
+                               quick ? 2 : 5, 1);
+    rows.push_back({"linear_ce_fp8_tflops", flops / (ms8 * 1e-3) / 1e12, "TFLOP/s",
+                    "bf16 head " + std::to_string(ms) + " ms, fp8 " + std::to_string(ms8) + " ms + its quantize passes " +
+                        std::to_string(q_ms) + " ms, same call"});
     be.reset_arena();
   }
 

@@ -2,6 +2,7 @@
 // attn_prep, attention gate, cross-entropy); the suites are described in cpu_ops_test_util.h.
 #include "cpu_ops_test_util.h"
 
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -481,6 +482,41 @@ TEST(Fp8E4M3, CodecRoundTripsRoundsToEvenAndSaturates) {
   EXPECT_EQ(fp8_scale_for_amax(0.0f), 1.0f);
 }
 
+TEST(Fp8E5M2, CodecRoundTripsRoundsToEvenAndSaturates) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = fp8_e5m2_to_float(uint8_t(c));
+    if ((c & 0x7F) > 0x7C) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      continue;
+    }
+    if ((c & 0x7F) == 0x7C) {  // infinity: saturates to the largest finite code
+      EXPECT_TRUE(std::isinf(v)) << c;
+      EXPECT_EQ(float_to_fp8_e5m2(v), uint8_t((c & 0x80) | 0x7B));
+      continue;
+    }
+    EXPECT_EQ(float_to_fp8_e5m2(v), uint8_t(c)) << "code " << c << " value " << v;
+    if ((c & 0x7F) < 0x7B) {
+      const float next = fp8_e5m2_to_float(uint8_t(c + 1)), mid = 0.5f * (v + next);
+      const uint8_t even = (c & 1) ? uint8_t(c + 1) : uint8_t(c);
+      EXPECT_EQ(float_to_fp8_e5m2(mid), even) << "midpoint of codes " << c << ", " << c + 1;
+      // Just above the midpoint rounds up, just below down.
+      EXPECT_EQ(float_to_fp8_e5m2(std::nextafter(mid, 2 * next)), uint8_t(c + 1)) << c;
+      EXPECT_EQ(float_to_fp8_e5m2(std::nextafter(mid, 0.0f)), uint8_t(c)) << c;
+    }
+  }
+  EXPECT_EQ(fp8_e5m2_to_float(0x7B), 57344.0f);
+  EXPECT_EQ(fp8_e5m2_to_float(0x01), std::ldexp(1.0f, -16));
+  EXPECT_EQ(fp8_e5m2_to_float(0x04), std::ldexp(1.0f, -14));
+  EXPECT_EQ(float_to_fp8_e5m2(1e9f), 0x7B);
+  EXPECT_EQ(float_to_fp8_e5m2(-60000.0f), 0xFB);
+  EXPECT_EQ(float_to_fp8_e5m2(-INFINITY), 0xFB);
+  EXPECT_EQ(float_to_fp8_e5m2(std::nanf("")), 0x7F);
+  EXPECT_EQ(float_to_fp8_e5m2(std::ldexp(1.0f, -18)), 0x00);  // a quarter step: to zero
+  EXPECT_EQ(float_to_fp8_e5m2(-0.0f), 0x80);
+  EXPECT_EQ(float_to_fp8_e5m2(1.0f), 0x3C);
+  EXPECT_EQ(float_to_fp8_e5m2(-0.7f), 0xBA);  // -0.75: 2 mantissa bits
+}
+
 TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   CpuBackend be;
   const int64_t T = 3, N = 8, K = 16;
@@ -538,6 +574,108 @@ TEST(Fp8E4M3, CpuQuantizeAndLinear) {
   Tensor two = be.alloc(DType::F32, {8});
   const Tensor off(two.ptr<float>() + 1, DType::F32, {1}, two.device);
   EXPECT_ERROR_CONTAINS([&] { be.linear_fp8(y, xq, off, wq, ws, false, false); }, "x_scale_inv must be 16-byte aligned");
+}
+
+// linear_cross_entropy_fp8 on the CPU reference: the loss is the fp32 head's on the decoded codes
+// (the same logits), the gradients lie within e5m2's rounding of the logits' gradient (each
+// |dl8 - dl| <= |dl| / 8 + 2^-17 grad_scale: half an ulp of 2 mantissa bits, or of the subnormal
+// step at the static scale 2^15) but differ from the fp32 ones; ignored rows get nothing; bad
+// shapes, scales and targets are named.
+TEST(Fp8E5M2, CpuLinearCrossEntropy) {
+  CpuBackend be;
+  be.set_cross_entropy_chunk_rows(8);  // three chunks, the last one short
+  const int64_t T = 21, V = 48, H = 32, Tp = 32;
+  const double gs = 0.37;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uh(-2.0f, 2.0f), uw(-0.5f, 0.5f);
+  Tensor h = be.alloc(DType::F32, {T, H}), w = be.alloc(DType::F32, {V, H}), tg = be.alloc(DType::I32, {T});
+  for (int64_t i = 0; i < T * H; ++i) h.ptr<float>()[i] = uh(rng);
+  for (int64_t i = 0; i < V * H; ++i) w.ptr<float>()[i] = uw(rng);
+  for (int64_t t = 0; t < T; ++t) tg.ptr<int32_t>()[t] = t % 5 == 3 ? -100 : int32_t(rng() % V);
+  Fp8HeadCodes c{be.alloc(DType::F8E4M3, {T, H}), be.alloc(DType::F8E4M3, {H, Tp}), be.alloc(DType::F32, {1}),
+                 be.alloc(DType::F8E4M3, {V, H}), be.alloc(DType::F8E4M3, {H, V}), be.alloc(DType::F32, {1})};
+  be.quantize_fp8(c.hq, c.hq_t, c.h_scale_inv, h, Tensor());
+  be.quantize_fp8(c.wq, c.wq_t, c.w_scale_inv, w, Tensor());
+  std::vector<double> hd(size_t(T * H)), wd(size_t(V * H));
+  for (size_t i = 0; i < hd.size(); ++i)
+    hd[i] = double(fp8_e4m3_to_float(static_cast<uint8_t*>(c.hq.data)[i])) * c.h_scale_inv.ptr<float>()[0];
+  for (size_t i = 0; i < wd.size(); ++i)
+    wd[i] = double(fp8_e4m3_to_float(static_cast<uint8_t*>(c.wq.data)[i])) * c.w_scale_inv.ptr<float>()[0];
+  // The exact loss and logits' gradient of the decoded operands, in double.
+  std::vector<double> dl(size_t(T * V), 0.0);
+  double want = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t y = tg.ptr<int32_t>()[t];
+    if (y < 0) continue;
+    std::vector<double> z(static_cast<size_t>(V), 0.0);
+    double mx = -1e300, sum = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      for (int64_t k = 0; k < H; ++k) z[size_t(v)] += hd[size_t(t * H + k)] * wd[size_t(v * H + k)];
+      mx = std::max(mx, z[size_t(v)]);
+    }
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[size_t(v)] - mx);
+    want += mx + std::log(sum) - z[size_t(y)];
+    for (int64_t v = 0; v < V; ++v) dl[size_t(t * V + v)] = gs * (std::exp(z[size_t(v)] - mx) / sum - (v == y ? 1 : 0));
+  }
+  Tensor sum = be.alloc(DType::F64, {1}), dh = be.alloc(DType::F32, {T, H}), dw = be.alloc(DType::F32, {V, H}),
+         tl = be.alloc(DType::F32, {T});
+  for (int64_t i = 0; i < V * H; ++i) dw.ptr<float>()[i] = 0.25f;  // accumulated onto
+  be.linear_cross_entropy_fp8(sum, dh, dw, tl, c, tg, gs, true);
+  EXPECT_NEAR(sum.ptr<double>()[0], want, 1e-5 * want);
+  const double u = gs * std::ldexp(1.0, -17);
+  double max_dh = 0, max_dw = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (tg.ptr<int32_t>()[t] < 0) {
+      EXPECT_EQ(tl.ptr<float>()[t], 0.0f);
+    }
+    for (int64_t k = 0; k < H; ++k) {
+      double exact = 0, bound = 1e-6;
+      for (int64_t v = 0; v < V; ++v) {
+        exact += dl[size_t(t * V + v)] * wd[size_t(v * H + k)];
+        bound += (std::fabs(dl[size_t(t * V + v)]) / 8 + u) * std::fabs(wd[size_t(v * H + k)]);
+      }
+      const double got = dh.ptr<float>()[t * H + k];
+      if (tg.ptr<int32_t>()[t] < 0) {
+        EXPECT_EQ(got, 0.0) << t;
+      }
+      EXPECT_NEAR(got, exact, bound) << "dhidden " << t << ", " << k;
+      max_dh = std::max(max_dh, std::fabs(got - exact));
+    }
+  }
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t k = 0; k < H; ++k) {
+      double exact = 0.25, bound = 1e-6;
+      for (int64_t t = 0; t < T; ++t) {
+        exact += dl[size_t(t * V + v)] * hd[size_t(t * H + k)];
+        bound += (std::fabs(dl[size_t(t * V + v)]) / 8 + u) * std::fabs(hd[size_t(t * H + k)]);
+      }
+      EXPECT_NEAR(dw.ptr<float>()[v * H + k], exact, bound) << "dw " << v << ", " << k;
+      max_dw = std::max(max_dw, std::fabs(dw.ptr<float>()[v * H + k] - exact));
+    }
+  EXPECT_GT(max_dh, 1e-5);  // the e5m2 gradient is not the exact one
+  EXPECT_GT(max_dw, 1e-5);
+  // Written, not accumulated: dw = the gradient alone; loss only: the same sum.
+  Tensor dw_set = be.alloc(DType::F32, {V, H});
+  be.linear_cross_entropy_fp8(sum, Tensor(), dw_set, Tensor(), c, tg, gs, false);
+  for (int64_t i = 0; i < V * H; ++i) EXPECT_NEAR(dw_set.ptr<float>()[i], dw.ptr<float>()[i] - 0.25f, 1e-5) << i;
+  be.linear_cross_entropy_fp8(sum, Tensor(), Tensor(), Tensor(), c, tg, gs, false);
+  EXPECT_NEAR(sum.ptr<double>()[0], want, 1e-5 * want);
+  // Bad input, by name.
+  Fp8HeadCodes bad = c;
+  bad.wq = be.alloc(DType::F8E4M3, {40, H});
+  EXPECT_ERROR_CONTAINS([&] { be.linear_cross_entropy_fp8(sum, dh, dw, tl, bad, tg, gs, true); },
+                        "linear_cross_entropy_fp8", "multiples of 16");
+  bad = c;
+  bad.hq_t = be.alloc(DType::F8E4M3, {H, T});
+  EXPECT_ERROR_CONTAINS([&] { be.linear_cross_entropy_fp8(sum, dh, dw, tl, bad, tg, gs, true); }, "hq_t");
+  Tensor two = be.alloc(DType::F32, {8});
+  bad = c;
+  bad.w_scale_inv = Tensor(two.ptr<float>() + 1, DType::F32, {1}, two.device);
+  EXPECT_ERROR_CONTAINS([&] { be.linear_cross_entropy_fp8(sum, dh, dw, tl, bad, tg, gs, true); },
+                        "w_scale_inv must be 16-byte aligned");
+  tg.ptr<int32_t>()[4] = int32_t(V);
+  EXPECT_ERROR_CONTAINS([&] { be.linear_cross_entropy_fp8(sum, dh, dw, tl, c, tg, gs, true); }, "targets[4] = 48");
+  EXPECT_ERROR_CONTAINS([&] { be.linear_cross_entropy_fp8(Tensor(), dh, dw, tl, c, tg, gs, true); }, "loss_sum");
 }
 
 }  // namespace

@@ -934,6 +934,89 @@ TEST_F(OpsTest, LinearCrossEntropy) {
   }
 }
 
+// The FP8 head against the CPU reference of the same codes: the loss and token losses to the
+// logits' summation (the FP8 tensor cores accumulate a K-group in fewer bits than fp32 before
+// promoting, ~2^-14 of the magnitude); dhidden and dw (written, accumulated; f32 and bf16) to the
+// bf16 tolerance of the other ops except where those logit differences move a probability across
+// an e5m2 rounding midpoint: such a flip changes one gradient term by an ulp (2 mantissa bits: up
+// to a quarter of it), which at V = 1008 (peaked softmaxes, large p) happens a few times in 10^4.
+// So: at most 1 % of the elements outside the bf16 tolerance, none beyond a quarter of the
+// largest, and the rms error under 1 % of the reference's (a wrong scale, a swapped code pair or
+// a stale chunk is O(1)). Several chunks with a short last one, ignored rows, the real vocabulary,
+// guards after every output.
+TEST_F(OpsTest, Fp8LinearCrossEntropy) {
+  QT_REQUIRE_GPU();
+  const auto expect_close_flips = [&](const char* what, const Pair& p) {
+    SCOPED_TRACE(what);
+    expect_guards(what, p);
+    const std::vector<float> got = download(p.gpu);
+    const float* ref = p.cpu.ptr<float>();
+    double err_bf16 = 0, ref_max = 0, num = 0, den = 0, worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "] = " << got[i];
+      err_bf16 = std::max(err_bf16, std::fabs(double(round_bf16(ref[i])) - ref[i]));
+      ref_max = std::max(ref_max, std::fabs(double(ref[i])));
+    }
+    const double tol = 4.0 * err_bf16 + ref_max / 1024.0 + 1e-6;
+    int64_t outside = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double e = std::fabs(double(got[i]) - ref[i]);
+      outside += e > tol;
+      worst = std::max(worst, e);
+      num += e * e;
+      den += double(ref[i]) * ref[i];
+    }
+    std::printf("  %s: %lld of %zu beyond the bf16 tolerance, rms error %.2e\n", what, static_cast<long long>(outside),
+                got.size(), std::sqrt(num / std::max(den, 1e-30)));
+    EXPECT_LE(outside, std::max<int64_t>(2, int64_t(got.size()) / 100)) << what << ": elements beyond " << tol;
+    EXPECT_LE(worst, 0.25 * ref_max + tol) << what;
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 0.01) << what << ": rms error";
+  };
+  for (int64_t T : {int64_t(1), int64_t(133), int64_t(300)}) {
+    for (int64_t V : {int64_t(1008), int64_t(248320)}) {
+      if (V > 100000 && T > 133) continue;  // the CPU reference's time
+      SCOPED_TRACE("T " + std::to_string(T) + " V " + std::to_string(V));
+      const int64_t H = 96, Tp = (T + 15) / 16 * 16;
+      std::vector<int32_t> tg(static_cast<size_t>(T));
+      for (auto& t : tg) t = rng_.below(5) == 0 ? -100 : int32_t(rng_.below(V));
+      Pair targets = ints({T}, tg), hidden = input({T, H}, -2, 2), w = input({V, H}, -0.5, 0.5);
+      Pair hs = output({1}, DType::F32), ws = output({1}, DType::F32);
+      Fp8HeadCodes g{g_->alloc(DType::F8E4M3, {T, H}), g_->alloc(DType::F8E4M3, {H, Tp}), hs.gpu,
+                     g_->alloc(DType::F8E4M3, {V, H}), g_->alloc(DType::F8E4M3, {H, V}), ws.gpu};
+      Fp8HeadCodes c{c_->alloc(DType::F8E4M3, {T, H}), c_->alloc(DType::F8E4M3, {H, Tp}), hs.cpu,
+                     c_->alloc(DType::F8E4M3, {V, H}), c_->alloc(DType::F8E4M3, {H, V}), ws.cpu};
+      g_->quantize_fp8(g.hq, g.hq_t, g.h_scale_inv, hidden.gpu, Tensor());
+      g_->quantize_fp8(g.wq, g.wq_t, g.w_scale_inv, w.gpu, Tensor());
+      c_->quantize_fp8(c.hq, c.hq_t, c.h_scale_inv, hidden.cpu, Tensor());
+      c_->quantize_fp8(c.wq, c.wq_t, c.w_scale_inv, w.cpu, Tensor());
+      g_->set_cross_entropy_chunk_rows(64);
+      c_->set_cross_entropy_chunk_rows(64);
+      struct {
+        Tensor gpu, cpu;
+      } sum{g_->alloc(DType::F64, {1}), c_->alloc(DType::F64, {1})};
+      Pair dh = output({T, H}), dw = output({V, H}, DType::F32, true), tl = output({T}, DType::F32);
+      g_->linear_cross_entropy_fp8(sum.gpu, dh.gpu, dw.gpu, tl.gpu, g, targets.gpu, 0.37, true);
+      c_->linear_cross_entropy_fp8(sum.cpu, dh.cpu, dw.cpu, tl.cpu, c, targets.cpu, 0.37, true);
+      double lg = 0;
+      g_->copy_to_host(&lg, sum.gpu);
+      const double lc = sum.cpu.ptr<double>()[0];
+      EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc) + 1e-3);
+      expect_close("token_loss", tl);
+      expect_close_flips("dhidden", dh);
+      expect_close_flips("dw (+=, f32)", dw);
+      Pair dw_set = output({V, H});  // bf16, written over the sentinel fill
+      g_->linear_cross_entropy_fp8(sum.gpu, Tensor(), dw_set.gpu, Tensor(), g, targets.gpu, 0.37, false);
+      c_->linear_cross_entropy_fp8(sum.cpu, Tensor(), dw_set.cpu, Tensor(), c, targets.cpu, 0.37, false);
+      expect_close_flips("dw (=, bf16)", dw_set);
+      g_->linear_cross_entropy_fp8(sum.gpu, Tensor(), Tensor(), Tensor(), g, targets.gpu, 1.0, true);
+      g_->copy_to_host(&lg, sum.gpu);
+      EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc) + 1e-3);
+    }
+  }
+  g_->set_cross_entropy_chunk_rows(0);
+  c_->set_cross_entropy_chunk_rows(0);
+}
+
 // ---- mixers (the other engineers' kernels, through CudaBackend's entries) ------------------------
 
 TEST_F(OpsTest, GdnEntries) {

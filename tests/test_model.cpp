@@ -349,11 +349,14 @@ TEST(ModelPrecision, Fp8StepTracksFp32) {
     row.append_sample(ids, labels);
   }
   ASSERT_NE(row.num_tokens() % 16, 0) << "the wgrad's token padding goes untested";
-  auto run = [&](Precision p, Checkpointing c, int micro, std::vector<std::vector<float>>* grads) {
+  // head: train.fp8_lm_head (the tiny vocabulary, 512 x 64, takes the FP8 head).
+  auto run = [&](Precision p, Checkpointing c, int micro, std::vector<std::vector<float>>* grads, bool head = true) {
     Qwen35Model model(cfg, be, row.num_tokens(), c);
-    model.set_precision(p);
+    model.set_precision(p, head);
     EXPECT_EQ(model.precision(), p);
-    EXPECT_EQ(model.memory_plan().fp8, p == Precision::FP8 ? fp8_codes_bytes(cfg, row.num_tokens(), c, false, false) : 0);
+    EXPECT_EQ(model.fp8_head(), p == Precision::FP8 && head);
+    EXPECT_EQ(model.memory_plan().fp8,
+              p == Precision::FP8 ? fp8_codes_bytes(cfg, row.num_tokens(), c, false, false, head) : 0);
     EXPECT_EQ(model.memory_plan().fp8 > 0, p == Precision::FP8);
     for (size_t i = 0; i < model.specs().size(); ++i) {
       std::vector<float> w(static_cast<size_t>(shape_numel(model.specs()[i].shape)));
@@ -366,26 +369,35 @@ TEST(ModelPrecision, Fp8StepTracksFp32) {
     for (size_t i = 0; i < model.specs().size(); ++i) grads->push_back(model.grad_f32(i));
     return loss;
   };
-  std::vector<std::vector<float>> ref, fp8, fp8_full, fp8_two;
+  std::vector<std::vector<float>> ref, fp8, fp8_full, fp8_two, fp8_bf16_head;
   const double l_ref = run(Precision::BF16, Checkpointing::None, 1, &ref);
   const double l_fp8 = run(Precision::FP8, Checkpointing::None, 1, &fp8);
-  EXPECT_NE(l_fp8, l_ref);
-  EXPECT_NEAR(l_fp8, l_ref, 0.005 * l_ref);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double dot = 0, a = 0, b = 0;
-    for (size_t k = 0; k < ref[i].size(); ++k) {
-      dot += double(fp8[i][k]) * ref[i][k];
-      a += double(fp8[i][k]) * fp8[i][k];
-      b += double(ref[i][k]) * ref[i][k];
-      num += (double(fp8[i][k]) - ref[i][k]) * (double(fp8[i][k]) - ref[i][k]);
+  const double l_bf16_head = run(Precision::FP8, Checkpointing::None, 1, &fp8_bf16_head, false);
+  // Both recipes within fp8's rounding of the fp32 step, neither equal to it nor to each other.
+  auto tracks = [&](const char* what, double l, const std::vector<std::vector<float>>& got) {
+    SCOPED_TRACE(what);
+    EXPECT_NE(l, l_ref);
+    EXPECT_NEAR(l, l_ref, 0.005 * l_ref);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      double dot = 0, a = 0, b = 0;
+      for (size_t k = 0; k < ref[i].size(); ++k) {
+        dot += double(got[i][k]) * ref[i][k];
+        a += double(got[i][k]) * got[i][k];
+        b += double(ref[i][k]) * ref[i][k];
+        num += (double(got[i][k]) - ref[i][k]) * (double(got[i][k]) - ref[i][k]);
+      }
+      den += b;
+      EXPECT_GT(dot / std::sqrt(a * b), 0.98) << "gradient " << i << ": cosine to the fp32 one";
     }
-    den += b;
-    EXPECT_GT(dot / std::sqrt(a * b), 0.98) << "gradient " << i << ": cosine to the fp32 one";
-  }
-  const double all = std::sqrt(num / den);
-  EXPECT_GT(all, 1e-3);  // not the fp32 step
-  EXPECT_LT(all, 0.15);  // but within fp8's rounding of it (about 3.5 % a GEMM)
+    const double all = std::sqrt(num / den);
+    EXPECT_GT(all, 1e-3);  // not the fp32 step
+    EXPECT_LT(all, 0.15);  // but within fp8's rounding of it (about 3.5 % a GEMM)
+    return all;
+  };
+  const double e_fp8 = tracks("fp8 head", l_fp8, fp8), e_bf16_head = tracks("bf16 head", l_bf16_head, fp8_bf16_head);
+  EXPECT_NE(l_fp8, l_bf16_head);
+  EXPECT_NE(e_fp8, e_bf16_head);
   const double l_full = run(Precision::FP8, Checkpointing::Full, 1, &fp8_full);
   EXPECT_EQ(l_full, l_fp8);
   for (size_t i = 0; i < fp8.size(); ++i) EXPECT_EQ(fp8_full[i], fp8[i]) << i;
@@ -400,6 +412,14 @@ TEST(ModelPrecision, Fp8StepTracksFp32) {
   odd.intermediate_size = 88;
   Qwen35Model m(odd, be, 8);
   EXPECT_ERROR_CONTAINS([&] { m.set_precision(Precision::FP8); }, "mlp.gate_proj.weight [88, 64]", "multiple of 16");
+  // A vocabulary off the FP8 layouts keeps the bf16 head (the projections still run fp8).
+  ModelConfig odd_vocab = cfg;
+  odd_vocab.vocab_size = 500;
+  Qwen35Model mv(odd_vocab, be, 8);
+  mv.set_precision(Precision::FP8);
+  EXPECT_EQ(mv.precision(), Precision::FP8);
+  EXPECT_FALSE(mv.fp8_head());
+  EXPECT_EQ(mv.memory_plan().fp8, fp8_codes_bytes(odd_vocab, 8, Checkpointing::None, false, false, false));
   EXPECT_EQ(precision_from_name("fp8"), Precision::FP8);
   EXPECT_ERROR_CONTAINS([&] { precision_from_name("fp16"); }, "train.precision 'fp16'", "bf16 or fp8");
 }

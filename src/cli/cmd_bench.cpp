@@ -1,6 +1,6 @@
 // qwentune bench --preset NAME [--backend auto|cpu|cuda] [--steps N] [--warmup N]
 //                [--tokens-per-batch N] [--seed N] [--no-graph] [--checkpointing auto|none|selective|full]
-//                [--precision bf16|fp8]
+//                [--precision bf16|fp8] [--fp8-lm-head true|false]
 //                [--lengths chat|whole-row]
 // End-to-end training throughput on a random-init model: synthetic chat-like length mix (or, with
 // --lengths whole-row, one sample per row: long-context fine-tuning) packed into rows of exactly
@@ -36,6 +36,7 @@ struct BenchArgs {
   bool no_gemm_tune = false;  // = train.cuda.gemm_tune: false
   std::string checkpointing = "auto";
   std::string precision = "bf16";  // = train.precision
+  bool fp8_lm_head = true;         // = train.fp8_lm_head
   std::string lengths = "chat";
   std::string method = "full";  // full | lora (lora_r, all projections, alpha = 2 r)
   int64_t lora_r = 16;
@@ -90,7 +91,7 @@ void run_bench(const BenchArgs& a) {
   zero3.comm = comm.get();
   zero3.reshard_after_forward = !a.keep_gathered;
   Qwen35Model model(cfg, *be, a.tokens_per_batch, ckpt, lora ? &spec : nullptr, a.zero == 3 ? &zero3 : nullptr);
-  model.set_precision(precision_from_name(a.precision));
+  model.set_precision(precision_from_name(a.precision), a.fp8_lm_head);
   const auto t_init = std::chrono::steady_clock::now();
   for (size_t i = 0; i < model.base_specs().size(); ++i) {
     std::vector<float> w(static_cast<size_t>(shape_numel(model.base_specs()[i].shape)));
@@ -168,6 +169,7 @@ void run_bench(const BenchArgs& a) {
   j["mfu_with_mixers"] = flops / total / peak;
   j["checkpointing"] = checkpointing_name(ckpt);
   j["precision"] = precision_name(model.precision());
+  j["fp8_lm_head"] = model.fp8_head();
   j["step_mode"] = stepper.mode();
   j["graph_captures"] = stepper.captures();
   j["kernels_per_step"] = stepper.graph_kernels();  // kernel nodes of the captured graph (0: eager)
@@ -208,6 +210,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--precision", a->precision, "bf16, or fp8 projections (= train.precision)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--fp8-lm-head", a->fp8_lm_head, "with --precision fp8: the LM head in FP8 too (= train.fp8_lm_head)")
+      ->capture_default_str();
   cmd->add_option("--method", a->method, "full fine-tuning or LoRA on every projection (frozen base)")
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "lora"}));

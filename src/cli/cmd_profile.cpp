@@ -1,5 +1,5 @@
 // qwentune profile --model DIR [--backend cpu|cuda] [--steps N] [--warmup N] [--tokens-per-batch N]
-//                  [--top N] [--trace FILE.json] [--data FILE|DIR] [--seed N] [--precision bf16|fp8]    (backend auto: cuda if present)
+//                  [--top N] [--trace FILE.json] [--data FILE|DIR] [--seed N] [--precision bf16|fp8] [--fp8-lm-head B]    (backend auto: cuda if present)
 // Runs training steps (forward + backward + optimizer, the trainer's arithmetic) on synthetic
 // chat-like packed rows, or on --data packed like `train` does, with the model on a
 // ProfiledBackend; prints the op table (sorted by device time), the per-layer table and per-step
@@ -29,6 +29,7 @@ struct ProfileJob {
   std::string model, backend = "cpu", trace, data, precision = "bf16";
   int64_t steps = 5, warmup = 1, tokens_per_batch = 1024, top = 20;
   uint64_t seed = 0;
+  bool fp8_lm_head = true;  // = train.fp8_lm_head
 };
 
 std::vector<PackedRow> rows_from_data(const ProfileJob& job, int64_t vocab) {
@@ -65,7 +66,7 @@ void run_profile(const ProfileJob& job) {
                        : rows_from_data(job, cfg.vocab_size);
   ProfiledBackend be(*raw);
   Qwen35Model model(cfg, be, job.tokens_per_batch);
-  model.set_precision(precision_from_name(job.precision));
+  model.set_precision(precision_from_name(job.precision), job.fp8_lm_head);
   model.load(dir);
   TrainStepRunner runner(model);
   profile::Profiler& prof = be.profiler();
@@ -110,6 +111,8 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--precision", job->precision, "bf16, or fp8 projections (= train.precision)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--fp8-lm-head", job->fp8_lm_head, "with --precision fp8: the LM head in FP8 too (= train.fp8_lm_head)")
+      ->capture_default_str();
   cmd->add_option("--seed", job->seed, "seed of the synthetic rows / packing")->capture_default_str();
   cmd->callback([=] { run_profile(*job); });
 }

@@ -261,6 +261,8 @@ const std::vector<ConfigKey>& config_keys() {
       str("train", "precision", "bf16",
           "bf16, or fp8: the decoder projections' GEMMs in e4m3 with per-tensor scaling (docs/fp8.md; Hopper)",
           "bf16|fp8"),
+      flag("train", "fp8_lm_head", "true",
+           "precision fp8: the LM head's GEMMs in FP8 too (e4m3 operands, e5m2 logit gradients; docs/fp8.md)"),
       str("train", "method", "full", "full fine-tuning, or LoRA adapters on a frozen base (the lora: section)", "full|lora"),
       // train.cuda: the CUDA backend's runtime (ops/cuda/cuda_backend.h)
       flag("train.cuda", "gemm_tune", "true",

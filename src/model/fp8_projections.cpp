@@ -13,7 +13,7 @@ int64_t pad16(int64_t T) { return (T + 15) / 16 * 16; }
 constexpr int64_t kScaleStride = 64;
 constexpr size_t kTaps = static_cast<size_t>(Fp8Tap::kCount);
 const char* tap_name(Fp8Tap t) {
-  static const char* const names[] = {"xn", "hn", "act", "dr", "dgate", "dup"};
+  static const char* const names[] = {"xn", "hn", "act", "dr", "dgate", "dup", "final"};
   return t == Fp8Tap::None ? "none" : names[static_cast<size_t>(t)];
 }
 }  // namespace
@@ -37,6 +37,13 @@ int Fp8Projections::add(int64_t N, int64_t K) {
   return static_cast<int>(w_.size()) - 1;
 }
 
+void Fp8Projections::add_head(int64_t V, int64_t H) {
+  QT_CHECK(eligible(V, H), "fp8 LM head [", V, ", ", H, "]: V and H must be multiples of 16");
+  QT_CHECK(x_codes_.data == nullptr && !has_head(), "Fp8Projections::add_head twice or after allocate()");
+  head_.V = V;
+  head_.H = H;
+}
+
 int Fp8Projections::add_slot(int64_t K) {
   QT_CHECK(x_codes_.data == nullptr, "Fp8Projections::add_slot after allocate()");
   slots_.push_back({K, Tensor(), Tensor(), Input{}});
@@ -49,7 +56,7 @@ void Fp8Projections::allocate() {
     bytes_ += shape_numel(s) * static_cast<int64_t>(dtype_size(t));
     return be_.alloc(t, s);
   };
-  scales_ = planned(DType::F32, {(static_cast<int64_t>(w_.size() + slots_.size()) + 2) * kScaleStride});
+  scales_ = planned(DType::F32, {(static_cast<int64_t>(w_.size() + slots_.size()) + 4) * kScaleStride});
   be_.zero(scales_);
   amax_ = planned(DType::F32, {static_cast<int64_t>(kTaps)});
   be_.zero(amax_);  // every quantize leaves its word zero again
@@ -67,16 +74,27 @@ void Fp8Projections::allocate() {
   x_codes_ = planned(DType::F8E4M3, {Tp * widest_k_});
   dy_codes_ = planned(DType::F8E4M3, {Tp * widest_n_});
   dy_codes_t_ = planned(DType::F8E4M3, {Tp * widest_n_});
+  loss_word_ = planned(DType::F64, {1});
+  if (has_head()) {
+    const int64_t words = static_cast<int64_t>(w_.size() + slots_.size()) + 2;
+    head_.wq = planned(DType::F8E4M3, {head_.V, head_.H});
+    head_.wq_t = planned(DType::F8E4M3, {head_.H, head_.V});
+    head_.hq = planned(DType::F8E4M3, {max_tokens_ * head_.H});
+    head_.hq_t = planned(DType::F8E4M3, {head_.H * Tp});
+    head_.w_scale_inv = scale_word(words);
+    head_.h_scale_inv = scale_word(words + 1);
+  }
   std::vector<std::pair<int64_t, int64_t>> shapes;
   std::vector<int64_t> widths;
   for (const Weight& w : w_) shapes.push_back({w.N, w.K});
   for (const Slot& sl : slots_) widths.push_back(sl.K);
-  QT_CHECK(bytes_ == bytes_for(max_tokens_, shapes, widths), "Fp8Projections::bytes_for is out of step with allocate()");
+  QT_CHECK(bytes_ == bytes_for(max_tokens_, shapes, widths, {head_.V, head_.H}),
+           "Fp8Projections::bytes_for is out of step with allocate()");
 }
 
 int64_t Fp8Projections::bytes_for(int64_t max_tokens, const std::vector<std::pair<int64_t, int64_t>>& weights,
-                                  const std::vector<int64_t>& slot_widths) {
-  int64_t b = ((static_cast<int64_t>(weights.size() + slot_widths.size()) + 2) * kScaleStride + int64_t(kTaps)) * 4;
+                                  const std::vector<int64_t>& slot_widths, std::pair<int64_t, int64_t> head) {
+  int64_t b = ((static_cast<int64_t>(weights.size() + slot_widths.size()) + 4) * kScaleStride + int64_t(kTaps)) * 4 + 8;
   int64_t widest_n = 0, widest_k = 0;
   for (const auto& [N, K] : weights) {
     b += 2 * N * K;
@@ -85,6 +103,7 @@ int64_t Fp8Projections::bytes_for(int64_t max_tokens, const std::vector<std::pai
   }
   const int64_t Tp = pad16(max_tokens);
   for (const int64_t K : slot_widths) b += K * Tp;
+  b += 2 * head.first * head.second + (max_tokens + Tp) * head.second;
   return b + Tp * (widest_k + 2 * widest_n);
 }
 
@@ -126,6 +145,23 @@ void Fp8Projections::quantize_weight(int id, const Tensor& w) {
   QT_CHECK(w.ndim == 2 && w.size(0) == c.N && w.size(1) == c.K, "fp8 weight codes [", c.N, ", ", c.K, "] for ",
            w.describe());
   be_.quantize_fp8(c.q, c.q_t, c.scale_inv, w, Tensor());
+}
+
+void Fp8Projections::quantize_head_weight(const Tensor& w) {
+  QT_CHECK(has_head(), "Fp8Projections: no fp8 LM head registered");
+  QT_CHECK(w.ndim == 2 && w.size(0) == head_.V && w.size(1) == head_.H, "fp8 LM head codes [", head_.V, ", ", head_.H,
+           "] for ", w.describe());
+  be_.quantize_fp8(head_.wq, head_.wq_t, head_.w_scale_inv, w, Tensor());
+}
+
+Fp8HeadCodes Fp8Projections::head_codes(const Tensor& hidden, Fp8Tap tap) {
+  QT_CHECK(has_head(), "Fp8Projections: no fp8 LM head registered");
+  QT_CHECK(hidden.ndim == 2 && hidden.size(1) == head_.H && hidden.size(0) <= max_tokens_, "fp8 LM head input ",
+           hidden.describe(), " exceeds the planned [", max_tokens_, ", ", head_.H, "]");
+  const int64_t T = hidden.size(0);
+  const Tensor hq = view(head_.hq, {T, head_.H}), hq_t = view(head_.hq_t, {head_.H, pad16(T)});
+  be_.quantize_fp8(hq, hq_t, head_.h_scale_inv, hidden, take(tap));
+  return {hq, hq_t, head_.h_scale_inv, head_.wq, head_.wq_t, head_.w_scale_inv};
 }
 
 Tensor Fp8Projections::use_input(const Tensor& x, bool transposed, Fp8Tap tap, Slot* slot) {

@@ -22,7 +22,7 @@ Precision precision_from_name(const std::string& name);  // bf16|fp8, else an er
 
 // The tensors whose producer folds in their amax (its amax output) for the quantize that reads
 // them next: the projection inputs and output gradients the model taps.
-enum class Fp8Tap { None = -1, Xn, Hn, Act, Dr, Dgate, Dup, kCount };
+enum class Fp8Tap { None = -1, Xn, Hn, Act, Dr, Dgate, Dup, Final, kCount };  // Final: the head's input
 
 // How a projection's input reaches its codes: tap (its producer filled that amax word), slot (kept
 // transposed codes for the backward's wgrad: written with the row-major ones when write_t).
@@ -42,13 +42,24 @@ class Fp8Projections {
   int add(int64_t N, int64_t K);
   // Registers kept transposed codes of a K-wide input ([K, max_tokens padded to 16]); returns its slot.
   int add_slot(int64_t K);
+  // The LM head in FP8 (linear_cross_entropy_fp8): its weight [V, H]'s codes in both layouts and
+  // the codes of its input; before allocate().
+  void add_head(int64_t V, int64_t H);
+  bool has_head() const { return head_.V > 0; }
   void allocate();
   int64_t bytes() const { return bytes_; }
-  // What allocate() takes for these weights ([N, K] each) and kept input widths at max_tokens.
+  // What allocate() takes for these weights ([N, K] each), kept input widths at max_tokens and the
+  // head ({V, H}, or {0, 0} for none).
   static int64_t bytes_for(int64_t max_tokens, const std::vector<std::pair<int64_t, int64_t>>& weights,
-                           const std::vector<int64_t>& slot_widths);
+                           const std::vector<int64_t>& slot_widths, std::pair<int64_t, int64_t> head = {0, 0});
   // The codes and scale of weight `id` from w (bf16 on the device).
   void quantize_weight(int id, const Tensor& w);
+  // The head weight's codes (both layouts) and scale from w ([V, H], bf16 on the device).
+  void quantize_head_weight(const Tensor& w);
+  // hidden [T, H]'s codes in both layouts (one pass; tap: its producer's amax) with the head
+  // weight's: the operands of linear_cross_entropy_fp8. Also the f64 [1] word the loss sum may go to.
+  Fp8HeadCodes head_codes(const Tensor& hidden, Fp8Tap tap);
+  Tensor loss_word() const { return loss_word_; }
   // The amax word of `t` for its producer's amax output; a quantize with the same tap reads and
   // resets it. Taking a tap that no quantize has read since is an error (it would widen the scale).
   Tensor tap(Fp8Tap t);
@@ -96,7 +107,13 @@ class Fp8Projections {
   Backend& be_;
   int64_t max_tokens_, bytes_ = 0;
   int64_t widest_n_ = 0, widest_k_ = 0;
+  struct Head {
+    int64_t V = 0, H = 0;
+    Tensor wq, wq_t, w_scale_inv, hq, hq_t, h_scale_inv;
+  };
   std::vector<Weight> w_;
+  Head head_;
+  Tensor loss_word_;
   std::vector<Slot> slots_;
   Tensor x_codes_, dy_codes_, dy_codes_t_, scales_, amax_;  // scratch; scales_: scale_word()s
   Input held_;                                              // what x_codes_ holds

@@ -654,12 +654,21 @@ Fp8Plan plan_fp8(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Ch
 }
 }  // namespace
 
-int64_t fp8_codes_bytes(const ModelConfig& cfg, int64_t max_tokens, Checkpointing ckpt, bool sharded, bool frozen) {
+bool fp8_head_eligible(const ModelConfig& cfg) { return Fp8Projections::eligible(cfg.vocab_size, cfg.hidden_size); }
+
+int64_t fp8_codes_bytes(const ModelConfig& cfg, int64_t max_tokens, Checkpointing ckpt, bool sharded, bool frozen,
+                        bool fp8_head) {
   const Fp8Plan p = plan_fp8(cfg, param_table(cfg), ckpt, sharded, frozen);
-  return p.weights.empty() ? 0 : Fp8Projections::bytes_for(max_tokens, p.weights, p.slot_widths);
+  if (p.weights.empty()) return 0;
+  const bool head = fp8_head && fp8_head_eligible(cfg);
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  // The head's loss also keeps the e5m2 logit gradients transposed for its one wgrad: [V, T]
+  // bytes of workspace past the bf16 head's.
+  const int64_t ws = head ? V * ((max_tokens + 15) / 16 * 16) : 0;
+  return Fp8Projections::bytes_for(max_tokens, p.weights, p.slot_widths, head ? std::pair{V, H} : std::pair<int64_t, int64_t>{0, 0}) + ws;
 }
 
-void Qwen35Model::set_precision(Precision precision) {
+void Qwen35Model::set_precision(Precision precision, bool fp8_head) {
   QT_CHECK(fp8_ == nullptr, "set_precision: already set");
   if (precision == Precision::BF16) return;
   fp8_per_use_ = shards_ != nullptr;
@@ -669,10 +678,12 @@ void Qwen35Model::set_precision(Precision precision) {
   fp8_ = std::make_unique<Fp8Projections>(be_, max_tokens_);
   for (const auto& [N, K] : plan.weights) fp8_->add(N, K);  // ids in plan order
   for (const int64_t K : plan.slot_widths) fp8_->add_slot(K);
+  if (fp8_head && fp8_head_eligible(cfg_)) fp8_->add_head(cfg_.vocab_size, cfg_.hidden_size);
   fp8_ids_ = std::move(plan.ids);
   fp8_slots_ = std::move(plan.slots);
   fp8_->allocate();
-  plan_.fp8 = fp8_->bytes();
+  plan_.fp8 = fp8_codes_bytes(cfg_, max_tokens_, ckpt_, fp8_per_use_, lora_, fp8_head);
+  QT_CHECK(plan_.fp8 >= fp8_->bytes(), "fp8_codes_bytes is out of step with Fp8Projections");
 }
 
 void Qwen35Model::fp8_refresh(int l) {
@@ -948,7 +959,8 @@ void Qwen35Model::forward_layer(int l, int64_t T, LayerPass pass) {
   proj_forward(next, ParamRole::MlpDown, l, act, fp8_input(l, Fp8Feed::Act, pass, act_tap ? Fp8Tap::Act : Fp8Tap::None));
   be_.add_rmsnorm_forward(next, rows(last ? final_out_ : N->xn, T), rows(last ? final_rstd_ : N->rstd_in, T), h, next,
                           last ? p(ParamRole::FinalNorm, -1) : p(ParamRole::InputNorm, l + 1), c.rms_norm_eps,
-                          last ? none() : fp8_tap(input_proj_role(l + 1), l + 1, Fp8Tap::Xn));
+                          last ? (fp8_head_pass_ ? fp8_->tap(Fp8Tap::Final) : none())
+                               : fp8_tap(input_proj_role(l + 1), l + 1, Fp8Tap::Xn));
 }
 
 void Qwen35Model::backward_layers(int64_t T) {
@@ -1071,6 +1083,7 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
   dropout_active_ = backward && lora_ && lora_spec_.dropout > 0;  // training passes only (not eval)
   pass_backward_ = backward;
   if (fp8_) fp8_->reset_taps();
+  fp8_head_pass_ = fp8_head();
   forward_layers(T);
   const bool tied = cfg_.tie_word_embeddings;
   zero3_gather(tied ? WeightShards::kEmbed : WeightShards::kHead, false);  // the layers reused the embedding's buffer
@@ -1080,7 +1093,15 @@ double Qwen35Model::forward_loss_backward(int64_t T, bool backward, double grad_
   const Tensor dhead = backward ? (tied ? g(ParamRole::EmbedTokens, -1) : g(ParamRole::LmHead, -1)) : none();
   const Tensor dn = backward ? rows(d_norm_out_, T) : none();
   double loss_sum = 0;
-  {
+  if (fp8_head_pass_) {
+    profile::Scope loss(prof_, "loss");
+    // The weight's codes as the projections' (the step's first forward; ZeRO-3 after each gather).
+    if (fp8_per_use_ || micro_ == 0 || !pass_backward_) fp8_->quantize_head_weight(head);
+    const Fp8HeadCodes codes = fp8_->head_codes(rows(final_out_, T), Fp8Tap::Final);
+    const Tensor sum = loss_dev != nullptr ? *loss_dev : fp8_->loss_word();
+    be_.linear_cross_entropy_fp8(sum, dn, dhead, token_loss, codes, rows(targets_, T), grad_scale, head_accumulates);
+    if (loss_dev == nullptr) be_.copy_to_host(&loss_sum, sum);
+  } else {
     profile::Scope loss(prof_, "loss");
     if (loss_dev != nullptr)
       be_.linear_cross_entropy_to(*loss_dev, dn, dhead, token_loss, rows(final_out_, T), head, rows(targets_, T),
@@ -1104,6 +1125,8 @@ std::vector<float> Qwen35Model::logits(const PackedRow& row) {
   upload(row);
   dropout_active_ = false;
   pass_backward_ = false;
+  fp8_head_pass_ = false;  // the bf16 head below
+  if (fp8_) fp8_->reset_taps();
   const int64_t T = row.num_tokens(), V = cfg_.vocab_size;
   forward_layers(T);
   zero3_gather(cfg_.tie_word_embeddings ? WeightShards::kEmbed : WeightShards::kHead, false);

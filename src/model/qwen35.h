@@ -75,7 +75,11 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
                                           int zero3_world = 0, Precision precision = Precision::BF16);
 // Device bytes of train.precision fp8's codes (Qwen35Model::set_precision: MemoryPlan::fp8) for a
 // model planned at max_tokens with this policy; sharded: ZeRO-3, frozen: LoRA's base projections.
-int64_t fp8_codes_bytes(const ModelConfig& cfg, int64_t max_tokens, Checkpointing ckpt, bool sharded, bool frozen);
+// fp8_head: with the LM head's codes (when its shape allows) and its extra loss workspace.
+int64_t fp8_codes_bytes(const ModelConfig& cfg, int64_t max_tokens, Checkpointing ckpt, bool sharded, bool frozen,
+                        bool fp8_head = true);
+// Whether the LM head of cfg can run in FP8 (V and H multiples of 16).
+bool fp8_head_eligible(const ModelConfig& cfg);
 // What each policy keeps of a GDN layer's forward for its backward (Backend::gdn_forward's `keep`):
 // none prep's results where the backend prefers them (Backend::gdn_prefers_prep: the backward runs
 // the forward scan again, as fast as reading kept states; CUDA at dk = dv = 128) and the chunk states
@@ -187,9 +191,13 @@ class Qwen35Model {
   // forward, dgrad and wgrad as e4m3 GEMMs with per-tensor current scaling; their weight codes are
   // written once a step (by the step's first forward; under ZeRO-3 at each use, one layer's at a
   // time, so the codes stay a layer's size). The LM head, attention, the GDN and the norms stay
-  // bf16 / fp32, as do the LoRA adapters. Allocates (call once, at set-up).
-  void set_precision(Precision p);
+  // bf16 / fp32, as do the LoRA adapters. fp8_head (train.fp8_lm_head): the LM head's three
+  // products too (linear_cross_entropy_fp8; its weight codes refreshed as the projections'), where V
+  // and H are multiples of 16, else it stays bf16 (fp8_head() says which). logits() keeps the bf16
+  // head. Allocates (call once, at set-up).
+  void set_precision(Precision p, bool fp8_head = true);
   Precision precision() const { return fp8_ ? Precision::FP8 : Precision::BF16; }
+  bool fp8_head() const { return fp8_ && fp8_->has_head(); }
   // ---- static shapes (whole-step CUDA graphs) ----
   // From here on, staged rows are padded to max_tokens tokens (the padding is one extra sample
   // whose targets are all ignored) and cu_seqlens to max_seqs + 1 entries (repeating the row
@@ -294,6 +302,7 @@ class Qwen35Model {
   bool grads_fresh_ = false;  // zero_grads() ran and no backward since: the written-first gradients overwrite
   std::unique_ptr<WeightShards> shards_;  // ZeRO-3
   std::unique_ptr<Fp8Projections> fp8_;   // train.precision fp8
+  bool fp8_head_pass_ = false;             // this forward ends in the fp8 head: the final norm taps its amax
   std::vector<std::vector<int>> fp8_ids_; // [layer][role] -> codes id (-1: bf16)
   bool fp8_per_use_ = false;              // ZeRO-3: one set of codes, written at each layer's use
   std::vector<std::vector<int>> fp8_slots_;  // [layer][Fp8Feed] -> kept input codes (-1: none)

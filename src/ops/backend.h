@@ -50,6 +50,13 @@ struct LoraArgs {
   Tensor b;  // [N, r]
   double scale = 1.0;
 };
+// The FP8 LM head's operands (linear_cross_entropy_fp8): e4m3 codes of the final hidden states and
+// of the head weight, each in both K-major layouts its three products read, one scale word each
+// (f32 [1] = 1 / s, 16-byte aligned: quantize_fp8's outputs).
+struct Fp8HeadCodes {
+  Tensor hq, hq_t, h_scale_inv;  // [T, H]; [H, Tp], Tp = T rounded up to 16, zero codes past T
+  Tensor wq, wq_t, w_scale_inv;  // [V, H]; [H, V]
+};
 // The adapter's gradients: written by the first backward of a step, accumulated after (accumulate).
 struct LoraGrads {
   Tensor da, db;  // [r, K], [N, r]: f32 (or the working dtype)

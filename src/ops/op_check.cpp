@@ -119,6 +119,28 @@ LinearDims check_linear_fp8(const char* op, const Tensor& y, const Tensor& xq, c
   return {T, N, K};
 }
 
+HeadDims check_fp8_head(const char* op, const Tensor& loss_sum, const Fp8HeadCodes& head, const Tensor& targets,
+                        DeviceKind dev) {
+  QT_CHECK(head.wq.ndim == 2, op, ": wq is ", head.wq.describe(), ", expected 2 dims [V, H]");
+  const int64_t V = head.wq.size(0), H = head.wq.size(1), T = dim_of(op, "hq", head.hq, 0);
+  QT_CHECK(V % 16 == 0 && H % 16 == 0, op, ": wq is ", head.wq.describe(),
+           ": the FP8 GEMMs need V and H multiples of 16");
+  constexpr DType F8 = DType::F8E4M3;
+  check_tensor(op, "wq", head.wq, F8, {V, H}, dev);
+  check_tensor(op, "wq_t", head.wq_t, F8, {H, V}, dev);
+  check_tensor(op, "hq", head.hq, F8, {T, H}, dev);
+  check_tensor(op, "hq_t", head.hq_t, F8, {H, (T + 15) / 16 * 16}, dev);
+  for (const auto& [name, s] : {std::pair<const char*, const Tensor*>{"h_scale_inv", &head.h_scale_inv},
+                                {"w_scale_inv", &head.w_scale_inv}}) {
+    check_tensor(op, name, *s, DType::F32, {1}, dev);
+    QT_CHECK(reinterpret_cast<uintptr_t>(s->data) % 16 == 0, op, ": ", name,
+             " must be 16-byte aligned (an FP8 GEMM scale pointer)");
+  }
+  check_tensor(op, "targets", targets, DType::I32, {T}, dev);
+  check_tensor(op, "loss_sum", loss_sum, DType::F64, {1}, dev);
+  return {T, V, H};
+}
+
 void check_attn_dims(const char* op, const AttnDims& d) {
   QT_CHECK(d.num_q_heads > 0 && d.num_kv_heads > 0 && d.head_dim > 0, op, ": dims must be positive (Hq ",
            d.num_q_heads, ", Hkv ", d.num_kv_heads, ", D ", d.head_dim, ")");

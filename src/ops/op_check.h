@@ -61,6 +61,14 @@ bool check_amax(const char* op, const char* name, const Tensor& amax, DeviceKind
 // backend's to check); K a multiple of 16 and N of 8 (the FP8 GEMM's operand layouts).
 LinearDims check_linear_fp8(const char* op, const Tensor& y, const Tensor& xq, const Tensor& x_scale_inv,
                             const Tensor& wq, const Tensor& w_scale_inv, DeviceKind dev);
+struct HeadDims {
+  int64_t T, V, H;
+};
+// linear_cross_entropy_fp8: the codes' shapes and dtypes (F8E4M3), the scales f32 [1] and 16-byte
+// aligned, targets i32 [T] in [0, V) or -100 (checked where the backend can read them), V and H
+// multiples of 16, loss_sum f64 [1].
+HeadDims check_fp8_head(const char* op, const Tensor& loss_sum, const Fp8HeadCodes& head, const Tensor& targets,
+                        DeviceKind dev);
 void check_attn_dims(const char* op, const AttnDims& d);
 void check_gdn_dims(const char* op, const GdnDims& d);
 // Elementwise ops: every tensor shaped like the first, all of `dtype`.

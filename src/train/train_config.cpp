@@ -69,6 +69,7 @@ TrainConfig train_config_load(const std::string& path, const std::vector<std::st
   c.dist.reshard_after_forward = config_get<bool>(d, "dist", "reshard_after_forward", path);
   c.activation_checkpointing = get_s("activation_checkpointing");
   c.precision = get_s("precision");
+  c.fp8_lm_head = get_b("fp8_lm_head");
   c.method = get_s("method");
   const YAML::Node lo = root["lora"];
   if (c.method == "lora") {

@@ -269,9 +269,10 @@ Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs)
   zero3.reshard_after_forward = cfg.dist.reshard_after_forward;
   run.model = std::make_unique<Qwen35Model>(mc, run.profiled ? *run.profiled : *run.backend, tokens_per_row,
                                             ckpt, lora ? &cfg.lora : nullptr, run.zero == 3 ? &zero3 : nullptr);
-  run.model->set_precision(precision_from_name(cfg.precision));
+  run.model->set_precision(precision_from_name(cfg.precision), cfg.fp8_lm_head);
   if (run.model->precision() == Precision::FP8)
-    log_info("precision: fp8 projections (e4m3, per-tensor current scaling), ",
+    log_info("precision: fp8 projections (e4m3, per-tensor current scaling), LM head in ",
+             run.model->fp8_head() ? "fp8" : cfg.fp8_lm_head ? "bf16 (V or H not a multiple of 16)" : "bf16", ", ",
              double(run.model->memory_plan().fp8) / double(1 << 20), " MiB of codes");
   if (run.zero == 3) {
     const WeightShards& ws = *run.model->weight_shards();

@@ -57,6 +57,7 @@ struct TrainConfig {
   } dist;
   std::string activation_checkpointing = "auto";
   std::string precision = "bf16";  // bf16 | fp8 (model/fp8_projections.h)
+  bool fp8_lm_head = true;         // precision fp8: the LM head in FP8 too
   std::string method = "full";  // full | lora
   LoraSpec lora;                // train.method lora: the adapters (the lora: section)
   std::string lora_adapter;     // an existing PEFT adapter to continue from ("" = PEFT's init)

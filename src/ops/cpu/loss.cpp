@@ -5,7 +5,9 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fp8.h"
 #include "core/parallel.h"
+#include "ops/op_check.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/cpu_check.h"
 #include "ops/cpu/cpu_util.h"
@@ -70,6 +72,16 @@ QT_REF_INSTANTIATE(linear_cross_entropy);
 
 }  // namespace ref
 
+namespace {
+const int32_t* checked_targets(const char* op, const Tensor& targets, int64_t T, int64_t V) {
+  const int32_t* tg = targets.ptr<int32_t>();
+  for (int64_t t = 0; t < T; ++t)
+    QT_CHECK(tg[t] == ref::kIgnoreIndex || (tg[t] >= 0 && tg[t] < V), op, ": targets[", t, "] = ", tg[t],
+             " is neither -100 nor in [0, ", V, ")");
+  return tg;
+}
+}  // namespace
+
 double CpuBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw, const Tensor& token_loss,
                                         const Tensor& hidden, const Tensor& w, const Tensor& targets,
                                         double grad_scale, bool accumulate_dw) {
@@ -83,14 +95,77 @@ double CpuBackend::linear_cross_entropy(const Tensor& dhidden, const Tensor& dw,
   const bool want_dh = cpu::check_optional(op, "dhidden", dhidden, F32, {T, H});
   const bool want_dw = cpu::check_optional(op, "dw", dw, F32, {V, H});
   const bool want_tl = cpu::check_optional(op, "token_loss", token_loss, F32, {T});
-  const int32_t* tg = targets.ptr<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    QT_CHECK(tg[t] == ref::kIgnoreIndex || (tg[t] >= 0 && tg[t] < V), op, ": targets[", t, "] = ", tg[t],
-             " is neither -100 nor in [0, ", V, ")");
+  const int32_t* tg = checked_targets(op, targets, T, V);
   if (want_dw && !accumulate_dw) zero(dw);  // the reference accumulates
   return ref::linear_cross_entropy(want_dh ? dhidden.ptr<float>() : nullptr, want_dw ? dw.ptr<float>() : nullptr,
                                    want_tl ? token_loss.ptr<float>() : nullptr, hidden.ptr<float>(), w.ptr<float>(),
                                    tg, T, V, H, grad_scale, ce_chunk_rows_);
+}
+
+// The FP8 head (backend_ops.def): the decoded codes' products in fp32, the softmax in double as
+// above, the logits' gradient through e5m2 codes at the static scale 2^15. dgrad reads wq_t and
+// wgrad hq_t, as the device does.
+void CpuBackend::linear_cross_entropy_fp8(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                                          const Tensor& token_loss, const Fp8HeadCodes& head, const Tensor& targets,
+                                          double grad_scale, bool accumulate_dw) {
+  const char* op = "linear_cross_entropy_fp8";
+  constexpr DType F32 = DType::F32;
+  const auto [T, V, H] = ops::check_fp8_head(op, loss_sum, head, targets, DeviceKind::CPU);
+  const bool want_dh = cpu::check_optional(op, "dhidden", dhidden, F32, {T, H});
+  const bool want_dw = cpu::check_optional(op, "dw", dw, F32, {V, H});
+  const bool want_tl = cpu::check_optional(op, "token_loss", token_loss, F32, {T});
+  const int32_t* tg = checked_targets(op, targets, T, V);
+  if (want_dw && !accumulate_dw) zero(dw);
+  const int64_t Tp = (T + 15) / 16 * 16;
+  auto decode = [](const Tensor& q) {
+    std::vector<float> f(static_cast<size_t>(q.numel()));
+    const auto* b = static_cast<const uint8_t*>(q.data);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = fp8_e4m3_to_float(b[i]);
+    return f;
+  };
+  const std::vector<float> h = decode(head.hq), w = decode(head.wq), ht = decode(head.hq_t), wt = decode(head.wq_t);
+  const float sh = *head.h_scale_inv.ptr<float>(), sw = *head.w_scale_inv.ptr<float>();
+  constexpr float kCodeScale = 32768.0f;  // 2^15
+  const float dl_scale = float(grad_scale) / kCodeScale;
+  const int64_t chunk = std::max<int64_t>(1, std::min(ce_chunk_rows_ > 0 ? ce_chunk_rows_ : ref::cross_entropy_chunk_rows(V), T));
+  std::vector<float> logits(static_cast<size_t>(chunk * V)), hc(static_cast<size_t>(chunk * H));
+  double total = 0.0;
+  for (int64_t c0 = 0; c0 < T; c0 += chunk) {
+    const int64_t n = std::min(chunk, T - c0);
+    ref::gemm(false, true, n, V, H, sh * sw, h.data() + c0 * H, w.data(), 0.0f, logits.data());
+    std::vector<double> row_loss(static_cast<size_t>(n));
+    parallel_for(n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* row = logits.data() + r * V;
+        const int32_t tgt = tg[c0 + r];
+        if (tgt == ref::kIgnoreIndex) {
+          std::fill(row, row + V, 0.0f);
+          continue;
+        }
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
+        const double lse = mx + std::log(sum);
+        row_loss[static_cast<size_t>(r)] = lse - double(row[tgt]);
+        for (int64_t v = 0; v < V; ++v) {
+          const float d = float(std::exp(double(row[v]) - lse)) - (v == tgt ? 1.0f : 0.0f);
+          row[v] = fp8_e5m2_to_float(float_to_fp8_e5m2(d * kCodeScale));
+        }
+      }
+    });
+    for (int64_t r = 0; r < n; ++r) {
+      total += row_loss[static_cast<size_t>(r)];
+      if (want_tl) token_loss.ptr<float>()[c0 + r] = float(row_loss[static_cast<size_t>(r)]);
+    }
+    if (want_dh)  // dh = dl W, W [V, H] read from wq_t [H, V]
+      ref::gemm(false, true, n, H, V, dl_scale * sw, logits.data(), wt.data(), 0.0f, dhidden.ptr<float>() + c0 * H);
+    if (want_dw) {  // dw += dl^T h, h's chunk read from hq_t [H, Tp]
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t k = 0; k < H; ++k) hc[static_cast<size_t>(t * H + k)] = ht[static_cast<size_t>(k * Tp + c0 + t)];
+      ref::gemm(true, false, V, H, n, dl_scale * sh, logits.data(), hc.data(), 1.0f, dw.ptr<float>());
+    }
+  }
+  *loss_sum.ptr<double>() = total;
 }
 
 }  // namespace qt

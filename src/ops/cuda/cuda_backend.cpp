@@ -129,6 +129,10 @@ void CudaBackend::alloc_scalars() {
   d_scalar_ = static_cast<double*>(alloc(DType::F64, {1}).data);
   fp8_words_ = static_cast<unsigned*>(alloc(DType::I32, {2}).data);
   CUDA_CHECK(cudaMemsetAsync(fp8_words_, 0, 2 * sizeof(unsigned), stream_));
+  fp8_one_ = static_cast<float*>(alloc(DType::F32, {1}).data);
+  static const float kOne = 1.0f;
+  CUDA_CHECK(cudaMemcpyAsync(fp8_one_, &kOne, sizeof(float), cudaMemcpyHostToDevice, stream_));
+  synchronize();  // kOne's copy (pageable) has been taken before anything else runs
 }
 
 size_t CudaBackend::arena_bytes_reserved() const { return arena_.reserved_bytes(); }
@@ -684,6 +688,73 @@ void CudaBackend::enqueue_cross_entropy(double* sum_dst, const Tensor& dhidden, 
            false, 0.0f);
     if (want_dw)  // the first chunk writes dw unless it accumulates
       gemm(true, false, V, H, n, logits, 2 * V, h_c, H, dw.data, H, dw_f32, accumulate_dw || c0 > 0 ? 1.0f : 0.0f);
+  }
+  cuda::launch_sum_to_double(sum_dst, row_loss, T, stream_);
+}
+
+// The FP8 head: per chunk of n rows the forward product into fp32 logits, the softmax writing the
+// e5m2 codes of p - onehot in place (row stride 4V bytes), dgrad from them and wq_t, and the codes
+// transposed into the chunk's columns of dl^T [V, Tp] (zero past T). One wgrad over all T tokens
+// then reads dl^T and hq_t: a chunked wgrad would read and write the fp32 dw [V, H] once a chunk
+// (2 GiB each at 2B), as long as its math. grad_scale 2^-15 rides on alpha; the codes' scale word is 1.
+void CudaBackend::linear_cross_entropy_fp8(const Tensor& loss_sum, const Tensor& dhidden, const Tensor& dw,
+                                           const Tensor& token_loss, const Fp8HeadCodes& head, const Tensor& targets,
+                                           double grad_scale, bool accumulate_dw) {
+  const char* op = "linear_cross_entropy_fp8";
+  const auto [T, V, H] = ops::check_fp8_head(op, loss_sum, head, targets, DeviceKind::CUDA);
+  const bool want_dh = check_optional(op, "dhidden", dhidden, BF16, {T, H});
+  const bool want_dw = dw.data != nullptr;
+  const bool dw_f32 = want_dw && check_grad(op, "dw", dw, {V, H});
+  const bool want_tl = check_optional(op, "token_loss", token_loss, F32, {T});
+  double* sum_dst = loss_sum.ptr<double>();
+  if (T == 0) {
+    CUDA_CHECK(cudaMemsetAsync(sum_dst, 0, sizeof(double), stream_));
+    if (want_dw && !accumulate_dw) zero(dw);
+    return;
+  }
+  const bool want_grad = want_dh || want_dw;
+  auto pad16 = [](int64_t n) { return (n + 15) / 16 * 16; };
+  // Chunks start on 16-token boundaries: hq_t's columns of a chunk are then a 16-byte aligned operand.
+  const int64_t n_chunk = std::min(pad16(cross_entropy_chunk_rows(V, T)), T);
+  const int64_t Tp = pad16(T);
+  auto aligned = [](size_t b) { return (b + kAlign - 1) / kAlign * kAlign; };
+  const size_t logits_bytes = aligned(size_t(n_chunk) * size_t(V) * 4), loss_bytes = aligned(size_t(T) * 4);
+  char* ws = static_cast<char*>(workspace(logits_bytes + loss_bytes + (want_dw ? size_t(V) * size_t(Tp) : 0)));
+  float* logits = reinterpret_cast<float*>(ws);
+  float* row_loss = want_tl ? token_loss.ptr<float>() : reinterpret_cast<float*>(ws + logits_bytes);
+  uint8_t* dl_t = reinterpret_cast<uint8_t*>(ws + logits_bytes + loss_bytes);
+  const auto* hq = static_cast<const uint8_t*>(head.hq.data);
+  const auto* hq_t = static_cast<const uint8_t*>(head.hq_t.data);
+  const auto* tg = targets.ptr<int32_t>();
+  const float alpha = float(grad_scale / 32768.0);
+  for (int64_t c0 = 0; c0 < T; c0 += n_chunk) {
+    const int64_t n = std::min(n_chunk, T - c0);
+    cuda::GemmCall fwd{false, true, n, V, H, hq + c0 * H, H, head.wq.data, H, logits, V, true, 0.0f, 1.0f};
+    fwd.fp8 = true;
+    fwd.a_scale = head.h_scale_inv.ptr<float>();
+    fwd.b_scale = head.w_scale_inv.ptr<float>();
+    gemm_.run(fwd, stream_, capturing());
+    cuda::launch_cross_entropy_chunk_e5m2(logits, row_loss + c0, tg + c0, n, V, want_grad, stream_);
+    if (want_dh) {  // dh[n, H] = dl[n, V] W[V, H]: B is W stored [H, V] (wq_t)
+      cuda::GemmCall g{false, true, n, H, V, logits, 4 * V, head.wq_t.data, V,
+                       static_cast<char*>(dhidden.data) + size_t(c0 * H) * 2, H, false, 0.0f, alpha};
+      g.fp8 = true;
+      g.a_e5m2 = true;
+      g.a_scale = fp8_one_;
+      g.b_scale = head.w_scale_inv.ptr<float>();
+      gemm_.run(g, stream_, capturing());
+    }
+    if (want_dw)  // the last chunk also zeroes the padding columns T..Tp
+      cuda::launch_transpose_fp8_codes(
+          {dl_t + c0, reinterpret_cast<const uint8_t*>(logits), n, V, 4 * V, Tp, c0 + n == T ? Tp - c0 : n}, stream_);
+  }
+  if (want_dw) {  // dw[V, H] (+)= dl^T[V, Tp] hq[Tp, H]: A is dl_t, B hq_t [H, Tp]
+    cuda::GemmCall g{false, true, V, H, Tp, dl_t, Tp, hq_t, Tp, dw.data, H, dw_f32, accumulate_dw ? 1.0f : 0.0f, alpha};
+    g.fp8 = true;
+    g.a_e5m2 = true;
+    g.a_scale = fp8_one_;
+    g.b_scale = head.h_scale_inv.ptr<float>();
+    gemm_.run(g, stream_, capturing());
   }
   cuda::launch_sum_to_double(sum_dst, row_loss, T, stream_);
 }

@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   uint64_t ws_generation_ = 0;
   double* d_scalar_ = nullptr;  // device double for the loss sum
   unsigned* fp8_words_ = nullptr;  // quantize_fp8's amax word and block counter
+  float* fp8_one_ = nullptr;       // 1.0f: the scale word of linear_cross_entropy_fp8's e5m2 codes
   bool deterministic_attention_ = true;
   int64_t ce_chunk_rows_ = 0;
   int64_t ce_budget_bytes_ = 0;

@@ -50,9 +50,9 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmCall& g, const Key& key) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
   }
   // Column-major views of the row-major stored matrices.
-  const cudaDataType_t in = g.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, g.trans_b ? K : N, g.trans_b ? N : K, g.ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, g.trans_a ? M : K, g.trans_a ? K : M, g.lda));
+  auto in = [&](bool e5m2) { return !g.fp8 ? CUDA_R_16BF : e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; };
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in(g.b_e5m2), g.trans_b ? K : N, g.trans_b ? N : K, g.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in(g.a_e5m2), g.trans_a ? M : K, g.trans_a ? K : M, g.lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.c_f32 ? CUDA_R_32F : CUDA_R_16BF, N, M, g.ldc));
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -98,8 +98,11 @@ void GemmRunner::run(const GemmCall& g, cudaStream_t stream, bool capturing) {
   // Row-major C[M,N] is column-major C^T[N,M]: C^T = op(B)^T op(A)^T, so cuBLASLt's "A" is our B.
   QT_CHECK(!g.fp8 || (!g.trans_a && g.trans_b && g.a_scale != nullptr && g.b_scale != nullptr),
            "gemm: an fp8 product takes A [M,K] and B stored [N,K] (trans_a off, trans_b on) and both scales");
-  const Key key{g.trans_a,         g.trans_b,         g.M,   g.N,   g.K,          g.lda, g.ldb, g.ldc, g.c_f32,
-                alignment_of(g.A), alignment_of(g.B), alignment_of(g.C), g.fp8, g.fast_accum};
+  QT_CHECK(!(g.a_e5m2 && g.b_e5m2) && (g.fp8 || !(g.a_e5m2 || g.b_e5m2)),
+           "gemm: e5m2 takes one fp8 operand (the FP8 tensor cores have no e5m2 x e5m2 product)");
+  const Key key{g.trans_a, g.trans_b, g.M,      g.N,          g.K,      g.lda,   g.ldb,
+                g.ldc,     g.c_f32,   alignment_of(g.A), alignment_of(g.B), alignment_of(g.C), g.fp8, g.fast_accum,
+                g.a_e5m2,  g.b_e5m2};
   auto it = plans_.find(key);
   if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, key)).first;
   Plan& p = it->second;

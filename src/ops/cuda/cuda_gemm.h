@@ -19,7 +19,7 @@ namespace qt::cuda {
 // bf16 or f32 C. op(A) is [M,K] (A stored [K,M] when trans_a), op(B) is [K,N] (B stored [N,K] when
 // trans_b); ld* are the stored row strides in elements. fp8: A and B are e4m3 (the only layout the
 // FP8 tensor cores take: !trans_a, trans_b) and the product is scaled by *a_scale * *b_scale (device
-// floats, read when the GEMM runs); fast_accum: Hopper's FP8 accumulation without the periodic
+// floats, read when the GEMM runs); one of them may be e5m2 instead (a_e5m2 / b_e5m2); fast_accum: Hopper's FP8 accumulation without the periodic
 // promotion to full fp32 (faster, a few more bits lost over long K).
 struct GemmCall {
   bool trans_a = false, trans_b = false;
@@ -33,6 +33,7 @@ struct GemmCall {
   bool c_f32 = false;
   float beta = 0.0f, alpha = 1.0f;
   bool fp8 = false, fast_accum = false;
+  bool a_e5m2 = false, b_e5m2 = false;  // fp8: that operand's codes are e5m2 (not both)
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
 };
@@ -59,7 +60,8 @@ class GemmRunner {
     std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   using Key =
-      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int, bool, bool>;
+      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, int, int, bool, bool, bool,
+                 bool>;
   Plan make_plan(const GemmCall& g, const Key& key);
   void tune(Plan& p, const GemmCall& g, cudaStream_t stream);
 

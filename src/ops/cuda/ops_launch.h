@@ -69,6 +69,15 @@ struct QuantizeFp8Params {
   unsigned* done;      // the backend's block counter (zero between quantizes)
 };
 void launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t s);
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: fp8 codes transposed; dst's
+// columns rows..rows_out are written zero (the padding of a wgrad's inner dim). cols, ld_src,
+// ld_dst and rows_out multiples of 4, rows <= rows_out <= ld_dst.
+struct TransposeCodesParams {
+  uint8_t* dst = nullptr;
+  const uint8_t* src = nullptr;
+  int64_t rows = 0, cols = 0, ld_src = 0, ld_dst = 0, rows_out = 0;
+};
+void launch_transpose_fp8_codes(const TransposeCodesParams& p, cudaStream_t s);
 // *amax = max(*amax, max|x|) over n bf16 values (as float bits): the amax output of an op whose
 // kernel does not fold it in itself.
 void launch_amax_fold(unsigned* amax, const void* x, int64_t n, cudaStream_t s);
@@ -88,6 +97,10 @@ void launch_hash_words(unsigned long long* out, const void* p, size_t bytes, cud
 // of leading dimension 2V (elements) in place.
 void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* targets, int64_t n, int64_t V,
                                 float grad_scale, bool want_grad, cudaStream_t s);
+// The FP8 head's chunk: row loss as above, and with want_grad the e5m2 codes of (p - onehot) 2^15
+// in place: row r's V codes at byte r * 4V of the logits (V a multiple of 4).
+void launch_cross_entropy_chunk_e5m2(float* logits, float* row_loss, const int32_t* targets, int64_t n, int64_t V,
+                                     bool want_grad, cudaStream_t s);
 // *out = sum of x[0, n) in double, one fixed reduction order.
 void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s);
 

@@ -1,7 +1,10 @@
 // CudaBackend kernels: the cross-entropy chunk kernel (row loss and the in-place bf16 gradient of
-// fp32 logits) and the loss sum in double.
+// fp32 logits, or the FP8 head's e5m2 codes of p - onehot) and the loss sum in double.
+#include <cuda_fp8.h>
+
 #include <type_traits>
 
+#include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/dense/dense_common.cuh"
 #include "ops/cuda/ops_launch.h"
@@ -22,10 +25,13 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
 // One block per row, two passes over the fp32 row: online max / sum of exp, then the bf16
 // gradient in place. VEC = 4 (V % 4 == 0: 16-byte rows) moves float4s, so each thread keeps 16
 // bytes per load in flight: the scalar form left the kernel latency-bound (4 bytes per thread).
-template <int VEC>
+// E5M2 (VEC 4 only): the gradient is written as e5m2 codes of (p - onehot) 2^15 over the first
+// quarter of the row instead (grad_scale then rides on the GEMMs that read them).
+template <int VEC, bool E5M2>
 __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits, float* row_loss,
                                                                    const int32_t* targets, int64_t V,
                                                                    float grad_scale, bool want_grad) {
+  static_assert(!E5M2 || VEC == 4, "the e5m2 codes are written four at a time");
   __shared__ float sm_m[kCeThreads / 32], sm_s[kCeThreads / 32];
   __shared__ float sh_lse;
   const int64_t r = blockIdx.x;
@@ -50,7 +56,10 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits
     if (tid == 0) row_loss[r] = 0.0f;
     if (want_grad) {
       const float zero[VEC] = {};
-      for (int64_t i = tid; i < nv; i += kCeThreads) store_vec<VEC>(out, i, zero);
+      for (int64_t i = tid; i < nv; i += kCeThreads) {
+        if constexpr (E5M2) reinterpret_cast<uint32_t*>(row)[i] = 0u;
+        else store_vec<VEC>(out, i, zero);
+      }
     }
     return;
   }
@@ -107,12 +116,21 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(float* logits
       if (i < nv) {
         float f[VEC], d[VEC];
         lanes(p[u], f);
+        if constexpr (E5M2) {
+          constexpr float kCodeScale = 32768.0f;  // 2^15: |p - onehot| <= 1 stays under e5m2's 57344
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          d[k] = grad_scale * expf(f[k] - lse);
-          if (i * VEC + k == tgt) d[k] -= grad_scale;
+          for (int k = 0; k < VEC; ++k) d[k] = (expf(f[k] - lse) - (i * VEC + k == tgt ? 1.0f : 0.0f)) * kCodeScale;
+          const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(d[0], d[1]), __NV_SATFINITE, __NV_E5M2);
+          const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(d[2], d[3]), __NV_SATFINITE, __NV_E5M2);
+          reinterpret_cast<uint32_t*>(row)[i] = lo | (hi << 16);  // bytes 4i..4i+3: inside fp32 element i, read
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            d[k] = grad_scale * expf(f[k] - lse);
+            if (i * VEC + k == tgt) d[k] -= grad_scale;
+          }
+          store_vec<VEC>(out, i, d);
         }
-        store_vec<VEC>(out, i, d);
       }
     }
     __syncthreads();
@@ -137,12 +155,21 @@ void launch_cross_entropy_chunk(float* logits, float* row_loss, const int32_t* t
                                 float grad_scale, bool want_grad, cudaStream_t s) {
   if (n <= 0) return;
   if (V % 4 == 0)
-    cross_entropy_kernel<4><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, grad_scale,
-                                                                           want_grad);
+    cross_entropy_kernel<4, false><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V,
+                                                                                  grad_scale, want_grad);
   else
-    cross_entropy_kernel<1><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, grad_scale,
-                                                                           want_grad);
+    cross_entropy_kernel<1, false><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V,
+                                                                                  grad_scale, want_grad);
   QT_LAUNCH_CHECK("linear_cross_entropy (softmax chunk)");
+}
+
+void launch_cross_entropy_chunk_e5m2(float* logits, float* row_loss, const int32_t* targets, int64_t n, int64_t V,
+                                     bool want_grad, cudaStream_t s) {
+  if (n <= 0) return;
+  QT_CHECK(V % 4 == 0, "linear_cross_entropy_fp8: V = ", V, " is not a multiple of 4");
+  cross_entropy_kernel<4, true><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(logits, row_loss, targets, V, 1.0f,
+                                                                               want_grad);
+  QT_LAUNCH_CHECK("linear_cross_entropy_fp8 (softmax chunk)");
 }
 
 void launch_sum_to_double(double* out, const float* x, int64_t n, cudaStream_t s) {

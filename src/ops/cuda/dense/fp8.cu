@@ -171,7 +171,42 @@ __global__ void __launch_bounds__(kThreads) fp8_cast_t_vec_kernel(uint8_t* __res
   release_amax(amax_bits, done);
 }
 
+// Codes transposed through a 64 x 64 byte tile: 4-byte reads along src's rows, 4-byte writes
+// along dst's; rows past `rows` (up to ld_dst) read as zero codes.
+__global__ void __launch_bounds__(kThreads) fp8_transpose_codes_kernel(TransposeCodesParams p) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int lane4 = (threadIdx.x % 16) * 4, row0 = threadIdx.x / 16;
+  for (int rr = row0; rr < kTile; rr += kThreads / 16) {
+    const int64_t r = r0 + rr, c = c0 + lane4;
+    const unsigned v = r < p.rows && c < p.cols ? *reinterpret_cast<const unsigned*>(p.src + r * p.ld_src + c) : 0u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) tile[rr][lane4 + k] = uint8_t(v >> (8 * k));
+  }
+  __syncthreads();
+  for (int cc = row0; cc < kTile; cc += kThreads / 16) {
+    const int64_t c = c0 + cc, r = r0 + lane4;
+    if (c >= p.cols || r >= p.rows_out) continue;
+    unsigned v = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v |= unsigned(tile[lane4 + k][cc]) << (8 * k);
+    *reinterpret_cast<unsigned*>(p.dst + c * p.ld_dst + r) = v;
+  }
+}
+
 }  // namespace
+
+void launch_transpose_fp8_codes(const TransposeCodesParams& p, cudaStream_t s) {
+  QT_CHECK(p.cols % 4 == 0 && p.ld_src % 4 == 0 && p.ld_dst % 4 == 0 && p.rows_out % 4 == 0 &&
+               p.rows <= p.rows_out && p.rows_out <= p.ld_dst && reinterpret_cast<uintptr_t>(p.src) % 4 == 0 &&
+               reinterpret_cast<uintptr_t>(p.dst) % 4 == 0,
+           "transpose_fp8_codes: cols ", p.cols, ", ld_src ", p.ld_src, ", ld_dst ", p.ld_dst, " and rows_out ",
+           p.rows_out, " must be multiples of 4 with rows ", p.rows, " <= rows_out <= ld_dst");
+  if (p.cols == 0 || p.rows_out == 0) return;
+  const dim3 grid(unsigned(ceil_div(p.cols, kTile)), unsigned(ceil_div(p.rows_out, kTile)));
+  fp8_transpose_codes_kernel<<<grid, kThreads, 0, s>>>(p);
+  QT_LAUNCH_CHECK("fp8_transpose_codes_kernel");
+}
 
 void launch_amax_fold(unsigned* amax, const void* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
