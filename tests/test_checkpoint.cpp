@@ -2,14 +2,19 @@
 // save byte-for-byte; tied lm_head present or absent; missing / misshapen tensors are errors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
+#include "core/error.h"
 #include "model/hf_checkpoint.h"
 #include "model/init.h"
 #include "model/presets.h"
 #include "model/random_model_dir.h"
 #include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/model_optimizer.h"
 
 namespace qt {
 namespace {
@@ -162,6 +167,95 @@ TEST(Checkpoint, SaveIsAtomicOverAnExistingDirectory) {
   EXPECT_EQ(again.store.tensors().size(), m.store.tensors().size());
   for (const auto& de : std::filesystem::directory_iterator(dir.path()))
     EXPECT_EQ(de.path().filename().string().find(".tmp"), std::string::npos) << de.path();
+}
+
+// Records what a checkpoint restores (checkpoint_load_optimizer's only use of the optimizer).
+class RecordingOptimizer final : public ModelOptimizer {
+ public:
+  double step(double, double, int64_t) override { return 0; }
+  int64_t state_bytes() const override { return 0; }
+  void get_state(size_t, std::vector<float>&, std::vector<float>&, std::vector<float>&) override {}
+  void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
+                 const std::vector<float>& v) override {
+    got.resize(std::max(got.size(), i + 1));
+    got[i] = {master, m, v};
+  }
+  std::vector<std::array<std::vector<float>, 3>> got;
+};
+
+// The per-rank optimizer parts of a sharded run (optimizer-rank-R-of-W.safetensors): reassembled
+// whole from their row ranges; a missing part, rows in two parts or in none, and a part of another
+// shape are refused naming the file and tensor.
+TEST(CheckpointOptimizerParts, ReassembleAndRefuseBadParts) {
+  ScratchDir dir("ckpt-parts");
+  const std::vector<ParamSpec> table = {{"a", {5, 3}, ParamRole::EmbedTokens, ParamGroup::Embedding, ParamInit::Normal},
+                                        {"b", {4}, ParamRole::FinalNorm, ParamGroup::Norm, ParamInit::Ones}};
+  auto value = [](const std::string& which, const std::string& name, int64_t i) {
+    return float(which.size()) * 100.0f + float(name[0]) + 0.01f * float(i);
+  };
+  // rank r's rows [b, e) of "a" (and "b" whole from rank 0).
+  auto write_part = [&](const std::string& ck, int rank, int world, int64_t b, int64_t e, int64_t cols = 3) {
+    std::vector<TensorWriteSpec> specs;
+    SafetensorsWriteOptions o;
+    o.base_name = optimizer_part_name(rank, world);
+    o.metadata["rows.a"] = std::to_string(b) + "," + std::to_string(e);
+    if (rank == 0) o.metadata["rows.b"] = "0,4";
+    for (const std::string which : {"master.", "m.", "v."}) {
+      specs.push_back({which + "a", DType::F32, {e - b, cols}, [=](void* dst, size_t) {
+                         for (int64_t i = 0; i < (e - b) * cols; ++i)
+                           static_cast<float*>(dst)[i] = value(which, "a", b * 3 + i);
+                       }});
+      if (rank == 0)
+        specs.push_back({which + "b", DType::F32, {4}, [=](void* dst, size_t) {
+                           for (int64_t i = 0; i < 4; ++i) static_cast<float*>(dst)[i] = value(which, "b", i);
+                         }});
+    }
+    write_safetensors(ck, specs, o);
+  };
+  const std::string ck = dir.file("checkpoint-3");
+  std::filesystem::create_directories(ck);
+  RecordingOptimizer opt;
+  EXPECT_ERROR_CONTAINS([&] { checkpoint_load_optimizer(ck, table, opt); }, "no optimizer state");
+  write_part(ck, 0, 2, 0, 3);
+  EXPECT_ERROR_CONTAINS([&] { checkpoint_load_optimizer(ck, table, opt); }, "optimizer-rank-00001-of-00002.safetensors",
+                        "missing", "2 ranks");
+  write_part(ck, 1, 2, 3, 5);
+  checkpoint_load_optimizer(ck, table, opt);
+  ASSERT_EQ(opt.got.size(), 2u);
+  const char* which[] = {"master.", "m.", "v."};
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(opt.got[0][k].size(), 15u);
+    for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(opt.got[0][k][size_t(i)], value(which[k], "a", i)) << which[k] << i;
+    ASSERT_EQ(opt.got[1][k].size(), 4u);
+    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(opt.got[1][k][size_t(i)], value(which[k], "b", i)) << which[k] << i;
+  }
+  write_part(ck, 1, 2, 2, 5);  // rows 2..3 in both parts
+  EXPECT_ERROR_CONTAINS([&] { checkpoint_load_optimizer(ck, table, opt); }, "rows 3..2 of 'a'", "two parts");
+  write_part(ck, 1, 2, 4, 5);  // row 3 in neither
+  EXPECT_ERROR_CONTAINS([&] { checkpoint_load_optimizer(ck, table, opt); }, "rows 3..4 of 'a'", "no part");
+  write_part(ck, 1, 2, 3, 5, 2);  // [2, 2] where [2, 3] belongs
+  EXPECT_ERROR_CONTAINS([&] { checkpoint_load_optimizer(ck, table, opt); }, "optimizer-rank-00001-of-00002.safetensors",
+                        "'master.a'", "expected F32[2, 3]");
+  write_part(ck, 1, 2, 3, 5);
+  write_part(ck, 0, 3, 0, 5);  // a stray part of another world size
+  EXPECT_ERROR_CONTAINS([&] { checkpoint_load_optimizer(ck, table, opt); }, "different world sizes");
+}
+
+// A sharded save that died before rank 0 moved the parts in leaves checkpoint-N.parts: the next
+// start removes it when it holds only optimizer parts, and never touches one holding anything else.
+TEST(CheckpointOptimizerParts, LeftoverPartsOfAnInterruptedSave) {
+  ScratchDir dir("ckpt-leftover");
+  const std::string out = dir.file("run");
+  std::filesystem::create_directories(out + "/checkpoint-4.parts");
+  std::filesystem::create_directories(out + "/checkpoint-5.parts");
+  std::ofstream(out + "/checkpoint-4.parts/optimizer-rank-00001-of-00002.safetensors") << "partial";
+  std::ofstream(out + "/checkpoint-5.parts/notes.txt") << "a user's";
+  try {
+    checkpoint_prepare_start(out, "auto", false);
+  } catch (const Error&) {  // the kept directory may count as an earlier run's output: not at issue here
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-4.parts"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-5.parts/notes.txt"));
 }
 
 }  // namespace

@@ -231,18 +231,30 @@ TEST(Dist, Fp8Zero3MatchesOneRank) {
 }
 
 // A checkpoint written by 2 ranks resumes on 4, whose checkpoint resumes on 1: the losses and the
-// final weights are those of the uninterrupted single-rank run.
+// final weights are those of the uninterrupted single-rank run. Each rank writes its own part of
+// the sharded optimizer state; a 2-rank ZeRO-3 checkpoint resumes on 1 rank too.
 TEST(Dist, ResumeAcrossWorldSizes) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";
   Job job;
   job.run(1, "one");
   const auto want = job.losses("one");
   job.run(2, "two", "--set dist.zero=2 --set train.save_every=1");
+  // Each rank wrote its own rows of the sharded state (nothing gathered m and v), listed in the
+  // completion marker; the single-file form is only for unsharded optimizers.
+  for (const char* part : {"optimizer-rank-00000-of-00002.safetensors", "optimizer-rank-00001-of-00002.safetensors"}) {
+    EXPECT_TRUE(fs::is_regular_file(job.dir.file(std::string("two/checkpoint-1/") + part))) << part;
+    std::ifstream marker(job.dir.file("two/checkpoint-1/.qwentune-complete"));
+    const std::string listed((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
+    EXPECT_NE(listed.find(part), std::string::npos) << listed;
+  }
+  EXPECT_FALSE(fs::exists(job.dir.file("two/checkpoint-1/optimizer.safetensors")));
+  EXPECT_FALSE(fs::exists(job.dir.file("two/checkpoint-1.parts")));
   fs::create_directories(job.dir.file("four"));
   fs::copy(job.dir.file("two/checkpoint-1"), job.dir.file("four/checkpoint-1"), fs::copy_options::recursive);
   job.run(4, "four", "--set dist.zero=1 --set train.save_every=1 --set train.resume=auto");
   fs::create_directories(job.dir.file("back"));
   fs::copy(job.dir.file("four/checkpoint-2"), job.dir.file("back/checkpoint-2"), fs::copy_options::recursive);
+  EXPECT_TRUE(fs::is_regular_file(job.dir.file("four/checkpoint-2/optimizer-rank-00003-of-00004.safetensors")));
   job.run(1, "back", "--set train.resume=auto");
   const auto four = job.losses("four"), back = job.losses("back");
   EXPECT_EQ(four.begin()->first, 2);
@@ -250,6 +262,13 @@ TEST(Dist, ResumeAcrossWorldSizes) {
   expect_same_losses(four, want, "4 ranks from the 2-rank checkpoint");
   expect_same_losses(back, want, "1 rank from the 4-rank checkpoint");
   expect_same_weights(job.dir.file("one/final"), job.dir.file("back/final"));
+  // ZeRO-3 (the model's own weight shards) writes its parts the same way and resumes on 1 rank.
+  job.run(2, "z3", "--set dist.zero=3 --set train.save_every=1");
+  EXPECT_TRUE(fs::is_regular_file(job.dir.file("z3/checkpoint-2/optimizer-rank-00001-of-00002.safetensors")));
+  fs::create_directories(job.dir.file("z3back"));
+  fs::copy(job.dir.file("z3/checkpoint-2"), job.dir.file("z3back/checkpoint-2"), fs::copy_options::recursive);
+  job.run(1, "z3back", "--set train.resume=auto");
+  expect_same_losses(job.losses("z3back"), want, "1 rank from the 2-rank ZeRO-3 checkpoint");
 }
 
 // What cannot work is said before anything runs.

@@ -180,6 +180,16 @@ void hf_save(const std::string& dir, const nlohmann::json& config_json, const st
       write_safetensors(tmp.string(), specs, eo);
     }
     for (const auto& [name, content] : options.extra_files) write_text_file((tmp / name).string(), content);
+    if (!options.move_files_from.empty()) {
+      for (const auto& de : fs::directory_iterator(options.move_files_from)) {
+        const fs::path to = tmp / de.path().filename();
+        QT_CHECK(de.is_regular_file() && !fs::exists(to), de.path().string(), ": cannot move into ", tmp.string(),
+                 " (not a file, or the save wrote that name itself)");
+        fs::rename(de.path(), to, ec);
+        QT_CHECK(!ec, de.path().string(), ": move into ", tmp.string(), " failed: ", ec.message());
+      }
+      fs::remove(options.move_files_from, ec);
+    }
     if (!options.copy_files_from.empty() && fs::is_directory(options.copy_files_from)) {
       for (const auto& de : fs::directory_iterator(options.copy_files_from)) {
         const std::string n = de.path().filename().string();

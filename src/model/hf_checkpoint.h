@@ -46,6 +46,9 @@ struct HfSaveOptions {
   bool force = false;
   // A file written last, so that a directory holding it is known complete (checkpoints).
   std::string completion_marker;
+  // A directory (on the same filesystem) whose files, written by other processes, are moved into
+  // the save before its marker (every rank's optimizer part); it is removed once empty.
+  std::string move_files_from;
   // PEFT adapter directories: adapter_config.json and adapter_model.safetensors.
   std::string config_name = "config.json";
   std::string weights_base_name = "model";

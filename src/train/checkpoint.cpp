@@ -10,7 +10,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/communicator.h"
 #include "io/mapped_file.h"
+#include "io/safetensors.h"
 #include "train/model_optimizer.h"
 #include "train/run_dir.h"
 
@@ -119,28 +121,13 @@ uint64_t checkpoint_bytes(const CheckpointWrite& w) {
   return bytes;
 }
 
-std::string checkpoint_save(const CheckpointWrite& w) {
-  QT_CHECK(w.source && w.table && w.optimizer, "checkpoint_save: incomplete request for ", w.dir);
+namespace {
+// The checkpoint directory from the host copies (m and v empty when the optimizer's ranks wrote
+// their parts into `parts`, which the save then moves in).
+void write_checkpoint_dir(const CheckpointWrite& w, const std::vector<std::vector<float>>& master,
+                          const std::vector<std::vector<float>>& m, const std::vector<std::vector<float>>& v,
+                          const std::string& parts) {
   const auto& table = *w.table;
-  // Host copies of the optimizer state (gathered from every rank's shards in a sharded run): the
-  // weights are saved from the fp32 master.
-  std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
-  if (!w.write) {  // take part in the gathers, keep nothing
-    std::vector<float> a, b, c;
-    for (size_t i = 0; i < table.size(); ++i) w.optimizer->get_state(i, a, b, c);
-    return w.dir;
-  }
-  for (size_t i = 0; i < table.size(); ++i) w.optimizer->get_state(i, master[i], m[i], v[i]);
-  const fs::path parent = fs::absolute(w.dir).parent_path();
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  struct statvfs vfs {};
-  if (::statvfs(parent.c_str(), &vfs) == 0) {
-    const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize, need = checkpoint_bytes(w);
-    QT_CHECK(avail >= need, w.dir, ": not enough free disk space for the checkpoint: it needs ", need, " bytes (",
-             need >> 20, " MiB), ", avail, " bytes (", avail >> 20, " MiB) are free on ", parent.string(),
-             "; the previous checkpoints are untouched");
-  }
   const ModelConfig& mc = w.source->config;
   std::vector<TensorWriteSpec> specs;
   for (size_t i = 0; i < table.size(); ++i) {
@@ -162,7 +149,8 @@ std::string checkpoint_save(const CheckpointWrite& w) {
   opts.force = true;  // final/, checkpoint-N/: a user's files there are kept
   opts.completion_marker = kCheckpointMarker;
   opts.extra_files["trainer_state.json"] = state_json(w.state).dump(2) + "\n";
-  if (w.with_optimizer) {
+  opts.move_files_from = parts;
+  if (w.with_optimizer && parts.empty()) {
     std::vector<TensorWriteSpec>& opt = opts.extra_tensor_files["optimizer"];
     for (size_t i = 0; i < table.size(); ++i) {
       for (const auto& [prefix, vec] : {std::pair<const char*, const std::vector<float>*>{"master.", &master[i]},
@@ -179,9 +167,134 @@ std::string checkpoint_save(const CheckpointWrite& w) {
     opts.max_shard_bytes = SIZE_MAX;
     const nlohmann::json cfg = nlohmann::json::parse(peft_adapter_config_json(lora_peft_config(*w.lora, w.state.source_model)).dump());
     hf_save(w.dir, cfg, specs, opts);
-    return w.dir;
+    return;
   }
   hf_save(w.dir, mc.raw, specs, opts);  // runs the fills while master/m/v are alive
+}
+}  // namespace
+
+std::string optimizer_part_name(int rank, int world) {
+  char b[64];
+  std::snprintf(b, sizeof b, "optimizer-rank-%05d-of-%05d", rank, world);
+  return b;
+}
+
+namespace {
+void check_disk_space(const CheckpointWrite& w, const fs::path& parent) {
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  struct statvfs vfs {};
+  if (::statvfs(parent.c_str(), &vfs) != 0) return;
+  const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize, need = checkpoint_bytes(w);
+  QT_CHECK(avail >= need, w.dir, ": not enough free disk space for the checkpoint: it needs ", need, " bytes (",
+           need >> 20, " MiB), ", avail, " bytes (", avail >> 20, " MiB) are free on ", parent.string(),
+           "; the previous checkpoints are untouched");
+}
+
+// Every rank's ok (1) or failure (0), so that all of them stop together instead of one waiting
+// at a barrier for a rank that threw.
+void agree(Communicator& comm, bool ok, const std::string& what) {
+  double v = ok ? 1.0 : 0.0;
+  comm.all_reduce_host(&v, 1);
+  QT_CHECK(v == double(comm.world()), what);
+}
+
+// This rank's rows of the optimizer state as optimizer-rank-R-of-W.safetensors in `dir`: the
+// sharded tensors' rows ([end - begin, ...] with "rows.NAME" = "begin,end" in the metadata) and,
+// on rank 0, the replicated tensors whole.
+void write_optimizer_part(const std::string& dir, const std::vector<ParamSpec>& table, ModelOptimizer& opt,
+                          int rank, int world) {
+  std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
+  std::vector<TensorWriteSpec> specs;
+  SafetensorsWriteOptions o;
+  o.base_name = optimizer_part_name(rank, world);
+  o.max_shard_bytes = SIZE_MAX;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const ModelOptimizer::StateRows r = opt.state_rows(i);
+    if (!r.sharded && rank != 0) continue;
+    opt.get_local_state(i, master[i], m[i], v[i]);
+    Shape shape = table[i].shape;
+    const int64_t cols = r.rows > 0 ? shape_numel(shape) / r.rows : 0;
+    if (!shape.empty()) shape[0] = r.end - r.begin;
+    QT_CHECK(static_cast<int64_t>(master[i].size()) == (r.end - r.begin) * cols && m[i].size() == master[i].size() &&
+                 v[i].size() == master[i].size(),
+             "optimizer state of ", table[i].name, ": this rank holds ", master[i].size(), " values for rows [",
+             r.begin, ", ", r.end, ")");
+    o.metadata["rows." + table[i].name] = std::to_string(r.begin) + "," + std::to_string(r.end);
+    for (const auto& [prefix, vec] : {std::pair<const char*, const std::vector<float>*>{"master.", &master[i]},
+                                      {"m.", &m[i]}, {"v.", &v[i]}}) {
+      const std::vector<float>* src = vec;
+      specs.push_back({prefix + table[i].name, DType::F32, shape,
+                       [src](void* dst, size_t n) { std::memcpy(dst, src->data(), n); }});
+    }
+  }
+  o.metadata["world"] = std::to_string(world);
+  write_safetensors(dir, specs, o);
+}
+}  // namespace
+
+std::string checkpoint_save(const CheckpointWrite& w) {
+  QT_CHECK(w.source && w.table && w.optimizer, "checkpoint_save: incomplete request for ", w.dir);
+  const auto& table = *w.table;
+  // A sharded optimizer's ranks write their own parts (nothing gathers m and v); else the state is
+  // gathered whole (a collective where sharded) and rank 0 writes optimizer.safetensors.
+  const bool per_rank = w.with_optimizer && w.optimizer->shards_state() && w.comm != nullptr && w.comm->world() > 1;
+  // Host copies of the fp32 master (the weights are saved from it) and, unless per rank, m and v.
+  std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (per_rank || !w.with_optimizer) {
+      std::vector<float> whole = w.optimizer->get_master(i);
+      if (w.write) master[i] = std::move(whole);
+    } else if (w.write) {
+      w.optimizer->get_state(i, master[i], m[i], v[i]);
+    } else {
+      std::vector<float> a, b, c;
+      w.optimizer->get_state(i, a, b, c);
+    }
+  }
+  const fs::path parent = fs::absolute(w.dir).parent_path();
+  const std::string parts = w.dir + ".parts";  // every rank's optimizer part, moved into the save by rank 0
+  if (per_rank) {
+    std::string err;
+    if (w.write) {
+      try {
+        check_disk_space(w, parent);
+        std::error_code ec;
+        fs::remove_all(parts, ec);
+        fs::create_directories(parts, ec);
+        QT_CHECK(!ec, parts, ": cannot create: ", ec.message());
+      } catch (const Error& e) {
+        err = e.what();
+      }
+    }
+    agree(*w.comm, err.empty(), err.empty() ? w.dir + ": rank 0 could not prepare the checkpoint" : err);
+    try {
+      write_optimizer_part(parts, table, *w.optimizer, w.comm->rank(), w.comm->world());
+      err.clear();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    agree(*w.comm, err.empty(),
+          err.empty() ? w.dir + ": another rank could not write its part of the optimizer state (its log names why)" : err);
+    if (!w.write) {
+      agree(*w.comm, true, w.dir + ": rank 0 could not complete the checkpoint (its log names why)");
+      return w.dir;
+    }
+  }
+  if (!w.write) return w.dir;
+  if (!per_rank) check_disk_space(w, parent);
+  try {
+    write_checkpoint_dir(w, master, m, v, per_rank ? parts : std::string());
+  } catch (...) {
+    if (per_rank) {
+      std::error_code ec;
+      fs::remove_all(parts, ec);
+      double failed = 0.0;  // the others stop too; this rank rethrows its own error
+      w.comm->all_reduce_host(&failed, 1);
+    }
+    throw;
+  }
+  if (per_rank) agree(*w.comm, true, w.dir + ": rank 0 could not complete the checkpoint (its log names why)");
   return w.dir;
 }
 
@@ -270,8 +383,84 @@ TrainerState checkpoint_read_state(const std::string& dir) {
   return s;
 }
 
+namespace {
+// The optimizer-rank-R-of-W parts of a checkpoint written by W ranks, rank order; empty if none.
+std::vector<std::shared_ptr<SafetensorsFile>> open_optimizer_parts(const std::string& dir) {
+  int world = 0;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    int r = 0, w = 0;
+    char tail[16] = {};
+    const std::string n = de.path().filename().string();
+    if (std::sscanf(n.c_str(), "optimizer-rank-%5d-of-%5d.%15s", &r, &w, tail) == 3 && std::string(tail) == "safetensors") {
+      QT_CHECK(world == 0 || world == w, dir, ": optimizer parts of different world sizes (", world, " and ", w,
+               "): remove the stray ones");
+      world = w;
+    }
+  }
+  std::vector<std::shared_ptr<SafetensorsFile>> parts;
+  for (int r = 0; r < world; ++r) {
+    const fs::path f = fs::path(dir) / (optimizer_part_name(r, world) + ".safetensors");
+    QT_CHECK(fs::is_regular_file(f), f.string(), ": missing: the checkpoint's optimizer state was written by ", world,
+             " ranks and needs every part");
+    parts.push_back(SafetensorsFile::open(f.string()));
+  }
+  return parts;
+}
+
+// Parameter `p`'s master, m, v reassembled from the parts' row ranges, which must cover its rows
+// exactly once.
+void assemble_from_parts(const std::vector<std::shared_ptr<SafetensorsFile>>& parts, const ParamSpec& p,
+                         std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) {
+  const int64_t rows = p.shape.empty() ? 1 : p.shape[0], numel = shape_numel(p.shape);
+  const int64_t cols = rows > 0 ? numel / rows : 0;
+  for (auto* x : {&master, &m, &v}) x->assign(static_cast<size_t>(numel), 0.0f);
+  std::vector<std::pair<int64_t, int64_t>> got;
+  for (const auto& f : parts) {
+    const auto it = f->metadata().find("rows." + p.name);
+    if (it == f->metadata().end()) continue;
+    long long bl = -1, el = -1;
+    const bool parsed = std::sscanf(it->second.c_str(), "%lld,%lld", &bl, &el) == 2;
+    const int64_t b = bl, e = el;
+    QT_CHECK(parsed && 0 <= b && b <= e && e <= rows, f->path(),
+             ": rows of '", p.name, "' are '", it->second, "', expected begin,end within [0, ", rows, "]");
+    Shape want = p.shape;
+    if (!want.empty()) want[0] = e - b;
+    for (auto& [prefix, vec] : {std::pair<const char*, std::vector<float>*>{"master.", &master}, {"m.", &m}, {"v.", &v}}) {
+      const SafetensorsEntry* t = f->find(prefix + p.name);
+      QT_CHECK(t != nullptr, f->path(), ": missing optimizer tensor '", prefix, p.name, "'");
+      QT_CHECK(t->dtype == DType::F32 && t->shape == want, f->path(), ": optimizer tensor '", prefix, p.name, "' is ",
+               dtype_name(t->dtype), shape_str(t->shape), ", expected F32", shape_str(want), " (rows ", b, "..", e, ")");
+      std::memcpy(vec->data() + b * cols, t->data, t->nbytes);
+    }
+    got.push_back({b, e});
+  }
+  std::sort(got.begin(), got.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : got) {
+    QT_CHECK(b == at, parts.front()->path(), " and the other optimizer parts: rows ", at, "..", b, " of '", p.name,
+             b > at ? "' are in no part" : "' are in two parts");
+    at = e;
+  }
+  QT_CHECK(at == rows, parts.front()->path(), " and the other optimizer parts: rows ", at, "..", rows, " of '", p.name,
+           "' are in no part");
+}
+}  // namespace
+
 void checkpoint_load_optimizer(const std::string& dir, const std::vector<ParamSpec>& table, ModelOptimizer& opt) {
-  auto file = SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+  const fs::path whole = fs::path(dir) / "optimizer.safetensors";
+  if (!fs::exists(whole)) {
+    const auto parts = open_optimizer_parts(dir);
+    QT_CHECK(!parts.empty(), dir, ": no optimizer state (optimizer.safetensors, or optimizer-rank-R-of-W.safetensors "
+             "parts): it was saved without it; resume needs a checkpoint saved with the optimizer");
+    for (size_t i = 0; i < table.size(); ++i) {
+      std::vector<float> master, m, v;
+      assemble_from_parts(parts, table[i], master, m, v);
+      opt.set_state(i, master, m, v);
+    }
+    return;
+  }
+  auto file = SafetensorsFile::open(whole.string());
   for (size_t i = 0; i < table.size(); ++i) {
     std::vector<float> master(static_cast<size_t>(shape_numel(table[i].shape))), m(master.size()), v(master.size());
     for (auto& [prefix, vec] : {std::pair<const char*, std::vector<float>*>{"master.", &master}, {"m.", &m}, {"v.", &v}}) {
@@ -288,6 +477,24 @@ void checkpoint_load_optimizer(const std::string& dir, const std::vector<ParamSp
 
 std::string checkpoint_prepare_start(const std::string& output_dir, const std::string& resume, bool overwrite) {
   for (const std::string& line : hf_recover_interrupted_saves(output_dir)) log_warn("output_dir: ", line);
+  // A sharded save that stopped before rank 0 moved the ranks' parts in leaves checkpoint-N.parts
+  // (never complete): removed when it holds only optimizer parts, else left alone and named.
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(output_dir, ec)) {
+    const std::string n = de.path().filename().string();
+    if (!de.is_directory() || n.size() < 7 || n.compare(n.size() - 6, 6, ".parts") != 0 ||
+        checkpoint_step_of(n.substr(0, n.size() - 6)) < 0)
+      continue;
+    bool ours = true;
+    for (const auto& f : fs::directory_iterator(de.path(), ec))
+      ours = ours && f.is_regular_file() && f.path().filename().string().rfind("optimizer-rank-", 0) == 0;
+    if (ours) {
+      fs::remove_all(de.path(), ec);
+      log_warn("output_dir: removed ", n, ", the optimizer parts of a save that did not complete");
+    } else {
+      log_warn("output_dir: ", n, " holds files other than optimizer parts; left as it is");
+    }
+  }
   std::string dir = resume;
   if (dir == "auto") {
     dir = checkpoint_find_latest(output_dir);

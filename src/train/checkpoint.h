@@ -1,5 +1,7 @@
-// Training checkpoints: an HF model directory (weights from the fp32 master) plus
-// optimizer.safetensors (master, m, v), trainer_state.json (step, loader position, the run's
+// Training checkpoints: an HF model directory (weights from the fp32 master) plus the optimizer
+// state (master, m, v): optimizer.safetensors, or where the optimizer shards it over ranks one
+// optimizer-rank-R-of-W.safetensors per rank holding that rank's rows (nothing gathers m and v;
+// a resume on any number of ranks reassembles them), trainer_state.json (step, loader position, the run's
 // fingerprint, the source model as an absolute path) and .qwentune-complete, written last. Only
 // `checkpoint-<digits>` directories holding that marker count as checkpoints: a save killed
 // half-way is never resumed from. The fingerprint records what a resume must not change (rows,
@@ -18,6 +20,7 @@
 
 namespace qt {
 
+class Communicator;
 class ModelOptimizer;
 
 inline constexpr const char* kCheckpointMarker = ".qwentune-complete";
@@ -67,7 +70,12 @@ struct CheckpointWrite {
   // false: only take part in gathering the optimizer state (get_state is collective in a sharded
   // run) and write nothing: every rank but the first.
   bool write = true;
+  // A sharded optimizer (ModelOptimizer::shards_state): every rank writes its own part of the
+  // state, coordinated over comm (rank 0 is the one with `write`).
+  Communicator* comm = nullptr;
 };
+// optimizer-rank-00003-of-00008: the base name of a rank's part of the optimizer state.
+std::string optimizer_part_name(int rank, int world);
 
 // Bytes a checkpoint takes on disk (weights in their save dtypes, optimizer state, passthrough).
 uint64_t checkpoint_bytes(const CheckpointWrite& w);

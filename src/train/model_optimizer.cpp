@@ -129,6 +129,22 @@ class DeviceOptimizer final : public ModelOptimizer {
     model_.set_param_f32(i, master);
   }
 
+  bool shards_state() const override { return comm_ != nullptr && model_.weight_shards() != nullptr; }
+  StateRows state_rows(size_t i) const override {
+    const int64_t rows = model_.specs()[i].shape.empty() ? 1 : model_.specs()[i].shape[0];
+    if (!sharded(i)) return {0, rows, rows, false};
+    const ShardLayout& L = model_.weight_shards()->layout(i);
+    return {L.begin, L.end, L.rows, true};
+  }
+  void get_local_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override {
+    for (auto [dst, src] : {std::pair<std::vector<float>*, const Tensor*>{&master, &adamw_->master(i)},
+                            {&m, &adamw_->m(i)}, {&v, &adamw_->v(i)}}) {
+      dst->resize(static_cast<size_t>(src->numel()));
+      model_.backend().copy_to_host(dst->data(), *src);
+    }
+  }
+  std::vector<float> get_master(size_t i) override { return read_rows(adamw_->master(i), i); }
+
  private:
   DeviceOptimizer(Qwen35Model& model, const AdamWConfig& cfg, std::unique_ptr<FusedAdamW> adamw, size_t count,
                   Communicator* comm)
@@ -167,6 +183,10 @@ class DeviceOptimizer final : public ModelOptimizer {
 };
 
 }  // namespace
+
+ModelOptimizer::StateRows ModelOptimizer::state_rows(size_t) const {
+  QT_FAIL("this optimizer keeps whole tensors: its state has no per-rank rows");
+}
 
 void ModelOptimizer::set_step(double, int64_t, double) {
   QT_FAIL("this optimizer has no sync-free step (it runs on the host)");

@@ -45,6 +45,26 @@ class ModelOptimizer {
   virtual void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) = 0;
   virtual void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
                          const std::vector<float>& v) = 0;
+
+  // Checkpoints that every rank writes its own part of (the sharded optimizers: nobody gathers m
+  // and v). shards_state: this optimizer splits state over ranks. state_rows(i): the rows
+  // [begin, end) of parameter i's dim 0 (of `rows`) this rank keeps; sharded false: the whole
+  // tensor, the same on every rank (rank 0 saves it). get_local_state: host copies of those rows,
+  // no collective. get_master: the whole fp32 master (a collective where sharded: the weights).
+  struct StateRows {
+    int64_t begin = 0, end = 0, rows = 0;
+    bool sharded = false;
+  };
+  virtual bool shards_state() const { return false; }
+  virtual StateRows state_rows(size_t i) const;
+  virtual void get_local_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) {
+    get_state(i, master, m, v);
+  }
+  virtual std::vector<float> get_master(size_t i) {
+    std::vector<float> master, m, v;
+    get_state(i, master, m, v);
+    return master;
+  }
 };
 
 // Stops with the step and the first parameter whose gradient has a NaN/inf (host scan; rare path).

@@ -161,4 +161,28 @@ void ShardedOptimizer::set_state(size_t i, const std::vector<float>& master, con
   model_.set_param_f32(i, master);
 }
 
+bool ShardedOptimizer::shards_state() const {
+  for (const Slot& s : slots_)
+    if (sharded(s)) return true;
+  return false;
+}
+
+ModelOptimizer::StateRows ShardedOptimizer::state_rows(size_t i) const {
+  const Slot& s = slots_.at(i);
+  return sharded(s) ? StateRows{s.begin, s.end, s.rows, true} : StateRows{0, s.rows, s.rows, false};
+}
+
+void ShardedOptimizer::get_local_state(size_t i, std::vector<float>& master, std::vector<float>& m,
+                                       std::vector<float>& v) {
+  const Slot& s = slots_.at(i);
+  master = s.master;
+  m = s.m;
+  v = s.v;
+}
+
+std::vector<float> ShardedOptimizer::get_master(size_t i) {
+  Slot& s = slots_.at(i);
+  return sharded(s) ? gather(s, s.master) : s.master;
+}
+
 }  // namespace qt

@@ -32,6 +32,10 @@ class ShardedOptimizer final : public ModelOptimizer {
   void get_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override;
   void set_state(size_t i, const std::vector<float>& master, const std::vector<float>& m,
                  const std::vector<float>& v) override;
+  bool shards_state() const override;
+  StateRows state_rows(size_t i) const override;
+  void get_local_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override;
+  std::vector<float> get_master(size_t i) override;
 
  private:
   struct Slot {

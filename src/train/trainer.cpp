@@ -153,6 +153,7 @@ struct Run {
     w.state = state;
     w.lora = model->lora();
     w.write = first();  // the others take part in gathering the sharded state
+    w.comm = comm.get();
     return checkpoint_save(w);
   }
 };
