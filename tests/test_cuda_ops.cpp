@@ -939,10 +939,10 @@ TEST_F(OpsTest, LinearCrossEntropy) {
 // promoting, ~2^-14 of the magnitude); dhidden and dw (written, accumulated; f32 and bf16) to the
 // bf16 tolerance of the other ops except where those logit differences move a probability across
 // an e5m2 rounding midpoint: such a flip changes one gradient term by an ulp (2 mantissa bits: up
-// to a quarter of it), which at V = 1008 (peaked softmaxes, large p) happens a few times in 10^4.
-// So: at most 1 % of the elements outside the bf16 tolerance, none beyond a quarter of the
-// largest, and the rms error under 1 % of the reference's (a wrong scale, a swapped code pair or
-// a stale chunk is O(1)). Several chunks with a short last one, ignored rows, the real vocabulary,
+// to a quarter of it). At V = 1008 (peaked softmaxes, large p) that leaves up to ~0.6 % of
+// dhidden outside the bf16 tolerance (an H100 run: 162 of 28,800, rms error 0.6 %). So: at most
+// 2 % of the elements outside it, none beyond a quarter of the largest, and the rms error under
+// 2 % of the reference's (a wrong scale, a swapped code pair or a stale chunk is O(1)). Several chunks with a short last one, ignored rows, the real vocabulary,
 // guards after every output.
 TEST_F(OpsTest, Fp8LinearCrossEntropy) {
   QT_REQUIRE_GPU();
@@ -968,9 +968,9 @@ TEST_F(OpsTest, Fp8LinearCrossEntropy) {
     }
     std::printf("  %s: %lld of %zu beyond the bf16 tolerance, rms error %.2e\n", what, static_cast<long long>(outside),
                 got.size(), std::sqrt(num / std::max(den, 1e-30)));
-    EXPECT_LE(outside, std::max<int64_t>(2, int64_t(got.size()) / 100)) << what << ": elements beyond " << tol;
+    EXPECT_LE(outside, std::max<int64_t>(2, int64_t(got.size()) / 50)) << what << ": elements beyond " << tol;
     EXPECT_LE(worst, 0.25 * ref_max + tol) << what;
-    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 0.01) << what << ": rms error";
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 0.02) << what << ": rms error";
   };
   for (int64_t T : {int64_t(1), int64_t(133), int64_t(300)}) {
     for (int64_t V : {int64_t(1008), int64_t(248320)}) {
