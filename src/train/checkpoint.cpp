@@ -284,6 +284,11 @@ std::string checkpoint_save(const CheckpointWrite& w) {
   if (!w.write) return w.dir;
   if (!per_rank) check_disk_space(w, parent);
   try {
+    for (int r = 0; per_rank && r < w.comm->world(); ++r) {
+      const fs::path part = fs::path(parts) / (optimizer_part_name(r, w.comm->world()) + ".safetensors");
+      QT_CHECK(fs::is_regular_file(part), part.string(), ": rank ", r, "'s part of the optimizer state is not there "
+               "although it wrote it: output_dir must be on a filesystem every rank sees (a shared one across nodes)");
+    }
     write_checkpoint_dir(w, master, m, v, per_rank ? parts : std::string());
   } catch (...) {
     if (per_rank) {
