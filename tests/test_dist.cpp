@@ -248,6 +248,10 @@ TEST(Dist, ResumeAcrossWorldSizes) {
     EXPECT_NE(listed.find(part), std::string::npos) << listed;
   }
   EXPECT_FALSE(fs::exists(job.dir.file("two/checkpoint-1/optimizer.safetensors")));
+  // The weights too: each rank wrote its share of whole tensors, indexed by model.safetensors.index.json.
+  EXPECT_TRUE(fs::is_regular_file(job.dir.file("two/checkpoint-1/model-00002-of-00002.safetensors")));
+  EXPECT_TRUE(fs::is_regular_file(job.dir.file("two/checkpoint-1/model.safetensors.index.json")));
+  EXPECT_FALSE(fs::exists(job.dir.file("two/checkpoint-1/model.safetensors")));
   EXPECT_FALSE(fs::exists(job.dir.file("two/checkpoint-1.parts")));
   fs::create_directories(job.dir.file("four"));
   fs::copy(job.dir.file("two/checkpoint-1"), job.dir.file("four/checkpoint-1"), fs::copy_options::recursive);
@@ -262,6 +266,9 @@ TEST(Dist, ResumeAcrossWorldSizes) {
   expect_same_losses(four, want, "4 ranks from the 2-rank checkpoint");
   expect_same_losses(back, want, "1 rank from the 4-rank checkpoint");
   expect_same_weights(job.dir.file("one/final"), job.dir.file("back/final"));
+  // final/ written by 4 ranks in parallel (one file each) is the single-rank one.
+  EXPECT_TRUE(fs::is_regular_file(job.dir.file("four/final/model-00004-of-00004.safetensors")));
+  expect_same_weights(job.dir.file("one/final"), job.dir.file("four/final"));
   // ZeRO-3 (the model's own weight shards) writes its parts the same way and resumes on 1 rank.
   job.run(2, "z3", "--set dist.zero=3 --set train.save_every=1");
   EXPECT_TRUE(fs::is_regular_file(job.dir.file("z3/checkpoint-2/optimizer-rank-00001-of-00002.safetensors")));

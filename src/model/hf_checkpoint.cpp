@@ -172,7 +172,15 @@ void hf_save(const std::string& dir, const nlohmann::json& config_json, const st
     wo.max_shard_bytes = options.max_shard_bytes;
     wo.base_name = options.weights_base_name;
     wo.parallel_fill = false;  // fills parallelize internally where it pays (random init)
-    write_safetensors(tmp.string(), tensors, wo);
+    if (options.weight_map.empty()) {
+      write_safetensors(tmp.string(), tensors, wo);
+    } else {
+      QT_CHECK(tensors.empty(), "hf_save: weights given both as tensors and as files written elsewhere");
+      nlohmann::ordered_json index = {{"metadata", {{"total_size", options.weights_total_size}}},
+                                      {"weight_map", nlohmann::ordered_json::object()}};
+      for (const auto& [name, file] : options.weight_map) index["weight_map"][name] = file;
+      write_text_file((tmp / (options.weights_base_name + ".safetensors.index.json")).string(), index.dump(2) + "\n");
+    }
     for (const auto& [base, specs] : options.extra_tensor_files) {
       SafetensorsWriteOptions eo;
       eo.base_name = base;

@@ -49,6 +49,10 @@ struct HfSaveOptions {
   // A directory (on the same filesystem) whose files, written by other processes, are moved into
   // the save before its marker (every rank's optimizer part); it is removed once empty.
   std::string move_files_from;
+  // The weights were written by other processes into move_files_from (tensor -> file): `tensors`
+  // must be empty, and the save writes <weights_base_name>.safetensors.index.json for them.
+  std::map<std::string, std::string> weight_map;
+  uint64_t weights_total_size = 0;
   // PEFT adapter directories: adapter_config.json and adapter_model.safetensors.
   std::string config_name = "config.json";
   std::string weights_base_name = "model";

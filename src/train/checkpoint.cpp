@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -122,15 +123,15 @@ uint64_t checkpoint_bytes(const CheckpointWrite& w) {
 }
 
 namespace {
-// The checkpoint directory from the host copies (m and v empty when the optimizer's ranks wrote
-// their parts into `parts`, which the save then moves in).
-void write_checkpoint_dir(const CheckpointWrite& w, const std::vector<std::vector<float>>& master,
-                          const std::vector<std::vector<float>>& m, const std::vector<std::vector<float>>& v,
-                          const std::string& parts) {
+// The HF weight tensors of table entries `pick` selects, from the host master copies (the tied
+// lm_head copy beside the embedding where the source stored one).
+std::vector<TensorWriteSpec> weight_specs(const CheckpointWrite& w, const std::vector<std::vector<float>>& master,
+                                          const std::function<bool(size_t)>& pick) {
   const auto& table = *w.table;
   const ModelConfig& mc = w.source->config;
   std::vector<TensorWriteSpec> specs;
   for (size_t i = 0; i < table.size(); ++i) {
+    if (!pick(i)) continue;
     const DType t = save_dtype_of(w, table[i].name);
     const std::vector<float>* src = &master[i];
     specs.push_back({w.lora ? peft_key(table[i].name) : table[i].name, t, table[i].shape, [src, t](void* dst, size_t) {
@@ -142,14 +143,70 @@ void write_checkpoint_dir(const CheckpointWrite& w, const std::vector<std::vecto
       specs.push_back(head);
     }
   }
-  if (!w.lora)
-    for (const SafetensorsEntry* e : w.source->passthrough_tensors()) specs.push_back(passthrough_spec(*e));
+  return specs;
+}
+
+// A parallel save's weight files: each whole tensor goes to the rank with the fewest bytes so far
+// (in table order, rank 0 starting with the passthrough tensors; every rank computes the same);
+// the ranks that got any write model-k-of-K.safetensors, numbered in rank order.
+struct WeightFiles {
+  std::vector<int> owner;   // by table index
+  std::vector<int> number;  // by rank: -1, or its file's 0-based number
+  int files = 0;
+  uint64_t total = 0;
+  std::string name(int rank) const {
+    char b[64];
+    std::snprintf(b, sizeof b, "model-%05d-of-%05d.safetensors", number[size_t(rank)] + 1, files);
+    return b;
+  }
+};
+WeightFiles plan_weight_files(const CheckpointWrite& w, int world) {
+  const auto& table = *w.table;
+  const ModelConfig& mc = w.source->config;
+  WeightFiles f;
+  std::vector<uint64_t> load(static_cast<size_t>(world), 0);
+  for (const SafetensorsEntry* e : w.source->passthrough_tensors()) load[0] += e->nbytes;
+  for (size_t i = 0; i < table.size(); ++i) {
+    uint64_t bytes = uint64_t(shape_numel(table[i].shape)) * dtype_size(save_dtype_of(w, table[i].name));
+    if (table[i].role == ParamRole::EmbedTokens && mc.tie_word_embeddings && w.source->lm_head_stored) bytes *= 2;
+    const auto r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    f.owner.push_back(r);
+    load[size_t(r)] += bytes + 1;  // + 1: an empty tensor still makes a file
+  }
+  for (const uint64_t b : load) f.total += b;
+  for (int r = 0; r < world; ++r) f.number.push_back(load[size_t(r)] > 0 ? f.files++ : -1);
+  f.total -= table.size();
+  return f;
+}
+
+// The checkpoint directory from the host copies (m and v empty when the optimizer's ranks wrote
+// their parts into `parts`, which the save then moves in; weight_map non-null: so did the weights).
+void write_checkpoint_dir(const CheckpointWrite& w, const std::vector<std::vector<float>>& master,
+                          const std::vector<std::vector<float>>& m, const std::vector<std::vector<float>>& v,
+                          const std::string& parts, const WeightFiles* weight_files = nullptr) {
+  const auto& table = *w.table;
+  const ModelConfig& mc = w.source->config;
+  std::vector<TensorWriteSpec> specs;
+  if (weight_files == nullptr) {
+    specs = weight_specs(w, master, [](size_t) { return true; });
+    if (!w.lora)
+      for (const SafetensorsEntry* e : w.source->passthrough_tensors()) specs.push_back(passthrough_spec(*e));
+  }
   HfSaveOptions opts;
   opts.copy_files_from = w.source->dir;
   opts.force = true;  // final/, checkpoint-N/: a user's files there are kept
   opts.completion_marker = kCheckpointMarker;
   opts.extra_files["trainer_state.json"] = state_json(w.state).dump(2) + "\n";
   opts.move_files_from = parts;
+  if (weight_files != nullptr) {
+    for (size_t i = 0; i < table.size(); ++i) {
+      opts.weight_map[table[i].name] = weight_files->name(weight_files->owner[i]);
+      if (table[i].role == ParamRole::EmbedTokens && mc.tie_word_embeddings && w.source->lm_head_stored)
+        opts.weight_map[lm_head_name()] = weight_files->name(weight_files->owner[i]);
+    }
+    for (const SafetensorsEntry* e : w.source->passthrough_tensors()) opts.weight_map[e->name] = weight_files->name(0);
+    opts.weights_total_size = weight_files->total;
+  }
   if (w.with_optimizer && parts.empty()) {
     std::vector<TensorWriteSpec>& opt = opts.extra_tensor_files["optimizer"];
     for (size_t i = 0; i < table.size(); ++i) {
@@ -236,15 +293,19 @@ void write_optimizer_part(const std::string& dir, const std::vector<ParamSpec>& 
 std::string checkpoint_save(const CheckpointWrite& w) {
   QT_CHECK(w.source && w.table && w.optimizer, "checkpoint_save: incomplete request for ", w.dir);
   const auto& table = *w.table;
-  // A sharded optimizer's ranks write their own parts (nothing gathers m and v); else the state is
-  // gathered whole (a collective where sharded) and rank 0 writes optimizer.safetensors.
-  const bool per_rank = w.with_optimizer && w.optimizer->shards_state() && w.comm != nullptr && w.comm->world() > 1;
-  // Host copies of the fp32 master (the weights are saved from it) and, unless per rank, m and v.
+  // A sharded optimizer's ranks write in parallel: each its rows of the optimizer state (nothing
+  // gathers m and v) and its share of the whole weights (gathered one tensor at a time, kept by
+  // the rank that writes it); rank 0 then moves their files into its atomic save. Otherwise the
+  // state is gathered whole (a collective where sharded) and rank 0 writes everything.
+  const bool parallel = !w.lora && w.optimizer->shards_state() && w.comm != nullptr && w.comm->world() > 1;
+  const int rank = parallel ? w.comm->rank() : 0, world = parallel ? w.comm->world() : 1;
+  const WeightFiles files = parallel ? plan_weight_files(w, world) : WeightFiles{};
+  // Host copies of the fp32 master (the weights are saved from it) and, unless parallel, m and v.
   std::vector<std::vector<float>> master(table.size()), m(table.size()), v(table.size());
   for (size_t i = 0; i < table.size(); ++i) {
-    if (per_rank || !w.with_optimizer) {
+    if (parallel || !w.with_optimizer) {
       std::vector<float> whole = w.optimizer->get_master(i);
-      if (w.write) master[i] = std::move(whole);
+      if (parallel ? files.owner[i] == rank : w.write) master[i] = std::move(whole);
     } else if (w.write) {
       w.optimizer->get_state(i, master[i], m[i], v[i]);
     } else {
@@ -253,53 +314,66 @@ std::string checkpoint_save(const CheckpointWrite& w) {
     }
   }
   const fs::path parent = fs::absolute(w.dir).parent_path();
-  const std::string parts = w.dir + ".parts";  // every rank's optimizer part, moved into the save by rank 0
-  if (per_rank) {
-    std::string err;
-    if (w.write) {
-      try {
-        check_disk_space(w, parent);
-        std::error_code ec;
-        fs::remove_all(parts, ec);
-        fs::create_directories(parts, ec);
-        QT_CHECK(!ec, parts, ": cannot create: ", ec.message());
-      } catch (const Error& e) {
-        err = e.what();
-      }
-    }
-    agree(*w.comm, err.empty(), err.empty() ? w.dir + ": rank 0 could not prepare the checkpoint" : err);
+  if (!parallel) {
+    if (!w.write) return w.dir;
+    check_disk_space(w, parent);
+    write_checkpoint_dir(w, master, m, v, std::string());
+    return w.dir;
+  }
+  const std::string parts = w.dir + ".parts";  // every rank's files, moved into the save by rank 0
+  std::string err;
+  if (rank == 0) {
     try {
-      write_optimizer_part(parts, table, *w.optimizer, w.comm->rank(), w.comm->world());
-      err.clear();
+      check_disk_space(w, parent);
+      std::error_code ec;
+      fs::remove_all(parts, ec);
+      fs::create_directories(parts, ec);
+      QT_CHECK(!ec, parts, ": cannot create: ", ec.message());
     } catch (const Error& e) {
       err = e.what();
     }
-    agree(*w.comm, err.empty(),
-          err.empty() ? w.dir + ": another rank could not write its part of the optimizer state (its log names why)" : err);
-    if (!w.write) {
-      agree(*w.comm, true, w.dir + ": rank 0 could not complete the checkpoint (its log names why)");
-      return w.dir;
-    }
   }
-  if (!w.write) return w.dir;
-  if (!per_rank) check_disk_space(w, parent);
+  agree(*w.comm, err.empty(), err.empty() ? w.dir + ": rank 0 could not prepare the checkpoint (its log names why)" : err);
   try {
-    for (int r = 0; per_rank && r < w.comm->world(); ++r) {
-      const fs::path part = fs::path(parts) / (optimizer_part_name(r, w.comm->world()) + ".safetensors");
-      QT_CHECK(fs::is_regular_file(part), part.string(), ": rank ", r, "'s part of the optimizer state is not there "
-               "although it wrote it: output_dir must be on a filesystem every rank sees (a shared one across nodes)");
+    if (w.with_optimizer) write_optimizer_part(parts, table, *w.optimizer, rank, world);
+    if (files.number[size_t(rank)] >= 0) {
+      std::vector<TensorWriteSpec> specs = weight_specs(w, master, [&](size_t i) { return files.owner[i] == rank; });
+      if (rank == 0)
+        for (const SafetensorsEntry* e : w.source->passthrough_tensors()) specs.push_back(passthrough_spec(*e));
+      SafetensorsWriteOptions o;
+      o.base_name = files.name(rank).substr(0, files.name(rank).size() - std::string(".safetensors").size());
+      o.max_shard_bytes = SIZE_MAX;
+      o.parallel_fill = false;
+      write_safetensors(parts, specs, o);
     }
-    write_checkpoint_dir(w, master, m, v, per_rank ? parts : std::string());
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  agree(*w.comm, err.empty(),
+        err.empty() ? w.dir + ": another rank could not write its part of the checkpoint (its log names why)" : err);
+  if (rank != 0) {
+    agree(*w.comm, true, w.dir + ": rank 0 could not complete the checkpoint (its log names why)");
+    return w.dir;
+  }
+  try {
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> names;
+      if (w.with_optimizer) names.push_back(optimizer_part_name(r, world) + ".safetensors");
+      if (files.number[size_t(r)] >= 0) names.push_back(files.name(r));
+      for (const std::string& n : names)
+        QT_CHECK(fs::is_regular_file(fs::path(parts) / n), (fs::path(parts) / n).string(), ": rank ", r,
+                 " wrote it, but it is not there: output_dir must be on a filesystem every rank sees (a shared one "
+                 "across nodes)");
+    }
+    write_checkpoint_dir(w, master, m, v, parts, &files);
   } catch (...) {
-    if (per_rank) {
-      std::error_code ec;
-      fs::remove_all(parts, ec);
-      double failed = 0.0;  // the others stop too; this rank rethrows its own error
-      w.comm->all_reduce_host(&failed, 1);
-    }
+    std::error_code ec;
+    fs::remove_all(parts, ec);
+    double failed = 0.0;  // the others stop too; this rank rethrows its own error
+    w.comm->all_reduce_host(&failed, 1);
     throw;
   }
-  if (per_rank) agree(*w.comm, true, w.dir + ": rank 0 could not complete the checkpoint (its log names why)");
+  agree(*w.comm, true, w.dir + ": rank 0 could not complete the checkpoint (its log names why)");
   return w.dir;
 }
 
