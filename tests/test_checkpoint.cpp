@@ -249,6 +249,7 @@ TEST(CheckpointOptimizerParts, LeftoverPartsOfAnInterruptedSave) {
   std::filesystem::create_directories(out + "/checkpoint-4.parts");
   std::filesystem::create_directories(out + "/checkpoint-5.parts");
   std::ofstream(out + "/checkpoint-4.parts/optimizer-rank-00001-of-00002.safetensors") << "partial";
+  std::ofstream(out + "/checkpoint-4.parts/model-00002-of-00002.safetensors") << "partial";
   std::ofstream(out + "/checkpoint-5.parts/notes.txt") << "a user's";
   try {
     checkpoint_prepare_start(out, "auto", false);

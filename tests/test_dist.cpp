@@ -278,6 +278,20 @@ TEST(Dist, ResumeAcrossWorldSizes) {
   expect_same_losses(job.losses("z3back"), want, "1 rank from the 2-rank ZeRO-3 checkpoint");
 }
 
+// A parallel save that cannot start (its parts directory holds a user's file) stops every rank
+// with rank 0's error instead of leaving the others waiting, and deletes nothing.
+TEST(Dist, ParallelSaveFailureStopsEveryRank) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";
+  Job job;
+  fs::create_directories(job.dir.file("stuck/checkpoint-1.parts"));
+  std::ofstream(job.dir.file("stuck/checkpoint-1.parts/keep.txt")) << "a user's";
+  std::string log;
+  EXPECT_NE(job.launch(2, "stuck", "--set dist.zero=2 --set train.save_every=1 --set dist.timeout_s=60", &log), 0) << log;
+  EXPECT_NE(log.find("move them away"), std::string::npos) << log;  // the save's error, not the start's warning
+  EXPECT_TRUE(fs::exists(job.dir.file("stuck/checkpoint-1.parts/keep.txt")));
+  EXPECT_FALSE(fs::exists(job.dir.file("stuck/checkpoint-1")));
+}
+
 // What cannot work is said before anything runs.
 TEST(Dist, UnsupportedCombinationsAreErrors) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun / MPI build";

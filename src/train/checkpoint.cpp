@@ -237,6 +237,25 @@ std::string optimizer_part_name(int rank, int world) {
 }
 
 namespace {
+// Whether f is a file a parallel save's ranks write into checkpoint-N.parts/.
+bool is_part_file(const fs::directory_entry& f) {
+  const std::string n = f.path().filename().string();
+  return f.is_regular_file() && (n.rfind("optimizer-rank-", 0) == 0 ||
+                                 (n.rfind("model-", 0) == 0 && n.find("-of-") != std::string::npos));
+}
+
+// Removes a parts directory that holds only part files (an interrupted save's); true when `dir` is
+// gone (or never was), false when it holds anything else (left as it is).
+bool clear_parts_dir(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return true;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& f : fs::directory_iterator(dir, ec))
+    if (!is_part_file(f)) return false;
+  fs::remove_all(dir, ec);
+  return !ec;
+}
+
 void check_disk_space(const CheckpointWrite& w, const fs::path& parent) {
   std::error_code ec;
   fs::create_directories(parent, ec);
@@ -325,8 +344,9 @@ std::string checkpoint_save(const CheckpointWrite& w) {
   if (rank == 0) {
     try {
       check_disk_space(w, parent);
+      QT_CHECK(clear_parts_dir(parts), parts, ": exists and holds files other than a save's parts; move them away "
+               "(the save writes every rank's files there)");
       std::error_code ec;
-      fs::remove_all(parts, ec);
       fs::create_directories(parts, ec);
       QT_CHECK(!ec, parts, ": cannot create: ", ec.message());
     } catch (const Error& e) {
@@ -559,20 +579,18 @@ std::string checkpoint_prepare_start(const std::string& output_dir, const std::s
   // A sharded save that stopped before rank 0 moved the ranks' parts in leaves checkpoint-N.parts
   // (never complete): removed when it holds only optimizer parts, else left alone and named.
   std::error_code ec;
+  std::vector<fs::path> leftovers;
   for (const auto& de : fs::directory_iterator(output_dir, ec)) {
     const std::string n = de.path().filename().string();
-    if (!de.is_directory() || n.size() < 7 || n.compare(n.size() - 6, 6, ".parts") != 0 ||
-        checkpoint_step_of(n.substr(0, n.size() - 6)) < 0)
-      continue;
-    bool ours = true;
-    for (const auto& f : fs::directory_iterator(de.path(), ec))
-      ours = ours && f.is_regular_file() && f.path().filename().string().rfind("optimizer-rank-", 0) == 0;
-    if (ours) {
-      fs::remove_all(de.path(), ec);
-      log_warn("output_dir: removed ", n, ", the optimizer parts of a save that did not complete");
-    } else {
-      log_warn("output_dir: ", n, " holds files other than optimizer parts; left as it is");
-    }
+    if (de.is_directory() && n.size() > 6 && n.compare(n.size() - 6, 6, ".parts") == 0 &&
+        checkpoint_step_of(n.substr(0, n.size() - 6)) >= 0)
+      leftovers.push_back(de.path());
+  }
+  for (const fs::path& d : leftovers) {
+    if (clear_parts_dir(d))
+      log_warn("output_dir: removed ", d.filename().string(), ", the ranks' parts of a save that did not complete");
+    else
+      log_warn("output_dir: ", d.filename().string(), " holds files other than a save's parts; left as it is");
   }
   std::string dir = resume;
   if (dir == "auto") {
