@@ -290,6 +290,22 @@ TEST(ModelCheckpointing, SelectiveAndFullEqualNone) {
               Checkpointing::None);
     EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, none_fp8, nullptr, -1, 0, Precision::FP8),
               Checkpointing::None);
+    // The FP8 head adds its weight codes, its input's and the transposed logit gradient, and the
+    // policy counts them only where the head runs fp8.
+    const int64_t no_head = fp8_codes_bytes(cfg, T, Checkpointing::None, false, false, false);
+    const int64_t head = fp8_codes_bytes(cfg, T, Checkpointing::None, false, false, true);
+    if (fp8_head_eligible(cfg)) {
+      EXPECT_GE(head - no_head, 2 * cfg.vocab_size * cfg.hidden_size + cfg.vocab_size * T);
+      // The policy's figures count them: the none requirement with and without the head (in MiB,
+      // rounded down) differ by the head's bytes.
+      auto none_mib = [&](bool with_head) {
+        std::string w;
+        choose_checkpointing_within(cfg, DType::BF16, T, state, int64_t(1) << 50, &w, -1, 0, Precision::FP8, with_head);
+        return std::stoll(w.substr(w.find("none needs ") + 11));
+      };
+      EXPECT_NEAR(double(none_mib(true) - none_mib(false)), double(head - no_head) / double(mib), 1.0);
+      EXPECT_GT(none_mib(true), none_mib(false));
+    }
   }
   EXPECT_EQ(choose_checkpointing_within(cfg, DType::BF16, T, state, full + 2 * mib), Checkpointing::Full);
   EXPECT_ERROR_CONTAINS([&] { choose_checkpointing_within(cfg, DType::BF16, T, state, full - 2 * mib); },

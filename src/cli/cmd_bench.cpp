@@ -83,7 +83,7 @@ void run_bench(const BenchArgs& a) {
     for (const ParamSpec& p : lora_param_table(cfg, spec)) adapter_params += shape_numel(p.shape);
   const Checkpointing ckpt = resolve_checkpointing(a.checkpointing, cfg, *be, a.tokens_per_batch, static_max_seqs,
                                                    lora ? adapter_params : -1, a.zero == 3 ? 1 : 0,
-                                                   precision_from_name(a.precision));
+                                                   precision_from_name(a.precision), a.fp8_lm_head);
   QT_CHECK(a.zero == 0 || a.zero == 3, "bench --zero ", a.zero, ": 0 or 3 (one rank)");
   QT_CHECK(a.zero == 0 || !lora, "bench --zero 3 shards full fine-tuning (not --method lora)");
   const std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, *be, "auto", 600);

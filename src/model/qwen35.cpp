@@ -196,7 +196,8 @@ std::optional<Checkpointing> checkpointing_from_name(const std::string& name) {
 }
 
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
-                                   std::string* why, int64_t trained_params, int zero3_world, Precision precision) {
+                                   std::string* why, int64_t trained_params, int zero3_world, Precision precision,
+                                   bool fp8_head) {
   const int64_t free_bytes = backend.free_memory_bytes();
   if (free_bytes < 0) {
     if (why != nullptr) *why = "host memory: none";
@@ -207,7 +208,7 @@ Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backen
   const int64_t kept = backend.gdn_state_bytes(gd, max_tokens, max_seqs, gdn_keep_for(Checkpointing::None, backend.gdn_prefers_prep(gd)));
   return choose_checkpointing_within(cfg, backend.activation_dtype(), max_tokens,
                                      gdn_kept_bytes(Checkpointing::None, n_gdn, kept), free_bytes, why, trained_params,
-                                     zero3_world, precision);
+                                     zero3_world, precision, fp8_head);
 }
 
 GdnKeep gdn_keep_for(Checkpointing ckpt, bool prefers_prep) {
@@ -225,7 +226,7 @@ bool gdn_keep_fits(int64_t kept_bytes, int64_t free_bytes) {
 
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
                                           int64_t free_bytes, std::string* why, int64_t trained_params,
-                                          int zero3_world, Precision precision) {
+                                          int zero3_world, Precision precision, bool fp8_head) {
   // bf16 weights, fp32 gradients, fp32 master + m + v; gradient scratch; 4 GiB for the
   // cross-entropy chunk, the GDN / attention workspaces, cuBLASLt and fragmentation.
   // LoRA: the frozen base takes only its weights; the adapters weights, gradients and AdamW state.
@@ -238,7 +239,8 @@ Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int
   for (Checkpointing c : {Checkpointing::None, Checkpointing::Selective, Checkpointing::Full}) {
     int64_t need = fixed + activation_bytes(cfg, act, max_tokens, c);
     if (c == Checkpointing::None) need += gdn_state_bytes;
-    if (precision == Precision::FP8) need += fp8_codes_bytes(cfg, max_tokens, c, zero3_world > 0, trained_params >= 0);
+    if (precision == Precision::FP8)
+      need += fp8_codes_bytes(cfg, max_tokens, c, zero3_world > 0, trained_params >= 0, fp8_head);
     detail += str(detail.empty() ? "" : ", ", checkpointing_name(c), " needs ", need >> 20, " MiB");
     if (need <= free_bytes) {
       if (why != nullptr) *why = str(detail, " of ", free_bytes >> 20, " MiB free: ", checkpointing_name(c));

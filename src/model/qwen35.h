@@ -64,15 +64,16 @@ int64_t activation_bytes(const ModelConfig& cfg, DType act, int64_t max_tokens, 
 // adapters').
 // zero3_world > 0: the model is sharded by ZeRO-3 over that many ranks (weights, gradients and AdamW
 // state divided by it, its gather buffers added).
-// precision fp8: the projections' codes count too (fp8_codes_bytes).
+// precision fp8: the projections' codes count too, and with fp8_head the LM head's (fp8_codes_bytes).
 Checkpointing choose_checkpointing(const ModelConfig& cfg, const Backend& backend, int64_t max_tokens, int max_seqs,
                                    std::string* why = nullptr, int64_t trained_params = -1, int zero3_world = 0,
-                                   Precision precision = Precision::BF16);
+                                   Precision precision = Precision::BF16, bool fp8_head = true);
 // The same decision from explicit figures (GDN state of all layers, free bytes). Throws, naming
 // the figures, when even full checkpointing does not fit.
 Checkpointing choose_checkpointing_within(const ModelConfig& cfg, DType act, int64_t max_tokens, int64_t gdn_state_bytes,
                                           int64_t free_bytes, std::string* why = nullptr, int64_t trained_params = -1,
-                                          int zero3_world = 0, Precision precision = Precision::BF16);
+                                          int zero3_world = 0, Precision precision = Precision::BF16,
+                                          bool fp8_head = true);
 // Device bytes of train.precision fp8's codes (Qwen35Model::set_precision: MemoryPlan::fp8) for a
 // model planned at max_tokens with this policy; sharded: ZeRO-3, frozen: LoRA's base projections.
 // fp8_head: with the LM head's codes (when its shape allows) and its extra loss workspace.

@@ -21,7 +21,7 @@ struct TrainStep::GraphState {
 
 Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig& cfg, const Backend& backend,
                                     int64_t tokens_per_row, int max_seqs, int64_t trained_params, int zero3_world,
-                                    Precision precision) {
+                                    Precision precision, bool fp8_head) {
   if (policy != "auto") {
     const std::optional<Checkpointing> c = checkpointing_from_name(policy);
     QT_CHECK(c.has_value(), "activation checkpointing '", policy, "' is not auto, none, selective or full");
@@ -30,7 +30,7 @@ Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig
   }
   std::string why;
   const Checkpointing c =
-      choose_checkpointing(cfg, backend, tokens_per_row, max_seqs, &why, trained_params, zero3_world, precision);
+      choose_checkpointing(cfg, backend, tokens_per_row, max_seqs, &why, trained_params, zero3_world, precision, fp8_head);
   log_info("activation checkpointing (auto): ", why);
   return c;
 }

@@ -37,7 +37,7 @@ inline int static_sample_bound(int max_samples) { return (max_samples + 1 + 7) /
 // choose_checkpointing for this backend's free memory. Logs the choice and its figures.
 Checkpointing resolve_checkpointing(const std::string& policy, const ModelConfig& cfg, const Backend& backend,
                                     int64_t tokens_per_row, int max_seqs, int64_t trained_params = -1,
-                                    int zero3_world = 0, Precision precision = Precision::BF16);
+                                    int zero3_world = 0, Precision precision = Precision::BF16, bool fp8_head = true);
 
 class TrainStep {
  public:

@@ -264,7 +264,8 @@ Checkpointing build_model(Run& run, int64_t tokens_per_row, int static_max_seqs)
     for (const ParamSpec& p : lora_trainable_table(mc, cfg.lora)) adapter_params += shape_numel(p.shape);
   const Checkpointing ckpt = resolve_checkpointing(cfg.activation_checkpointing, mc, *run.backend, tokens_per_row,
                                                    static_max_seqs, lora ? adapter_params : -1,
-                                                   run.zero == 3 ? run.rank.world : 0, precision_from_name(cfg.precision));
+                                                   run.zero == 3 ? run.rank.world : 0, precision_from_name(cfg.precision),
+                                                   cfg.fp8_lm_head);
   Zero3Options zero3;
   zero3.comm = run.comm.get();
   zero3.reshard_after_forward = cfg.dist.reshard_after_forward;
