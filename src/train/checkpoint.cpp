@@ -507,13 +507,16 @@ std::vector<std::shared_ptr<SafetensorsFile>> open_optimizer_parts(const std::st
   return parts;
 }
 
-// Parameter `p`'s master, m, v reassembled from the parts' row ranges, which must cover its rows
-// exactly once.
+// Parameter `p`'s master reassembled whole from the parts' row ranges, which must cover its rows
+// exactly once, and m and v only for rows [lo, hi) (a sharded resume's own rows; all by default).
 void assemble_from_parts(const std::vector<std::shared_ptr<SafetensorsFile>>& parts, const ParamSpec& p,
-                         std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) {
+                         std::vector<float>& master, std::vector<float>& m, std::vector<float>& v, int64_t lo = 0,
+                         int64_t hi = -1) {
   const int64_t rows = p.shape.empty() ? 1 : p.shape[0], numel = shape_numel(p.shape);
   const int64_t cols = rows > 0 ? numel / rows : 0;
-  for (auto* x : {&master, &m, &v}) x->assign(static_cast<size_t>(numel), 0.0f);
+  if (hi < 0) hi = rows;
+  master.assign(static_cast<size_t>(numel), 0.0f);
+  for (auto* x : {&m, &v}) x->assign(static_cast<size_t>((hi - lo) * cols), 0.0f);
   std::vector<std::pair<int64_t, int64_t>> got;
   for (const auto& f : parts) {
     const auto it = f->metadata().find("rows." + p.name);
@@ -530,7 +533,14 @@ void assemble_from_parts(const std::vector<std::shared_ptr<SafetensorsFile>>& pa
       QT_CHECK(t != nullptr, f->path(), ": missing optimizer tensor '", prefix, p.name, "'");
       QT_CHECK(t->dtype == DType::F32 && t->shape == want, f->path(), ": optimizer tensor '", prefix, p.name, "' is ",
                dtype_name(t->dtype), shape_str(t->shape), ", expected F32", shape_str(want), " (rows ", b, "..", e, ")");
-      std::memcpy(vec->data() + b * cols, t->data, t->nbytes);
+      const auto* src = reinterpret_cast<const float*>(t->data);
+      if (vec == &master) {
+        std::memcpy(vec->data() + b * cols, src, t->nbytes);
+        continue;
+      }
+      const int64_t from = std::max(b, lo), to = std::min(e, hi);  // the rows of this part in [lo, hi)
+      if (from < to)
+        std::memcpy(vec->data() + (from - lo) * cols, src + (from - b) * cols, size_t((to - from) * cols) * 4);
     }
     got.push_back({b, e});
   }
@@ -554,8 +564,14 @@ void checkpoint_load_optimizer(const std::string& dir, const std::vector<ParamSp
              "parts): it was saved without it; resume needs a checkpoint saved with the optimizer");
     for (size_t i = 0; i < table.size(); ++i) {
       std::vector<float> master, m, v;
-      assemble_from_parts(parts, table[i], master, m, v);
-      opt.set_state(i, master, m, v);
+      if (opt.shards_state()) {  // this rank's rows of m and v only
+        const ModelOptimizer::StateRows r = opt.state_rows(i);
+        assemble_from_parts(parts, table[i], master, m, v, r.begin, r.end);
+        opt.set_local_state(i, master, m, v);
+      } else {
+        assemble_from_parts(parts, table[i], master, m, v);
+        opt.set_state(i, master, m, v);
+      }
     }
     return;
   }

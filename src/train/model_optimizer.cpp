@@ -144,6 +144,17 @@ class DeviceOptimizer final : public ModelOptimizer {
     }
   }
   std::vector<float> get_master(size_t i) override { return read_rows(adamw_->master(i), i); }
+  void set_local_state(size_t i, const std::vector<float>& master, const std::vector<float>& m_rows,
+                       const std::vector<float>& v_rows) override {
+    write_rows(adamw_->master(i), i, master);
+    for (auto [dst, src] : {std::pair<const Tensor*, const std::vector<float>*>{&adamw_->m(i), &m_rows},
+                            {&adamw_->v(i), &v_rows}}) {
+      QT_CHECK(static_cast<int64_t>(src->size()) == dst->numel(), "optimizer state of ", model_.specs()[i].name,
+               ": ", src->size(), " values for this rank's rows, expected ", dst->numel());
+      model_.backend().copy_from_host(*dst, src->data());
+    }
+    model_.set_param_f32(i, master);
+  }
 
  private:
   DeviceOptimizer(Qwen35Model& model, const AdamWConfig& cfg, std::unique_ptr<FusedAdamW> adamw, size_t count,
@@ -186,6 +197,10 @@ class DeviceOptimizer final : public ModelOptimizer {
 
 ModelOptimizer::StateRows ModelOptimizer::state_rows(size_t) const {
   QT_FAIL("this optimizer keeps whole tensors: its state has no per-rank rows");
+}
+void ModelOptimizer::set_local_state(size_t, const std::vector<float>&, const std::vector<float>&,
+                                     const std::vector<float>&) {
+  QT_FAIL("this optimizer keeps whole tensors: restore it with set_state");
 }
 
 void ModelOptimizer::set_step(double, int64_t, double) {

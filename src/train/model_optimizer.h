@@ -65,6 +65,10 @@ class ModelOptimizer {
     get_state(i, master, m, v);
     return master;
   }
+  // A resume of a sharded optimizer: the whole master (the working weights come from it) and only
+  // this rank's rows of m and v (state_rows(i)), so no rank reads or holds the others' moments.
+  virtual void set_local_state(size_t i, const std::vector<float>& master, const std::vector<float>& m_rows,
+                               const std::vector<float>& v_rows);
 };
 
 // Stops with the step and the first parameter whose gradient has a NaN/inf (host scan; rare path).

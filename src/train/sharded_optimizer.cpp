@@ -185,4 +185,18 @@ std::vector<float> ShardedOptimizer::get_master(size_t i) {
   return sharded(s) ? gather(s, s.master) : s.master;
 }
 
+void ShardedOptimizer::set_local_state(size_t i, const std::vector<float>& master, const std::vector<float>& m_rows,
+                                       const std::vector<float>& v_rows) {
+  Slot& s = slots_.at(i);
+  const size_t n = static_cast<size_t>((s.end - s.begin) * s.cols);
+  QT_CHECK(master.size() == static_cast<size_t>(s.rows * s.cols) && m_rows.size() == n && v_rows.size() == n,
+           "optimizer state of ", model_.specs()[i].name, ": ", m_rows.size(), " values for this rank's rows, expected ",
+           n);
+  s.master.assign(master.begin() + static_cast<std::ptrdiff_t>(s.begin * s.cols),
+                  master.begin() + static_cast<std::ptrdiff_t>(s.end * s.cols));
+  s.m = m_rows;
+  s.v = v_rows;
+  model_.set_param_f32(i, master);
+}
+
 }  // namespace qt

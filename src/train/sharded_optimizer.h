@@ -36,6 +36,8 @@ class ShardedOptimizer final : public ModelOptimizer {
   StateRows state_rows(size_t i) const override;
   void get_local_state(size_t i, std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) override;
   std::vector<float> get_master(size_t i) override;
+  void set_local_state(size_t i, const std::vector<float>& master, const std::vector<float>& m_rows,
+                       const std::vector<float>& v_rows) override;
 
  private:
   struct Slot {
