@@ -165,17 +165,21 @@ WeightFiles plan_weight_files(const CheckpointWrite& w, int world) {
   const ModelConfig& mc = w.source->config;
   WeightFiles f;
   std::vector<uint64_t> load(static_cast<size_t>(world), 0);
-  for (const SafetensorsEntry* e : w.source->passthrough_tensors()) load[0] += e->nbytes;
+  std::vector<bool> writes(static_cast<size_t>(world), false);
+  for (const SafetensorsEntry* e : w.source->passthrough_tensors()) {
+    load[0] += e->nbytes;
+    writes[0] = true;  // rank 0's file carries them
+  }
   for (size_t i = 0; i < table.size(); ++i) {
     uint64_t bytes = uint64_t(shape_numel(table[i].shape)) * dtype_size(save_dtype_of(w, table[i].name));
     if (table[i].role == ParamRole::EmbedTokens && mc.tie_word_embeddings && w.source->lm_head_stored) bytes *= 2;
     const auto r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     f.owner.push_back(r);
-    load[size_t(r)] += bytes + 1;  // + 1: an empty tensor still makes a file
+    load[size_t(r)] += bytes;
+    writes[size_t(r)] = true;
   }
   for (const uint64_t b : load) f.total += b;
-  for (int r = 0; r < world; ++r) f.number.push_back(load[size_t(r)] > 0 ? f.files++ : -1);
-  f.total -= table.size();
+  for (int r = 0; r < world; ++r) f.number.push_back(writes[size_t(r)] ? f.files++ : -1);
   return f;
 }
 
