@@ -727,6 +727,14 @@ void CudaBackend::linear_cross_entropy_fp8(const Tensor& loss_sum, const Tensor&
   const auto* hq_t = static_cast<const uint8_t*>(head.hq_t.data);
   const auto* tg = targets.ptr<int32_t>();
   const float alpha = float(grad_scale / 32768.0);
+  // The backward's products: A the e5m2 gradient codes (their scale word 1), B e4m3 with b_scale.
+  auto e5m2_gemm = [&](cuda::GemmCall g, const Tensor& b_scale) {
+    g.fp8 = true;
+    g.a_e5m2 = true;
+    g.a_scale = fp8_one_;
+    g.b_scale = b_scale.ptr<float>();
+    gemm_.run(g, stream_, capturing());
+  };
   for (int64_t c0 = 0; c0 < T; c0 += n_chunk) {
     const int64_t n = std::min(n_chunk, T - c0);
     cuda::GemmCall fwd{false, true, n, V, H, hq + c0 * H, H, head.wq.data, H, logits, V, true, 0.0f, 1.0f};
@@ -735,27 +743,17 @@ void CudaBackend::linear_cross_entropy_fp8(const Tensor& loss_sum, const Tensor&
     fwd.b_scale = head.w_scale_inv.ptr<float>();
     gemm_.run(fwd, stream_, capturing());
     cuda::launch_cross_entropy_chunk_e5m2(logits, row_loss + c0, tg + c0, n, V, want_grad, stream_);
-    if (want_dh) {  // dh[n, H] = dl[n, V] W[V, H]: B is W stored [H, V] (wq_t)
-      cuda::GemmCall g{false, true, n, H, V, logits, 4 * V, head.wq_t.data, V,
-                       static_cast<char*>(dhidden.data) + size_t(c0 * H) * 2, H, false, 0.0f, alpha};
-      g.fp8 = true;
-      g.a_e5m2 = true;
-      g.a_scale = fp8_one_;
-      g.b_scale = head.w_scale_inv.ptr<float>();
-      gemm_.run(g, stream_, capturing());
-    }
+    if (want_dh)  // dh[n, H] = dl[n, V] W[V, H]: B is W stored [H, V] (wq_t)
+      e5m2_gemm({false, true, n, H, V, logits, 4 * V, head.wq_t.data, V,
+                 static_cast<char*>(dhidden.data) + size_t(c0 * H) * 2, H, false, 0.0f, alpha},
+                head.w_scale_inv);
     if (want_dw)  // the last chunk also zeroes the padding columns T..Tp
       cuda::launch_transpose_fp8_codes(
           {dl_t + c0, reinterpret_cast<const uint8_t*>(logits), n, V, 4 * V, Tp, c0 + n == T ? Tp - c0 : n}, stream_);
   }
-  if (want_dw) {  // dw[V, H] (+)= dl^T[V, Tp] hq[Tp, H]: A is dl_t, B hq_t [H, Tp]
-    cuda::GemmCall g{false, true, V, H, Tp, dl_t, Tp, hq_t, Tp, dw.data, H, dw_f32, accumulate_dw ? 1.0f : 0.0f, alpha};
-    g.fp8 = true;
-    g.a_e5m2 = true;
-    g.a_scale = fp8_one_;
-    g.b_scale = head.h_scale_inv.ptr<float>();
-    gemm_.run(g, stream_, capturing());
-  }
+  if (want_dw)  // dw[V, H] (+)= dl^T[V, Tp] hq[Tp, H]: A is dl_t, B hq_t [H, Tp]
+    e5m2_gemm({false, true, V, H, Tp, dl_t, Tp, hq_t, Tp, dw.data, H, dw_f32, accumulate_dw ? 1.0f : 0.0f, alpha},
+              head.h_scale_inv);
   cuda::launch_sum_to_double(sum_dst, row_loss, T, stream_);
 }
 
